@@ -1,0 +1,27 @@
+# Test executables of the torch part and the torch-free base. The trace and checkpoint-format
+# tests are defined beside their libraries (src/trace, src/ckpt).
+function(retrace_gtest name)
+  add_executable(${name} ${ARGN})
+  target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+  target_compile_definitions(${name} PRIVATE RETRACE_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  target_link_libraries(${name} PRIVATE GTest::gtest_main)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+endfunction()
+
+retrace_gtest(base_test
+  tests/core/digest_test.cpp
+  tests/rng/philox_test.cpp
+  tests/data/sampler_test.cpp
+  tests/train/config_test.cpp
+)
+target_link_libraries(base_test PRIVATE retrace_base)
+
+retrace_gtest(torch_test
+  tests/rng/rng_state_test.cpp
+  tests/train/record_test.cpp
+)
+target_link_libraries(torch_test PRIVATE retrace_lib)
+target_precompile_headers(torch_test REUSE_FROM retrace_lib)
+
+add_test(NAME cli_errors COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/cli_errors_test.sh $<TARGET_FILE:retrace>)
+set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)

@@ -1,0 +1,36 @@
+# The torch part: rng, data, model, train, and the CLI. Torch is heavy to compile, so one
+# precompiled header serves every torch translation unit of the library, the CLI and the tests.
+find_package(Torch REQUIRED)
+
+# Torch-free pieces of these parts (the sampler, Philox, IDX, config) are a separate library so
+# their tests do not pay for torch.
+add_library(retrace_base STATIC
+  src/rng/philox.cpp
+  src/rng/shuffle.cpp
+  src/data/sampler.cpp
+  src/data/idx.cpp
+  src/train/config.cpp
+)
+target_link_libraries(retrace_base PUBLIC retrace_core tomlplusplus::tomlplusplus ZLIB::ZLIB)
+
+add_library(retrace_lib STATIC
+  src/core/tensor_digest.cpp
+  src/rng/rng_state.cpp
+  src/data/fashion_mnist.cpp
+  src/model/mlp.cpp
+  src/train/environment.cpp
+  src/train/schedule.cpp
+  src/train/optimizer.cpp
+  src/train/step.cpp
+  src/train/trainer.cpp
+  src/train/run.cpp
+)
+target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
+target_compile_options(retrace_lib PUBLIC ${TORCH_CXX_FLAGS})
+target_precompile_headers(retrace_lib PRIVATE <torch/torch.h>)
+
+add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
+target_link_libraries(retrace PRIVATE retrace_lib CLI11::CLI11)
+
+add_executable(record_bench tools/bench/record_bench.cpp)
+target_link_libraries(record_bench PRIVATE retrace_lib)

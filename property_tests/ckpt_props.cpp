@@ -1,0 +1,162 @@
+// RapidCheck properties of the checkpoint format. A failing case prints its seed; rerun it with
+// RC_PARAMS="seed=<seed>".
+#include <rapidcheck.h>
+
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <set>
+
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/ckpt_test_util.h"
+#include "ckpt/manifest.h"
+#include "ckpt/shard.h"
+#include "core/error.h"
+
+using namespace retrace;
+using namespace retrace::ckpt;
+
+namespace {
+
+const std::vector<std::string> kDtypes = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"};
+
+struct RandomTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+rc::Gen<std::vector<RandomTensor>> gen_tensors() {
+  return rc::gen::exec([] {
+    const int n = *rc::gen::inRange(0, 8);
+    std::set<std::string> names;
+    std::vector<RandomTensor> out;
+    for (int i = 0; i < n; ++i) {
+      RandomTensor t;
+      t.name = *rc::gen::nonEmpty(rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)));
+      if (t.name == "__metadata__" || !names.insert(t.name).second) continue;
+      t.dtype = *rc::gen::elementOf(kDtypes);
+      const int rank = *rc::gen::inRange(0, 4);
+      uint64_t count = 1;
+      for (int d = 0; d < rank; ++d) {
+        t.shape.push_back(*rc::gen::inRange<int64_t>(0, 9));
+        count *= uint64_t(t.shape.back());
+      }
+      t.bytes = *rc::gen::container<std::vector<uint8_t>>(count * *dtype_size(t.dtype), rc::gen::arbitrary<uint8_t>());
+      out.push_back(std::move(t));
+    }
+    return out;
+  });
+}
+
+std::vector<TensorView> views_of(const std::vector<RandomTensor>& ts) {
+  std::vector<TensorView> v;
+  for (const auto& t : ts) v.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
+  return v;
+}
+
+}  // namespace
+
+int main() {
+  testing::TempDir tmp("props");
+  bool ok = true;
+
+  ok &= rc::check("random shards round trip bitwise", [&] {
+    const auto tensors = *gen_tensors();
+    const auto metadata = *rc::gen::container<std::map<std::string, std::string>>(
+        rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)),
+        rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)));
+    const std::string path = tmp.sub("rt.safetensors");
+    ShardFileInfo info = write_shard(path, metadata, views_of(tensors));
+    RC_ASSERT(info.size == std::filesystem::file_size(path));
+    ShardData d = read_shard(path);
+    RC_ASSERT(d.metadata == metadata);
+    RC_ASSERT(d.tensors.size() == tensors.size());
+    RC_ASSERT(d.data_start % 8 == 0);
+    for (const auto& t : tensors) {
+      const TensorEntry* e = d.find(t.name);
+      RC_ASSERT(e != nullptr);
+      RC_ASSERT(e->dtype == t.dtype);
+      RC_ASSERT(e->shape == t.shape);
+      RC_ASSERT(e->nbytes == t.bytes.size());
+      RC_ASSERT(t.bytes.empty() || std::memcmp(d.data(*e), t.bytes.data(), t.bytes.size()) == 0);
+    }
+  });
+
+  // One small checkpoint, damaged in random ways; restored after each case.
+  const std::string root = tmp.sub("ck");
+  const std::string dir = testing::save_checkpoint(root, 10, 3, 200);
+  const std::string manifest_path = dir + "/manifest.json";
+  const std::string manifest_good = testing::read_all(manifest_path);
+
+  ok &= rc::check("a flipped or truncated shard is always a sha256 mismatch on its rank", [&] {
+    const uint32_t rank = *rc::gen::inRange<uint32_t>(0, 3);
+    const std::string path = dir + "/" + shard_file_name(rank);
+    const std::string good = testing::read_all(path);
+    std::string bad = good;
+    if (*rc::gen::arbitrary<bool>()) {
+      const size_t at = *rc::gen::inRange<size_t>(0, good.size());
+      bad[at] = char(bad[at] ^ *rc::gen::inRange<int>(1, 256));
+    } else {
+      bad.resize(*rc::gen::inRange<size_t>(0, good.size()));
+    }
+    testing::write_all(path, bad);
+    std::string what;
+    try {
+      verify_checkpoint(dir, 3);
+    } catch (const IntegrityError& e) {
+      what = e.what();
+    }
+    testing::write_all(path, good);
+    RC_ASSERT(what.rfind("sha256 mismatch on rank " + std::to_string(rank), 0) == 0);
+  });
+
+  ok &= rc::check("a damaged manifest is rejected unless only its whitespace changed", [&] {
+    std::string bad = manifest_good;
+    const int edits = *rc::gen::inRange(1, 4);
+    std::set<size_t> positions;
+    for (int i = 0; i < edits; ++i) {
+      const size_t at = *rc::gen::inRange<size_t>(0, bad.size());
+      bad[at] = char(bad[at] ^ *rc::gen::inRange<int>(1, 256));
+      positions.insert(at);
+    }
+    if (*rc::gen::arbitrary<bool>()) bad.resize(*rc::gen::inRange<size_t>(0, bad.size()));
+    testing::write_all(manifest_path, bad);
+    bool rejected = false;
+    Manifest got;
+    try {
+      got = verify_checkpoint(dir, 3);
+    } catch (const IntegrityError& e) {
+      rejected = true;
+      const std::string what = e.what();
+      RC_ASSERT(what.rfind("manifest checksum mismatch", 0) == 0 || what.rfind("no manifest", 0) == 0);
+    } catch (const FormatError&) {
+      rejected = true;
+    }
+    testing::write_all(manifest_path, manifest_good);
+    if (!rejected) {
+      auto is_ws = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };
+      for (size_t at : positions) RC_ASSERT(at >= bad.size() || (is_ws(bad[at]) && is_ws(manifest_good[at])));
+      RC_ASSERT(serialize_manifest(got) == manifest_good);
+    }
+  });
+
+  ok &= rc::check("parse_shard never crashes on damaged shards and keeps its bounds", [&] {
+    std::string bytes = testing::read_all(dir + "/" + shard_file_name(0));
+    const int edits = *rc::gen::inRange(1, 6);
+    for (int i = 0; i < edits; ++i) {
+      const size_t at = *rc::gen::inRange<size_t>(0, bytes.size());
+      bytes[at] = *rc::gen::arbitrary<char>();
+    }
+    try {
+      ShardData d = parse_shard(bytes, "damaged");
+      uint64_t total = 0;
+      for (const auto& e : d.tensors) total += e.nbytes;
+      RC_ASSERT(d.data_start + total == d.bytes.size());
+    } catch (const FormatError&) {
+    }
+  });
+
+  return ok ? 0 : 1;
+}

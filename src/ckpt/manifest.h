@@ -1,0 +1,71 @@
+// The checkpoint manifest: manifest.json in a step directory, written last (it is the commit point
+// of a save, see checkpoint_dir.h). It lists every rank's shard with its size and sha256, and what
+// a resume must match (world size, config hash, versions, RNG format, trace position).
+//
+// On disk: one JSON object (pretty-printed, keys sorted) with the fields of Manifest plus
+// "manifest_sha256": the sha256 hex of the canonical serialization of all other fields, i.e.
+// nlohmann::json::dump() (compact, keys sorted) of the object without "manifest_sha256". The digest
+// covers the content, not the whitespace.
+//
+//   {"schema": "ckpt.v1", "step": 10, "world_size": 4, "config_hash": "...",
+//    "versions": {"libtorch": "1.13.1", ...}, "rng_format_version": 1, "trace_position": 123,
+//    "trace_chain_hex": "...", "shards": [{"rank": 0, "file": "shard-rank00000.safetensors",
+//    "size": 1234, "sha256": "..."}, ...], "extra": {...}, "manifest_sha256": "..."}
+//
+// Older schemas are migrated on parse (schema.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace retrace::ckpt {
+
+constexpr const char* kManifestFile = "manifest.json";
+// Hostile-input limits of parse_manifest.
+constexpr uint64_t kMaxManifestBytes = 16ull << 20;
+constexpr size_t kMaxManifestString = 4096;
+constexpr size_t kMaxManifestMapEntries = 4096;
+constexpr uint32_t kMaxWorldSize = 1u << 16;
+
+struct ShardEntry {
+  uint32_t rank = 0;
+  std::string file;    // base name inside the step directory, e.g. shard-rank00000.safetensors
+  uint64_t size = 0;   // bytes
+  std::string sha256;  // 64 lowercase hex digits
+};
+
+struct Manifest {
+  std::string schema = "ckpt.v1";  // as found on disk (content is migrated); written as current
+  uint64_t step = 0;
+  uint32_t world_size = 0;
+  std::string config_hash;
+  std::map<std::string, std::string> versions;  // libtorch, cuda, cudnn, nccl, retrace
+  uint32_t rng_format_version = 1;
+  uint64_t trace_position = 0;
+  std::string trace_chain_hex;
+  std::vector<ShardEntry> shards;  // exactly one per rank, sorted by rank
+  std::map<std::string, std::string> extra;
+};
+
+// Serializes (schema is always written as the current one). Throws InvariantError if `m` would not
+// parse back: shards not exactly one per rank 0..world_size-1, a file name with a path in it, a
+// sha256 that is not 64 lowercase hex digits, or a limit exceeded. Deterministic.
+std::string serialize_manifest(const Manifest& m);
+
+// Parses strictly: size and count limits, strict JSON, the checksum (IntegrityError starting
+// `manifest checksum mismatch`), the schema (FormatError, see schema.h; older ones are migrated),
+// required keys, no unknown keys, exact types (integers must be non-negative JSON integers), shard
+// list as for serialize_manifest. Every problem names `path_for_errors`. Shards come back sorted by
+// rank. Thread-safe.
+Manifest parse_manifest(const std::string& bytes, const std::string& path_for_errors);
+
+// The canonical file names of the layout.
+std::string shard_file_name(uint32_t rank);  // shard-rank00000.safetensors
+std::string step_dir_name(uint64_t step);    // step-00000010
+
+// Shard metadata that a writer puts into every shard (schema, step, rank, world_size).
+std::map<std::string, std::string> shard_metadata(uint64_t step, uint32_t rank, uint32_t world_size);
+
+}  // namespace retrace::ckpt

@@ -1,0 +1,90 @@
+#include "ckpt/schema.h"
+
+#include <functional>
+#include <vector>
+
+#include "core/error.h"
+
+namespace retrace::ckpt {
+namespace {
+
+using nlohmann::json;
+
+const char* kReadable = "ckpt.v0 (migrated on load) and ckpt.v1";
+
+void rename_key(json& j, const char* from, const char* to, const std::string& where) {
+  RETRACE_CHECK(j.contains(from), FormatError, where, ": schema ckpt.v0 requires key \"", from,
+                "\", it is missing");
+  RETRACE_CHECK(!j.contains(to), FormatError, where, ": schema ckpt.v0 must not have key \"", to, "\"");
+  j[to] = j[from];
+  j.erase(from);
+}
+
+// Index i migrates version i to version i + 1.
+const std::vector<std::function<void(json&, const std::string&)>>& manifest_migrations() {
+  static const std::vector<std::function<void(json&, const std::string&)>> kChain = {
+      [](json& j, const std::string& where) {
+        rename_key(j, "global_step", "step", where);
+        if (!j.contains("rng_format_version")) j["rng_format_version"] = uint64_t{1};
+        if (!j.contains("trace_chain_hex")) j["trace_chain_hex"] = "";
+        j["schema"] = "ckpt.v1";
+      },
+  };
+  return kChain;
+}
+
+const std::vector<std::function<void(std::map<std::string, std::string>&, const std::string&)>>&
+shard_migrations() {
+  static const std::vector<std::function<void(std::map<std::string, std::string>&, const std::string&)>>
+      kChain = {
+          [](std::map<std::string, std::string>& m, const std::string& where) {
+            auto it = m.find("global_step");
+            RETRACE_CHECK(it != m.end(), FormatError, where,
+                          ": schema ckpt.v0 requires metadata \"global_step\", it is missing");
+            RETRACE_CHECK(m.count("step") == 0, FormatError, where,
+                          ": schema ckpt.v0 must not have metadata \"step\"");
+            m["step"] = it->second;
+            m.erase(it);
+            m["schema"] = "ckpt.v1";
+          },
+      };
+  return kChain;
+}
+
+}  // namespace
+
+int schema_version(const std::string& schema, const std::string& where) {
+  const std::string prefix = "ckpt.v";
+  bool well_formed = schema.size() > prefix.size() && schema.size() <= prefix.size() + 6 &&
+                     schema.compare(0, prefix.size(), prefix) == 0 &&
+                     schema.find_first_not_of("0123456789", prefix.size()) == std::string::npos &&
+                     !(schema.size() > prefix.size() + 1 && schema[prefix.size()] == '0');
+  if (!well_formed) {
+    RETRACE_FAIL(FormatError, "unknown schema \"", schema, "\" in ", where, ": this binary reads ", kReadable,
+                 (schema.rfind("ckpt", 0) == 0 ? "; the schema string is malformed"
+                                               : "; this is not a retrace checkpoint"),
+                 ". Point retrace at a checkpoint directory written by retrace, or convert the file");
+  }
+  int version = std::stoi(schema.substr(prefix.size()));
+  RETRACE_CHECK(version <= kSchemaVersionCurrent, FormatError, where, " has schema \"", schema,
+                "\", newer than this binary, which reads ", kReadable,
+                "; load it with the newer retrace that wrote it");
+  return version;
+}
+
+void migrate_manifest_json(json& manifest, int from_version, const std::string& where) {
+  for (int v = from_version; v < kSchemaVersionCurrent; ++v) manifest_migrations().at(size_t(v))(manifest, where);
+}
+
+std::map<std::string, std::string> migrate_shard_metadata(std::map<std::string, std::string> metadata,
+                                                          const std::string& where) {
+  auto it = metadata.find("schema");
+  RETRACE_CHECK(it != metadata.end(), FormatError, "unknown schema \"\" in ", where,
+                ": the shard metadata has no \"schema\"; this binary reads ", kReadable,
+                ". Point retrace at a shard written by retrace");
+  int version = schema_version(it->second, where);
+  for (int v = version; v < kSchemaVersionCurrent; ++v) shard_migrations().at(size_t(v))(metadata, where);
+  return metadata;
+}
+
+}  // namespace retrace::ckpt

@@ -1,0 +1,246 @@
+// write_shard: the safetensors writer of shard.h.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/shard.h"
+#include "core/digest.h"
+#include "core/error.h"
+#include "core/file_util.h"
+
+namespace retrace::ckpt {
+namespace {
+
+using nlohmann::json;
+
+// Sizes chosen by measurement on the reference machine (tools/bench/ckpt_bench): 8 MB writes
+// amortise the syscall, and asking the kernel to start write-back every 32 MB keeps the disk busy
+// while we are still hashing, so the final fsync has little left to do.
+constexpr uint64_t kWriteChunk = 8ull << 20;
+constexpr uint64_t kWritebackEvery = 32ull << 20;
+constexpr uint64_t kSmallSegment = 1ull << 20;  // smaller pieces are coalesced into one write
+constexpr uint64_t kHashChunk = 1ull << 20;
+constexpr uint64_t kHashInThreadAbove = 4ull << 20;
+
+struct Segment {
+  const char* data;
+  uint64_t size;
+};
+
+uint64_t checked_nbytes(const TensorView& t, const std::string& path) {
+  auto elem = dtype_size(t.dtype);
+  RETRACE_CHECK(elem.has_value(), InvariantError, "write_shard ", path, ": tensor \"", t.name,
+                "\" has dtype \"", t.dtype, "\"; expected one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
+  RETRACE_CHECK(t.shape.size() <= kMaxTensorRank, InvariantError, "write_shard ", path, ": tensor \"",
+                t.name, "\" has ", t.shape.size(), " dims, more than ", kMaxTensorRank);
+  uint64_t count = 1;
+  for (int64_t d : t.shape) {
+    RETRACE_CHECK(d >= 0, InvariantError, "write_shard ", path, ": tensor \"", t.name,
+                  "\" has a negative dim ", d);
+    RETRACE_CHECK(d == 0 || count <= std::numeric_limits<uint64_t>::max() / uint64_t(d), InvariantError,
+                  "write_shard ", path, ": tensor \"", t.name, "\" has a shape whose size overflows");
+    count *= uint64_t(d);
+  }
+  RETRACE_CHECK(count <= std::numeric_limits<uint64_t>::max() / *elem, InvariantError, "write_shard ",
+                path, ": tensor \"", t.name, "\" has a shape whose byte count overflows");
+  RETRACE_CHECK(count * *elem == t.nbytes, InvariantError, "write_shard ", path, ": tensor \"", t.name,
+                "\" shape and dtype ", t.dtype, " need ", count * *elem, " bytes, the view has ", t.nbytes);
+  RETRACE_CHECK(t.nbytes == 0 || t.data != nullptr, InvariantError, "write_shard ", path,
+                ": tensor \"", t.name, "\" has ", t.nbytes, " bytes but no data pointer");
+  return t.nbytes;
+}
+
+// The header (length prefix included) and the order of the tensors' data.
+std::string build_header(const std::string& path, const std::map<std::string, std::string>& metadata,
+                         const std::vector<TensorView>& tensors, std::vector<size_t>* order) {
+  order->resize(tensors.size());
+  std::iota(order->begin(), order->end(), size_t{0});
+  std::sort(order->begin(), order->end(), [&](size_t a, size_t b) {
+    uint64_t sa = dtype_size(tensors[a].dtype).value_or(1), sb = dtype_size(tensors[b].dtype).value_or(1);
+    if (sa != sb) return sa > sb;
+    return tensors[a].name < tensors[b].name;
+  });
+  json header = json::object();
+  header["__metadata__"] = json::object();
+  for (const auto& [k, v] : metadata) header["__metadata__"][k] = v;
+  uint64_t offset = 0;
+  for (size_t i : *order) {
+    const TensorView& t = tensors[i];
+    RETRACE_CHECK(!t.name.empty() && t.name != "__metadata__", InvariantError, "write_shard ", path,
+                  ": a tensor name must be non-empty and not \"__metadata__\", got \"", t.name, "\"");
+    RETRACE_CHECK(!header.contains(t.name), InvariantError, "write_shard ", path,
+                  ": two tensors are called \"", t.name, "\"");
+    uint64_t n = checked_nbytes(t, path);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {
+    RETRACE_FAIL(InvariantError, "write_shard ", path, ": a tensor name or metadata string is not "
+                 "valid UTF-8 (", e.what(), ")");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  return out + text;
+}
+
+// Writes with the fault seam; throws IoError (after which the caller removes the .tmp).
+class ShardFileWriter {
+ public:
+  ShardFileWriter(int fd, const std::string& final_path, const std::string& tmp, uint64_t total,
+                  const WriteFaults& faults)
+      : fd_(fd), final_path_(final_path), tmp_(tmp), total_(total), faults_(faults) {}
+
+  void write_all(const char* p, uint64_t n) {
+    while (n > 0) {
+      size_t want = static_cast<size_t>(std::min(n, kWriteChunk));
+      ssize_t got;
+      if (written_ >= faults_.fail_at_byte) {
+        errno = faults_.error;
+        got = -1;
+      } else {
+        want = static_cast<size_t>(std::min<uint64_t>(want, faults_.fail_at_byte - written_));
+        got = ::write(fd_, p, want);
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) fail(got == 0 ? EIO : errno);
+      p += got;
+      n -= uint64_t(got);
+      written_ += uint64_t(got);
+      if (written_ - writeback_from_ >= kWritebackEvery) start_writeback();
+    }
+  }
+
+  void start_writeback() {
+#ifdef SYNC_FILE_RANGE_WRITE
+    // Only a hint: errors here show up again at fsync, where they are handled.
+    ::sync_file_range(fd_, off_t(writeback_from_), off_t(written_ - writeback_from_), SYNC_FILE_RANGE_WRITE);
+#endif
+    writeback_from_ = written_;
+  }
+
+  [[noreturn]] void fail(int err) const {
+    RETRACE_FAIL(IoError, "cannot write checkpoint shard ", final_path_, ": write to ", tmp_,
+                 " failed after ", written_, " of ", total_, " bytes: ", fs::errno_text(err),
+                 "; the .tmp was removed and existing checkpoints are untouched; free space on that "
+                 "disk (or lower keep_last) and save again");
+  }
+
+  uint64_t written() const { return written_; }
+
+ private:
+  int fd_;
+  const std::string& final_path_;
+  const std::string& tmp_;
+  uint64_t total_;
+  WriteFaults faults_;
+  uint64_t written_ = 0;
+  uint64_t writeback_from_ = 0;
+};
+
+void hash_segments(const std::vector<Segment>& segments, Sha256* sha, const std::atomic<bool>* stop) {
+  for (const Segment& s : segments) {
+    for (uint64_t done = 0; done < s.size; done += kHashChunk) {
+      if (stop->load(std::memory_order_relaxed)) return;
+      sha->update(s.data + done, static_cast<size_t>(std::min(kHashChunk, s.size - done)));
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<uint64_t> dtype_size(const std::string& dtype) {
+  static const std::map<std::string, uint64_t> kSizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  auto it = kSizes.find(dtype);
+  if (it == kSizes.end()) return std::nullopt;
+  return it->second;
+}
+
+ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
+                          const std::vector<TensorView>& tensors) {
+  return write_shard(final_path, metadata, tensors, WriteFaults{});
+}
+
+ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
+                          const std::vector<TensorView>& tensors, const WriteFaults& faults) {
+  std::vector<size_t> order;
+  const std::string header = build_header(final_path, metadata, tensors, &order);
+  std::vector<Segment> segments{{header.data(), header.size()}};
+  uint64_t total = header.size();
+  for (size_t i : order) {
+    segments.push_back({static_cast<const char*>(tensors[i].data), tensors[i].nbytes});
+    total += tensors[i].nbytes;
+  }
+
+  const std::string tmp = final_path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot create checkpoint shard ", tmp, ": ", fs::errno_text(errno),
+                "; check that the checkpoint directory exists and is writable");
+
+  // The digest runs beside the writes: both only read the caller's memory.
+  Sha256 sha;
+  std::atomic<bool> stop{false};
+  std::thread hasher;
+  if (total > kHashInThreadAbove) hasher = std::thread(hash_segments, std::cref(segments), &sha, &stop);
+
+  ShardFileWriter writer(fd, final_path, tmp, total, faults);
+  try {
+    std::string staged;
+    for (const Segment& s : segments) {
+      if (s.size < kSmallSegment) {
+        staged.append(s.data, s.size);
+        if (staged.size() >= kWriteChunk) {
+          writer.write_all(staged.data(), staged.size());
+          staged.clear();
+        }
+        continue;
+      }
+      if (!staged.empty()) {
+        writer.write_all(staged.data(), staged.size());
+        staged.clear();
+      }
+      writer.write_all(s.data, s.size);
+    }
+    if (!staged.empty()) writer.write_all(staged.data(), staged.size());
+    if (::fsync(fd) != 0) {
+      int err = errno;
+      RETRACE_FAIL(IoError, "cannot write checkpoint shard ", final_path, ": fsync of ", tmp,
+                   " failed: ", fs::errno_text(err), "; the .tmp was removed and existing checkpoints "
+                   "are untouched");
+    }
+    int rc = ::close(fd);
+    fd = -1;
+    RETRACE_CHECK(rc == 0, IoError, "cannot write checkpoint shard ", final_path, ": close of ", tmp,
+                  " failed: ", fs::errno_text(errno));
+    if (hasher.joinable()) hasher.join();
+    else hash_segments(segments, &sha, &stop);
+    RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp,
+                  " to ", final_path, ": ", fs::errno_text(errno));
+  } catch (...) {
+    stop = true;
+    if (hasher.joinable()) hasher.join();
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  std::filesystem::path p(final_path);
+  fs::fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");
+  return ShardFileInfo{p.filename().string(), total, sha.finish_hex()};
+}
+
+}  // namespace retrace::ckpt

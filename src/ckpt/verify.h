@@ -1,0 +1,80 @@
+// Verification of a checkpoint directory, done before any shard is parsed (DESIGN.md invariant 3).
+//
+// verify_checkpoint runs these phases in order and throws at the first problem:
+//   1. manifest.json present. Without it the directory is an interrupted save and is never used:
+//      IntegrityError starting `no manifest:`.
+//   2. manifest parsed, its self checksum checked (IntegrityError starting `manifest checksum
+//      mismatch`, FormatError for an unparsable manifest), schema dispatched (FormatError, see
+//      schema.h), step equal to the directory name's step (IntegrityError).
+//   3. world size, if the caller expects one: WorldSizeMismatch (an IntegrityError) starting
+//      `world_size mismatch`.
+//   4. every shard present (`shard file missing: <file> for rank N`) with the size the manifest
+//      records (`sha256 mismatch on rank N`: a short file cannot have the right digest).
+//   5. the sha256 of every shard: `sha256 mismatch on rank N`.
+// Messages name the file, the expected and the found value, and what to do.
+// All functions are thread-safe (they only read files).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/manifest.h"
+#include "ckpt/shard.h"
+#include "core/error.h"
+
+namespace retrace::ckpt {
+
+// Raised for a resume on another world size: the files are fine, the request does not fit them.
+class WorldSizeMismatch : public IntegrityError {
+ public:
+  using IntegrityError::IntegrityError;
+};
+
+// Full verification (phases 1-5); returns the manifest (schema as found on disk, content migrated).
+Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expected_world_size);
+
+// Phases 1-3 only: the manifest of `dir`, read and checked, without touching the shards.
+Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> expected_world_size);
+
+struct ShardCheck {
+  uint32_t rank = 0;
+  std::string file;
+  uint64_t size = 0;           // as recorded in the manifest
+  std::string sha256;          // as recorded in the manifest
+  std::string found_sha256;    // empty when the file was missing or had the wrong size
+  bool ok = false;
+  std::string problem;         // empty when ok
+};
+
+// The same checks as a value: never throws for integrity or format problems (only for bugs).
+// Unlike verify_checkpoint it checks every shard and lists every problem.
+struct VerifyReport {
+  bool ok = false;
+  std::string dir;
+  uint64_t step = 0;
+  std::vector<std::string> problems;
+  Manifest manifest;              // valid when the manifest phases passed
+  bool manifest_ok = false;
+  std::vector<ShardCheck> shards;
+  std::string error_kind;         // retrace::Error::kind() of the first problem, empty when ok
+};
+VerifyReport verify_report(const std::string& dir, std::optional<uint32_t> expected_world_size = std::nullopt);
+
+// For `retrace verify CKPT_DIR --json`:
+//   {"ok": bool, "dir": str, "step": int, "world_size": int, "schema": str,
+//    "shards": [{"rank", "file", "size", "sha256", "ok", ("found_sha256"), ("problem")}],
+//    ("error": first problem), ("error_kind": str), ("problems": [str])}
+nlohmann::json verify_report_json(const std::string& dir,
+                                  std::optional<uint32_t> expected_world_size = std::nullopt);
+
+// Reads the shard of `rank` listed in a verified manifest, checks its size and (if check_digest)
+// its sha256 again on the bytes read, parses it (parse_shard), migrates its metadata (schema.h) and
+// checks that its metadata "step" and "rank" match the manifest. The returned metadata is in the
+// current schema. Throws IntegrityError / FormatError naming the file.
+ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest = true);
+
+}  // namespace retrace::ckpt

@@ -1,0 +1,97 @@
+#include "core/digest.h"
+
+#include <openssl/evp.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+
+namespace retrace {
+
+std::string to_hex(const uint8_t* data, size_t size) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out(size * 2, '0');
+  for (size_t i = 0; i < size; ++i) {
+    out[2 * i] = kDigits[data[i] >> 4];
+    out[2 * i + 1] = kDigits[data[i] & 15];
+  }
+  return out;
+}
+
+std::string Digest128::hex() const {
+  uint8_t bytes[16];
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<uint8_t>(hi >> (56 - 8 * i));
+    bytes[8 + i] = static_cast<uint8_t>(lo >> (56 - 8 * i));
+  }
+  return to_hex(bytes, 16);
+}
+
+Xxh3::Xxh3() : state_(XXH3_createState()) {
+  RETRACE_CHECK(state_ != nullptr, InvariantError, "XXH3_createState failed (out of memory)");
+  reset();
+}
+Xxh3::~Xxh3() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3::reset() { XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3::update(const void* data, size_t size) {
+  if (size == 0) return;
+  XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+void Xxh3::update_u64(uint64_t v) {
+  uint8_t le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<uint8_t>(v >> (8 * i));
+  update(le, 8);
+}
+Digest128 Xxh3::digest() const {
+  XXH128_hash_t h = XXH3_128bits_digest(static_cast<XXH3_state_t*>(state_));
+  return Digest128{h.high64, h.low64};
+}
+
+Digest128 xxh3_128(const void* data, size_t size) {
+  XXH128_hash_t h = XXH3_128bits(data, size);
+  return Digest128{h.high64, h.low64};
+}
+uint64_t xxh3_64(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  RETRACE_CHECK(ctx_ != nullptr, InvariantError, "EVP_MD_CTX_new failed (out of memory)");
+  RETRACE_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1,
+                InvariantError, "EVP_DigestInit_ex(sha256) failed");
+}
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+void Sha256::update(const void* data, size_t size) {
+  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size);
+}
+std::array<uint8_t, 32> Sha256::finish() {
+  std::array<uint8_t, 32> out{};
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), out.data(), &len);
+  return out;
+}
+std::string Sha256::finish_hex() {
+  auto d = finish();
+  return to_hex(d.data(), d.size());
+}
+
+std::string sha256_hex(const void* data, size_t size) {
+  Sha256 h;
+  h.update(data, size);
+  return h.finish_hex();
+}
+
+std::string sha256_file_hex(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  RETRACE_CHECK(f != nullptr, IoError, "cannot open ", path, " to compute its sha256");
+  Sha256 h;
+  std::vector<char> buf(1 << 20);
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), n);
+  bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  RETRACE_CHECK(!bad, IoError, "read error in ", path, " while computing its sha256");
+  return h.finish_hex();
+}
+
+}  // namespace retrace

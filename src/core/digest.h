@@ -1,0 +1,65 @@
+// Digests: xxh3-128 for per-step content digests (fast, not cryptographic), sha256 for integrity
+// of files on disk (checkpoint shards). Both are streaming and deterministic across machines.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace retrace {
+
+// A 128-bit digest, stored as (high, low) like XXH128_hash_t.
+struct Digest128 {
+  uint64_t hi = 0;
+  uint64_t lo = 0;
+  bool operator==(const Digest128& o) const { return hi == o.hi && lo == o.lo; }
+  bool operator!=(const Digest128& o) const { return !(*this == o); }
+  std::string hex() const;  // 32 lowercase hex digits, hi first
+};
+
+// Streaming xxh3-128. Not thread-safe; one per thread.
+class Xxh3 {
+ public:
+  Xxh3();
+  ~Xxh3();
+  Xxh3(const Xxh3&) = delete;
+  Xxh3& operator=(const Xxh3&) = delete;
+  void reset();
+  void update(const void* data, size_t size);
+  void update(std::string_view s) { update(s.data(), s.size()); }
+  // Fixed-width little-endian scalars, so the digest does not depend on the host's byte order.
+  void update_u64(uint64_t v);
+  void update_digest(const Digest128& d) { update_u64(d.hi); update_u64(d.lo); }
+  Digest128 digest() const;
+
+ private:
+  void* state_;
+};
+
+Digest128 xxh3_128(const void* data, size_t size);
+uint64_t xxh3_64(const void* data, size_t size);
+
+// Streaming sha256 (OpenSSL EVP).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* data, size_t size);
+  std::array<uint8_t, 32> finish();
+  std::string finish_hex();
+
+ private:
+  void* ctx_;
+};
+
+std::string sha256_hex(const void* data, size_t size);
+// sha256 of a whole file, read in large blocks. Throws IoError if it cannot be read.
+std::string sha256_file_hex(const std::string& path);
+std::string to_hex(const uint8_t* data, size_t size);
+
+}  // namespace retrace

@@ -1,0 +1,96 @@
+#include "core/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace retrace::fs {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot open directory ", dir, " to fsync it: ", errno_text(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  RETRACE_CHECK(rc == 0, IoError, "fsync of directory ", dir, " failed: ", errno_text(err));
+}
+
+void write_file_atomic(const std::string& path, std::string_view data) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot create ", tmp, ": ", errno_text(errno),
+                "; check that the directory exists and is writable");
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(),
+                   " bytes: ", errno_text(err), "; the previous ", path, " is untouched");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    RETRACE_FAIL(IoError, "fsync of ", tmp, " failed: ", errno_text(err));
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    RETRACE_FAIL(IoError, "rename ", tmp, " -> ", path, " failed: ", errno_text(err));
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  fsync_dir(dir.empty() ? "." : dir);
+}
+
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot open ", path, ": ", errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    RETRACE_FAIL(IoError, "cannot stat ", path, ": ", errno_text(err));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    RETRACE_FAIL(FormatError, path, " is ", st.st_size, " bytes, more than the limit of ",
+                 max_bytes, " for this kind of file");
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
+}
+
+void make_writable_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  RETRACE_CHECK(!ec, IoError, "cannot create directory ", dir, ": ", ec.message(),
+                "; choose another --out or fix its permissions");
+  RETRACE_CHECK(::access(dir.c_str(), W_OK) == 0, IoError, "directory ", dir,
+                " is not writable: ", errno_text(errno), "; choose another --out or fix its permissions");
+}
+
+}  // namespace retrace::fs

@@ -1,0 +1,24 @@
+// Small POSIX file helpers with the durability protocol of DESIGN.md invariant 3: write to a
+// `.tmp` name, fsync, rename over the final name, fsync the directory. All failures throw IoError
+// naming the path and the errno text; a failed atomic write leaves the old file untouched and
+// removes its `.tmp`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace retrace::fs {
+
+// Replaces `path` atomically with `data` (tmp, fsync, rename, fsync dir).
+void write_file_atomic(const std::string& path, std::string_view data);
+// fsyncs a directory so that renames inside it are durable.
+void fsync_dir(const std::string& dir);
+// Reads a whole file; throws IoError if missing, FormatError if larger than max_bytes.
+std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t(1) << 32);
+// Creates a directory and its parents; throws IoError naming the path if that fails or if the
+// directory cannot be written to.
+void make_writable_dir(const std::string& dir);
+std::string errno_text(int err);
+
+}  // namespace retrace::fs

@@ -1,0 +1,59 @@
+// The deterministic sampler (DESIGN.md invariant 2). The order of epoch e is a pure function of
+// (seed, e): a Fisher-Yates shuffle of [0, n) driven by a Philox stream keyed by (seed, e). A
+// position in the data is a Cursor (epoch, batch_in_epoch); resuming needs nothing else.
+//
+// Batches: the global batch is batch_size * world_size samples; rank r takes the r-th contiguous
+// slice of batch_size samples, so the ranks' shards are disjoint and together cover the batch.
+// Last partial batch (n not a multiple of the global batch), by LastBatch:
+//   kDrop: the remainder is not used in that epoch (a different remainder each epoch, since the
+//          order changes). Every step has exactly batch_size samples per rank. The default.
+//   kKeep: one smaller final global batch of m samples; rank r takes samples
+//          [r*m/W, (r+1)*m/W) of it (integer division), so ranks may differ by one sample.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace retrace::data {
+
+enum class LastBatch { kDrop, kKeep };
+
+struct Cursor {
+  uint64_t epoch = 0;
+  uint64_t batch_in_epoch = 0;
+  bool operator==(const Cursor& o) const {
+    return epoch == o.epoch && batch_in_epoch == o.batch_in_epoch;
+  }
+};
+
+class Sampler {
+ public:
+  // Throws ConfigError if batch_size or world_size is 0, rank >= world_size, or the data set is
+  // smaller than one global batch under kDrop.
+  Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch,
+          uint32_t rank = 0, uint32_t world_size = 1);
+
+  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+  // The permutation of epoch `epoch` (a pure function of seed and epoch).
+  std::vector<int64_t> permutation(uint64_t epoch) const;
+  // This rank's sample indices at `cursor`. Uses a cached permutation of the cursor's epoch.
+  std::vector<int64_t> batch(const Cursor& cursor);
+  // The cursor after `cursor` (rolls over to the next epoch).
+  Cursor next(const Cursor& cursor) const;
+
+  uint64_t seed() const { return seed_; }
+  uint64_t num_samples() const { return num_samples_; }
+
+ private:
+  uint64_t seed_;
+  uint64_t num_samples_;
+  uint64_t batch_size_;
+  LastBatch last_batch_;
+  uint32_t rank_;
+  uint32_t world_size_;
+  uint64_t batches_per_epoch_;
+  uint64_t cached_epoch_ = UINT64_MAX;
+  std::vector<int64_t> cached_;
+};
+
+}  // namespace retrace::data

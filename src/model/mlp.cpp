@@ -1,0 +1,54 @@
+#include "model/mlp.h"
+
+#include <torch/nn/functional.h>
+#include <torch/nn/modules/linear.h>
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace retrace::model {
+
+MlpImpl::MlpImpl(const MlpOptions& options) : options_(options) {
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  int64_t in = options.inputs;
+  for (int64_t width : options.hidden) {
+    torch::nn::Linear layer(torch::nn::LinearOptions(in, width));
+    layers_->push_back(layer);
+    in = width;
+  }
+  torch::nn::Linear head(torch::nn::LinearOptions(in, options.outputs));
+  layers_->push_back(head);
+}
+
+torch::Tensor MlpImpl::forward(torch::Tensor x) {
+  namespace F = torch::nn::functional;
+  const size_t n = layers_->size();
+  for (size_t i = 0; i < n; ++i) {
+    x = layers_[i]->as<torch::nn::Linear>()->forward(x);
+    if (i + 1 == n) break;
+    if (options_.activation == "relu") {
+      x = torch::relu(x);
+    } else if (options_.activation == "gelu") {
+      x = torch::gelu(x);
+    } else if (options_.activation == "tanh") {
+      x = torch::tanh(x);
+    } else {
+      RETRACE_FAIL(ConfigError, "bad value for model.activation: \"", options_.activation,
+                   "\" is not one of \"relu\", \"gelu\", \"tanh\"");
+    }
+    if (options_.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(options_.dropout).training(is_training()));
+  }
+  return x;
+}
+
+std::string MlpImpl::describe() const {
+  std::ostringstream out;
+  out << "mlp " << options_.inputs;
+  for (auto h : options_.hidden) out << "-" << h;
+  out << "-" << options_.outputs << " activation=" << options_.activation
+      << " dropout=" << options_.dropout;
+  return out.str();
+}
+
+}  // namespace retrace::model

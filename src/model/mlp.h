@@ -1,0 +1,36 @@
+// A multilayer perceptron: Linear layers `layers.0 .. layers.K` with an activation and dropout
+// after every hidden layer. Layers are constructed one statement at a time, in index order, so
+// they draw their initial weights in a specified order (see MACHINE-FACTS.md on GCC's argument
+// evaluation order).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+#include <vector>
+
+namespace retrace::model {
+
+struct MlpOptions {
+  int64_t inputs = 784;
+  std::vector<int64_t> hidden = {512, 256};
+  int64_t outputs = 10;
+  std::string activation = "relu";  // relu | gelu | tanh
+  double dropout = 0.1;
+};
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const MlpOptions& options);
+  torch::Tensor forward(torch::Tensor x);
+  std::string describe() const;
+
+ private:
+  MlpOptions options_;
+  torch::nn::ModuleList layers_;
+};
+TORCH_MODULE(Mlp);
+
+}  // namespace retrace::model

@@ -1,0 +1,42 @@
+// Philox4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2, 3", SC'11),
+// the counter-based generator retrace uses for all of its own draws. A draw is a pure function of
+// (key, counter), so a stream is fully described by two numbers and can be restored or recomputed
+// at any point without replaying earlier draws. The output is specified bit for bit and does not
+// depend on the compiler or standard library.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace retrace::rng {
+
+using PhiloxBlock = std::array<uint32_t, 4>;
+
+// One Philox4x32 block for a 128-bit counter and a 64-bit key (ten rounds).
+PhiloxBlock philox4x32_10(PhiloxBlock counter, uint64_t key);
+
+// A stream of 64-bit values: value i is built from block i / 2 of the counter sequence.
+// State = (key, position); two streams with equal state produce equal values.
+class PhiloxStream {
+ public:
+  PhiloxStream() = default;
+  PhiloxStream(uint64_t key, uint64_t position = 0) : key_(key), position_(position) {}
+
+  uint64_t next_u64();
+  // Uniform integer in [0, bound), bound > 0: Lemire's multiply-shift with rejection, so the
+  // result is exactly uniform and the number of values consumed is specified by this algorithm.
+  uint64_t next_below(uint64_t bound);
+
+  uint64_t key() const { return key_; }
+  uint64_t position() const { return position_; }
+
+ private:
+  uint64_t key_ = 0;
+  uint64_t position_ = 0;  // index of the next 64-bit value
+};
+
+// Mixes coordinates (seed, purpose, epoch, rank, ...) into one 64-bit key (splitmix64 finalizer
+// applied in sequence). Specified here so keys are the same everywhere.
+uint64_t mix_key(uint64_t a, uint64_t b);
+
+}  // namespace retrace::rng

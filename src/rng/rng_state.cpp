@@ -1,0 +1,165 @@
+#include "rng/rng_state.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+
+namespace retrace::rng {
+namespace {
+
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+void put_bytes(std::string& out, const std::string& b) {
+  put_u64(out, b.size());
+  out += b;
+}
+
+class Cursor8 {
+ public:
+  explicit Cursor8(const std::string& b) : b_(b) {}
+  uint64_t u64() {
+    RETRACE_CHECK(pos_ + 8 <= b_.size(), FormatError, "RNG state is cut at byte ", pos_, " of ",
+                  b_.size());
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t(static_cast<uint8_t>(b_[pos_ + i])) << (8 * i);
+    pos_ += 8;
+    return v;
+  }
+  std::string bytes() {
+    uint64_t n = u64();
+    RETRACE_CHECK(n <= b_.size() - pos_, FormatError, "RNG state field of ", n,
+                  " bytes runs past the end (", b_.size() - pos_, " left)");
+    std::string s = b_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  const std::string& b_;
+  size_t pos_ = 0;
+};
+
+std::string tensor_bytes(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
+}
+
+at::Tensor bytes_tensor(const std::string& s) {
+  at::Tensor t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+constexpr uint64_t kMagic = 0x3153474e52525452ull;  // "RTRRNGS1"
+}  // namespace
+
+std::string RngState::serialize() const {
+  std::string out;
+  put_u64(out, kMagic);
+  put_u64(out, kRngFormatVersion);
+  put_u64(out, seed);
+  put_bytes(out, cpu_generator);
+  put_u64(out, cuda.size());
+  for (const auto& d : cuda) {
+    put_u64(out, static_cast<uint64_t>(d.device_index));
+    put_bytes(out, d.state);
+  }
+  put_u64(out, cursor.epoch);
+  put_u64(out, cursor.batch_in_epoch);
+  put_u64(out, streams.size());
+  for (const auto& s : streams) {
+    put_bytes(out, s.name);
+    put_u64(out, s.key);
+    put_u64(out, s.position);
+  }
+  return out;
+}
+
+RngState RngState::deserialize(const std::string& bytes) {
+  Cursor8 in(bytes);
+  RETRACE_CHECK(in.u64() == kMagic, FormatError, "RNG state does not start with its magic number");
+  uint64_t version = in.u64();
+  RETRACE_CHECK(version == kRngFormatVersion, FormatError, "RNG state format version ", version,
+                ", this binary reads version ", kRngFormatVersion);
+  RngState s;
+  s.seed = in.u64();
+  s.cpu_generator = in.bytes();
+  uint64_t n = in.u64();
+  RETRACE_CHECK(n <= 1024, FormatError, "RNG state lists ", n, " CUDA devices (limit 1024)");
+  for (uint64_t i = 0; i < n; ++i) {
+    DeviceGeneratorState d;
+    d.device_index = static_cast<int32_t>(in.u64());
+    d.state = in.bytes();
+    s.cuda.push_back(std::move(d));
+  }
+  s.cursor.epoch = in.u64();
+  s.cursor.batch_in_epoch = in.u64();
+  n = in.u64();
+  RETRACE_CHECK(n <= 4096, FormatError, "RNG state lists ", n, " streams (limit 4096)");
+  for (uint64_t i = 0; i < n; ++i) {
+    NamedStream st;
+    st.name = in.bytes();
+    st.key = in.u64();
+    st.position = in.u64();
+    s.streams.push_back(std::move(st));
+  }
+  RETRACE_CHECK(in.done(), FormatError, "RNG state has trailing bytes");
+  return s;
+}
+
+void seed_all(uint64_t seed) {
+  {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  }
+  const int n = static_cast<int>(torch::cuda::device_count());
+  for (int i = 0; i < n; ++i) {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  }
+}
+
+RngState capture_torch(uint64_t seed) {
+  RngState s;
+  s.seed = seed;
+  {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    s.cpu_generator = tensor_bytes(g.get_state());
+  }
+  const int n = static_cast<int>(torch::cuda::device_count());
+  for (int i = 0; i < n; ++i) {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    s.cuda.push_back({i, tensor_bytes(g.get_state())});
+  }
+  return s;
+}
+
+void restore_torch(const RngState& s) {
+  {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(bytes_tensor(s.cpu_generator));
+  }
+  const int n = static_cast<int>(torch::cuda::device_count());
+  for (const auto& d : s.cuda) {
+    RETRACE_CHECK(d.device_index < n, ConfigError, "the RNG state holds CUDA device ", d.device_index,
+                  " but this process sees ", n, " CUDA devices; resume on a machine with the same devices");
+    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d.device_index)));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(bytes_tensor(d.state));
+  }
+}
+
+}  // namespace retrace::rng

@@ -1,0 +1,103 @@
+#include "trace/frame_scanner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "trace/fd_io.h"
+#include "trace/le.h"
+
+namespace retrace::trace {
+namespace {
+
+// Reads ahead in blocks of this size so that a scan costs few system calls.
+constexpr size_t kReadBlock = size_t(1) << 20;
+
+std::string hex64(uint64_t v) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s = "0x";
+  for (int i = 15; i >= 0; --i) s.push_back(kDigits[(v >> (4 * i)) & 15]);
+  return s;
+}
+
+}  // namespace
+
+void check_file_header(int fd, const std::string& path, uint64_t size) {
+  RETRACE_CHECK(size >= kFileHeaderSize, FormatError, path, " is not a retrace trace: it is ",
+                size, " bytes long, shorter than the ", kFileHeaderSize, "-byte file header");
+  uint8_t h[kFileHeaderSize];
+  pread_full(fd, h, kFileHeaderSize, 0, path);
+  RETRACE_CHECK(std::memcmp(h, kFileMagic, sizeof(kFileMagic)) == 0, FormatError, path,
+                " is not a retrace trace: its first bytes are not the magic \"RTRACE\"");
+  uint16_t version = get_u16(h + 6);
+  RETRACE_CHECK(version == kFormatVersion, FormatError, path, " has trace format version ",
+                version, " but this binary reads version ", kFormatVersion,
+                "; read it with the retrace version that wrote it");
+}
+
+FrameScanner::FrameScanner(int fd, std::string path, uint64_t start, uint64_t end,
+                           uint64_t first_number)
+    : fd_(fd), path_(std::move(path)), pos_(start), end_(end), number_(first_number) {}
+
+const uint8_t* FrameScanner::window(uint64_t offset, size_t n, size_t* available) {
+  uint64_t in_range = offset >= end_ ? 0 : end_ - offset;
+  size_t want = static_cast<size_t>(std::min<uint64_t>(n, in_range));
+  if (offset < buf_offset_ || offset + want > buf_offset_ + buf_len_) {
+    size_t block = static_cast<size_t>(std::min<uint64_t>(std::max(want, kReadBlock), in_range));
+    if (buf_.size() < block) buf_.resize(block);
+    buf_offset_ = offset;
+    buf_len_ = pread_full(fd_, buf_.data(), block, offset, path_);
+    want = std::min(want, buf_len_);
+  }
+  *available = want;
+  return buf_.data() + (offset - buf_offset_);
+}
+
+std::optional<FrameScanner::Frame> FrameScanner::next() {
+  tail_bytes_ = 0;
+  if (pos_ >= end_) return std::nullopt;
+  size_t have = 0;
+  const uint8_t* p = window(pos_, kFrameHeaderSize, &have);
+  if (have >= 4) {
+    uint32_t magic = frame_magic(p);
+    RETRACE_CHECK(magic == kFrameMagic, FormatError, "bad frame magic ", hex64(magic),
+                  " at offset ", pos_, " of ", path_, " (frame #", number_, "), expected ",
+                  hex64(kFrameMagic), "; the file is damaged or is not a retrace trace");
+  }
+  if (have < kFrameHeaderSize) {
+    tail_bytes_ = have;
+    return std::nullopt;
+  }
+  FrameHeader h = decode_frame_header(p);
+  uint16_t check = compute_header_check(p);
+  RETRACE_CHECK(check == h.header_check, IntegrityError, "corrupt frame checksum at offset ", pos_,
+                " of ", path_, " (frame #", number_, ", step field ", h.step,
+                "): the frame header is damaged (header check ", h.header_check, ", computed ",
+                check, "). Restore the file from a copy, or truncate it to ", pos_,
+                " bytes to keep the frames before it");
+  RETRACE_CHECK(is_known_kind(h.kind), FormatError, "unknown frame kind ", int(h.kind),
+                " at offset ", pos_, " of ", path_, " (frame #", number_,
+                "); the file was written by a newer retrace, read it with that version");
+  RETRACE_CHECK(h.compressed_len <= kMaxPayloadLen && h.raw_len <= kMaxPayloadLen, FormatError,
+                "frame at offset ", pos_, " of ", path_, " (frame #", number_,
+                ") claims a payload of ", h.compressed_len, " compressed / ", h.raw_len,
+                " raw bytes, over the limit of ", kMaxPayloadLen);
+  uint64_t size = kFrameHeaderSize + uint64_t(h.compressed_len);
+  p = window(pos_, static_cast<size_t>(size), &have);
+  if (have < size) {
+    tail_bytes_ = have;
+    return std::nullopt;
+  }
+  uint64_t sum = compute_frame_checksum(p, p + kFrameHeaderSize, h.compressed_len);
+  RETRACE_CHECK(sum == h.checksum, IntegrityError, "corrupt frame checksum at offset ", pos_,
+                " of ", path_, " (frame #", number_, ", ", kind_name(h.kind), " step ", h.step,
+                "): stored ", hex64(h.checksum), ", computed ", hex64(sum),
+                ". The bytes were damaged after they were written; restore the file from a copy, "
+                "or truncate it to ", pos_, " bytes to keep the frames before it");
+  Frame f{h, pos_, number_, p, size};
+  pos_ += size;
+  ++number_;
+  return f;
+}
+
+}  // namespace retrace::trace

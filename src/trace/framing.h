@@ -1,0 +1,84 @@
+// The byte layout of a trace file (run/trace.rtrace), shared by the writer and the reader. This is
+// the one place the format is described.
+//
+// A trace file is a 16-byte file header followed by frames. All integers are little-endian.
+//
+//   file header (16 bytes)
+//     0  char[6]  magic "RTRACE"
+//     6  u16      format version (kFormatVersion)
+//     8  u8[8]    reserved, zero
+//
+//   frame (32-byte frame header, then compressed_len bytes of payload)
+//     0  u32      frame magic (kFrameMagic)
+//     4  u8       kind: 1 header, 2 step, 3 eval, 4 event (FrameKind)
+//     5  u8       flags, zero (reserved for later use)
+//     6  u16      header check: low 16 bits of xxh3_64 over bytes 0..5 and 8..23 of this header
+//     8  u64      step number (0 for the header frame)
+//    16  u32      compressed_len: payload bytes that follow the frame header
+//    20  u32      raw_len: payload bytes after decompression
+//    24  u64      checksum: xxh3_64 over bytes 0..23 of this header followed by the payload
+//    32  payload  zstd frame holding one Cap'n Proto flat-array message (trace.capnp); its root is
+//                 Header, Step, Eval or Event according to kind. raw_len is a multiple of 8.
+//
+// The first frame is always the header frame; then steps, evals and events in the order they
+// happened. Both lengths are at most kMaxPayloadLen and are checked before anything is allocated.
+//
+// The header check exists so that a reader can tell a frame cut short by a crash (its header is
+// intact and the file ends inside it: an incomplete tail, the frames before it are kept) from a
+// frame whose length field was damaged (a corrupt frame: IntegrityError). The checksum covers
+// everything else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace retrace::trace {
+
+inline constexpr char kFileMagic[6] = {'R', 'T', 'R', 'A', 'C', 'E'};
+inline constexpr uint16_t kFormatVersion = 1;
+inline constexpr size_t kFileHeaderSize = 16;
+
+inline constexpr uint32_t kFrameMagic = 0x46525452;  // "RTRF" in file byte order
+inline constexpr size_t kFrameHeaderSize = 32;
+inline constexpr uint32_t kMaxPayloadLen = 64u << 20;  // 64 MiB, compressed and raw
+
+enum class FrameKind : uint8_t { kHeader = 1, kStep = 2, kEval = 3, kEvent = 4 };
+
+// True for the four kinds above.
+bool is_known_kind(uint8_t kind);
+// "header", "step", "eval", "event" or "unknown".
+const char* kind_name(uint8_t kind);
+
+struct FrameHeader {
+  uint8_t kind = 0;
+  uint8_t flags = 0;
+  uint16_t header_check = 0;
+  uint64_t step = 0;
+  uint32_t compressed_len = 0;
+  uint32_t raw_len = 0;
+  uint64_t checksum = 0;
+};
+
+// Writes the 16-byte file header.
+void encode_file_header(uint8_t* out);
+
+// Writes the 32-byte frame header for `h` and `payload` into out, computing the header check and
+// the checksum (the values of those two fields in `h` are ignored).
+void encode_frame_header(const FrameHeader& h, const uint8_t* payload, uint8_t* out);
+
+// Reads a 32-byte frame header as stored; checks nothing. The magic is read by frame_magic().
+FrameHeader decode_frame_header(const uint8_t* in);
+uint32_t frame_magic(const uint8_t* in);
+
+// The header check over a 32-byte frame header as stored (see the layout above).
+uint16_t compute_header_check(const uint8_t* in);
+// The checksum over the first 24 bytes of a frame header and its payload.
+uint64_t compute_frame_checksum(const uint8_t* header, const uint8_t* payload, size_t payload_len);
+
+// One whole frame (header and zstd-compressed raw payload) as bytes. Allocates a compression
+// context per call: for tests and tools; the writer uses its own reused buffers.
+std::string encode_frame(FrameKind kind, uint64_t step, std::string_view raw, int zstd_level);
+
+}  // namespace retrace::trace

@@ -1,0 +1,261 @@
+#include "trace/inspect.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace retrace::trace {
+namespace {
+
+using nlohmann::json;
+
+// Digits enough to tell steps apart in a table; the JSON and CSV views carry the full digest.
+constexpr size_t kDigestPrefix = 12;
+
+double step_ms(const Timings& t) {
+  return t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms + t.trace_ms;
+}
+
+std::string outcome_text(const StepRecord& r) {
+  return r.outcome == Outcome::kSkip ? "SKIP:" + r.skip_reason : std::string("STEP");
+}
+
+// Shortest text that reads back to the same double, so the CSV view loses nothing.
+std::string number(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+std::string fixed(const char* fmt, double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+uint64_t param_count(const ParamInfo& p) {
+  uint64_t n = 1;
+  for (int64_t d : p.shape) n *= static_cast<uint64_t>(d < 0 ? 0 : d);
+  return n;
+}
+
+json header_json(const TraceHeader& h) {
+  json j;
+  j["schema"] = h.schema;
+  j["retrace_version"] = h.retrace_version;
+  j["config_toml"] = h.config_toml;
+  j["config_hash"] = h.config_hash;
+  j["seed"] = h.seed;
+  json fp = json::object();
+  for (const KeyValue& kv : h.fingerprint) fp[kv.key] = kv.value;
+  j["fingerprint"] = fp;
+  j["model_description"] = h.model_description;
+  json params = json::array();
+  for (const ParamInfo& p : h.params) {
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype}});
+  }
+  j["params"] = params;
+  json files = json::array();
+  for (const FileInfo& f : h.data_files) {
+    files.push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}});
+  }
+  j["data_files"] = files;
+  json faults = json::array();
+  for (const Fault& f : h.faults) faults.push_back({{"kind", f.kind}, {"step", f.step}, {"arg", f.arg}});
+  j["faults"] = faults;
+  j["total_steps"] = h.total_steps;
+  j["world_size"] = h.world_size;
+  j["created_utc"] = h.created_utc;
+  return j;
+}
+
+json step_json(const StepRecord& r) {
+  json j;
+  j["step"] = r.step;
+  j["epoch"] = r.epoch;
+  j["batch_in_epoch"] = r.batch_in_epoch;
+  j["batch_size"] = r.batch_size;
+  j["sample_digest"] = r.sample_digest.hex();
+  j["loss"] = r.loss;
+  j["loss_bits"] = r.loss_bits;
+  j["grad_norm_pre"] = r.grad_norm_pre;
+  j["grad_norm_post"] = r.grad_norm_post;
+  j["lr"] = r.lr;
+  j["loss_scale"] = r.loss_scale;
+  j["outcome"] = r.outcome == Outcome::kSkip ? "SKIP" : "STEP";
+  j["skip_reason"] = r.skip_reason;
+  j["param_digest"] = r.param_digest.hex();
+  j["optim_digest"] = r.optim_digest.hex();
+  j["rng_digest"] = r.rng_digest.hex();
+  j["micro_batch_sizes"] = r.micro_batch_sizes;
+  j["micro_losses"] = r.micro_losses;
+  json grads = json::array();
+  for (const Digest128& d : r.rank_grad_digests) grads.push_back(d.hex());
+  j["rank_grad_digests"] = grads;
+  j["content_digest"] = r.content_digest.hex();
+  j["chain_digest"] = r.chain_digest.hex();
+  j["timings"] = {{"data_ms", r.timings.data_ms},
+                  {"forward_ms", r.timings.forward_ms},
+                  {"backward_ms", r.timings.backward_ms},
+                  {"optimizer_ms", r.timings.optimizer_ms},
+                  {"trace_ms", r.timings.trace_ms}};
+  return j;
+}
+
+void print_json(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
+  json j;
+  j["header"] = header_json(reader.header());
+  json steps = json::array();
+  for (const StepRecord& r : reader.steps(first, last)) steps.push_back(step_json(r));
+  j["steps"] = steps;
+  json evals = json::array();
+  for (const EvalRecord& e : reader.evals()) {
+    evals.push_back({{"step", e.step}, {"epoch", e.epoch}, {"samples", e.samples},
+                     {"loss", e.loss}, {"accuracy", e.accuracy}});
+  }
+  j["evals"] = evals;
+  json events = json::array();
+  for (const EventRecord& e : reader.events()) {
+    events.push_back({{"step", e.step}, {"kind", e.kind}, {"message", e.message}});
+  }
+  j["events"] = events;
+  if (auto w = reader.tail_warning()) j["tail_warning"] = *w;
+  // Non-finite numbers become null; invalid UTF-8 in user text is replaced rather than thrown.
+  out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
+}
+
+// Quotes a CSV field when it needs it (RFC 4180).
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q.push_back('"');
+    q.push_back(c);
+  }
+  q.push_back('"');
+  return q;
+}
+
+template <typename T, typename F>
+std::string joined(const std::vector<T>& v, F f) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s.push_back(';');
+    s += f(v[i]);
+  }
+  return s;
+}
+
+void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
+  out << "step,epoch,batch_in_epoch,batch_size,sample_digest,loss,loss_bits,grad_norm_pre,"
+         "grad_norm_post,lr,loss_scale,outcome,skip_reason,param_digest,optim_digest,rng_digest,"
+         "micro_batch_sizes,micro_losses,rank_grad_digests,content_digest,chain_digest,data_ms,"
+         "forward_ms,backward_ms,optimizer_ms,trace_ms\n";
+  for (const StepRecord& r : reader.steps(first, last)) {
+    out << r.step << ',' << r.epoch << ',' << r.batch_in_epoch << ',' << r.batch_size << ','
+        << r.sample_digest.hex() << ',' << number(r.loss) << ',' << r.loss_bits << ','
+        << number(r.grad_norm_pre) << ',' << number(r.grad_norm_post) << ',' << number(r.lr)
+        << ',' << number(r.loss_scale) << ',' << (r.outcome == Outcome::kSkip ? "SKIP" : "STEP")
+        << ',' << csv_field(r.skip_reason) << ',' << r.param_digest.hex() << ','
+        << r.optim_digest.hex() << ',' << r.rng_digest.hex() << ','
+        << joined(r.micro_batch_sizes, [](uint32_t v) { return std::to_string(v); }) << ','
+        << joined(r.micro_losses, [](double v) { return number(v); }) << ','
+        << joined(r.rank_grad_digests, [](const Digest128& d) { return d.hex(); }) << ','
+        << r.content_digest.hex() << ',' << r.chain_digest.hex() << ','
+        << number(r.timings.data_ms) << ',' << number(r.timings.forward_ms) << ','
+        << number(r.timings.backward_ms) << ',' << number(r.timings.optimizer_ms) << ','
+        << number(r.timings.trace_ms) << '\n';
+  }
+}
+
+// Pads or cuts to a column width so the table lines up.
+std::string cell(const std::string& s, size_t width, bool right) {
+  if (s.size() >= width) return s;
+  std::string pad(width - s.size(), ' ');
+  return right ? pad + s : s + pad;
+}
+
+void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
+  const TraceHeader& h = reader.header();
+  uint64_t numbers = 0;
+  for (const ParamInfo& p : h.params) numbers += param_count(p);
+  out << "trace        " << reader.path() << '\n'
+      << "schema       " << h.schema << '\n'
+      << "version      " << h.retrace_version << '\n'
+      << "config hash  " << h.config_hash << '\n'
+      << "seed         " << h.seed << '\n'
+      << "world size   " << h.world_size << '\n'
+      << "created      " << h.created_utc << '\n'
+      << "model        " << h.model_description << '\n'
+      << "params       " << h.params.size() << " tensors, " << numbers << " numbers\n"
+      << "total steps  " << h.total_steps << '\n';
+  out << "fingerprint\n";
+  for (const KeyValue& kv : h.fingerprint) out << "  " << kv.key << '=' << kv.value << '\n';
+  out << "data files\n";
+  for (const FileInfo& f : h.data_files) {
+    out << "  " << f.path << " (" << f.size << " bytes, sha256 " << f.sha256 << ")\n";
+  }
+  out << "faults\n";
+  if (h.faults.empty()) out << "  none\n";
+  for (const Fault& f : h.faults) {
+    out << "  " << f.kind << " at step " << f.step << (f.arg.empty() ? "" : " (" + f.arg + ")")
+        << '\n';
+  }
+  if (auto w = reader.tail_warning()) out << "warning: " << *w << '\n';
+
+  struct Column {
+    const char* name;
+    size_t width;
+    bool right;
+  };
+  const std::vector<Column> columns = {
+      {"step", 7, true},       {"epoch", 5, true},     {"batch", 6, true},
+      {"loss", 12, true},      {"grad_pre", 11, true}, {"grad_post", 11, true},
+      {"lr", 11, true},        {"scale", 8, true},     {"outcome", 10, false},
+      {"param", kDigestPrefix, false}, {"chain", kDigestPrefix, false}, {"step_ms", 9, true}};
+  auto row = [&](const std::vector<std::string>& cells) {
+    for (size_t i = 0; i < cells.size(); ++i) {
+      if (i > 0) out << ' ';
+      out << cell(cells[i], columns[i].width, columns[i].right);
+    }
+    out << '\n';
+  };
+  out << '\n';
+  std::vector<std::string> names;
+  for (const Column& c : columns) names.push_back(c.name);
+  row(names);
+  for (const StepRecord& r : reader.steps(first, last)) {
+    row({std::to_string(r.step), std::to_string(r.epoch), std::to_string(r.batch_in_epoch),
+         fixed("%.6f", r.loss), fixed("%.4g", r.grad_norm_pre), fixed("%.4g", r.grad_norm_post),
+         fixed("%.4g", r.lr), fixed("%g", r.loss_scale), outcome_text(r),
+         r.param_digest.hex().substr(0, kDigestPrefix),
+         r.chain_digest.hex().substr(0, kDigestPrefix), fixed("%.2f", step_ms(r.timings))});
+  }
+  std::vector<EvalRecord> evals = reader.evals();
+  out << "\nevals\n";
+  if (evals.empty()) out << "  none\n";
+  for (const EvalRecord& e : evals) {
+    out << "  step " << e.step << " epoch " << e.epoch << ": loss " << fixed("%.6f", e.loss)
+        << ", accuracy " << fixed("%.4f", e.accuracy) << " over " << e.samples << " samples\n";
+  }
+  std::vector<EventRecord> events = reader.events();
+  out << "\nevents\n";
+  if (events.empty()) out << "  none\n";
+  for (const EventRecord& e : events) {
+    out << "  step " << e.step << ' ' << e.kind << ": " << e.message << '\n';
+  }
+}
+
+}  // namespace
+
+void print_inspect(const TraceReader& reader, InspectFormat format, uint64_t first, uint64_t last,
+                   std::ostream& out) {
+  switch (format) {
+    case InspectFormat::kTable: print_table(reader, first, last, out); break;
+    case InspectFormat::kJson: print_json(reader, first, last, out); break;
+    case InspectFormat::kCsv: print_csv(reader, first, last, out); break;
+  }
+}
+
+}  // namespace retrace::trace

@@ -1,0 +1,33 @@
+// Conversion of trace records to and from Cap'n Proto flat-array messages (trace.capnp). Internal
+// to src/trace; callers see only plain bytes, so Cap'n Proto stays out of every other header.
+//
+// serialize_* are deterministic: equal records give equal bytes. parse_* read untrusted bytes with
+// hostile-input limits (traversal limit kTraversalLimitWords, nesting limit kNestingLimit) and
+// throw FormatError naming `where` (e.g. "step frame at offset 1234 of run/trace.rtrace") when the
+// message is malformed. Thread-safe: no shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "trace/records.h"
+
+namespace retrace::trace {
+
+inline constexpr uint64_t kTraversalLimitWords = uint64_t(64) << 20;
+inline constexpr int kNestingLimit = 16;
+
+// Replace the contents of `out` with the serialized message.
+void serialize_header(const TraceHeader& h, std::string& out);
+void serialize_step(const StepRecord& r, std::string& out);
+void serialize_eval(const EvalRecord& r, std::string& out);
+void serialize_event(const EventRecord& r, std::string& out);
+
+// `words` must be 8-byte aligned and hold n_words 64-bit words.
+TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::string& where);
+StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& where);
+EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std::string& where);
+EventRecord parse_event(const uint64_t* words, size_t n_words, const std::string& where);
+
+}  // namespace retrace::trace

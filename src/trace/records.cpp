@@ -1,0 +1,84 @@
+#include "trace/records.h"
+
+#include <cstring>
+#include <string>
+
+#include "trace/le.h"
+
+namespace retrace::trace {
+namespace {
+
+// Builds the canonical byte string of a record: fixed-width little-endian scalars, doubles by
+// their bit pattern, strings length-prefixed, vectors count-prefixed. Hashing one contiguous
+// buffer is faster than streaming many 8-byte updates.
+class Canonical {
+ public:
+  void u8(uint8_t v) { bytes_.push_back(static_cast<char>(v)); }
+  void u32(uint32_t v) {
+    uint8_t b[4];
+    put_u32(b, v);
+    bytes_.append(reinterpret_cast<const char*>(b), 4);
+  }
+  void u64(uint64_t v) {
+    uint8_t b[8];
+    put_u64(b, v);
+    bytes_.append(reinterpret_cast<const char*>(b), 8);
+  }
+  void f64(double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    u64(bits);
+  }
+  void digest(const Digest128& d) {
+    u64(d.hi);
+    u64(d.lo);
+  }
+  void str(const std::string& s) {
+    u64(s.size());
+    bytes_.append(s);
+  }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+}  // namespace
+
+Digest128 content_digest(const StepRecord& r) {
+  Canonical c;
+  c.u64(r.step);
+  c.u64(r.epoch);
+  c.u64(r.batch_in_epoch);
+  c.u32(r.batch_size);
+  c.digest(r.sample_digest);
+  c.f64(r.loss);
+  c.u32(r.loss_bits);
+  c.f64(r.grad_norm_pre);
+  c.f64(r.grad_norm_post);
+  c.f64(r.lr);
+  c.f64(r.loss_scale);
+  c.u8(static_cast<uint8_t>(r.outcome));
+  c.str(r.skip_reason);
+  c.digest(r.param_digest);
+  c.digest(r.optim_digest);
+  c.digest(r.rng_digest);
+  c.u64(r.micro_batch_sizes.size());
+  for (uint32_t v : r.micro_batch_sizes) c.u32(v);
+  c.u64(r.micro_losses.size());
+  for (double v : r.micro_losses) c.f64(v);
+  c.u64(r.rank_grad_digests.size());
+  for (const Digest128& d : r.rank_grad_digests) c.digest(d);
+  return xxh3_128(c.bytes().data(), c.bytes().size());
+}
+
+Digest128 chain_digest(const Digest128& previous_chain, const Digest128& content) {
+  uint8_t b[32];
+  put_u64(b, previous_chain.hi);
+  put_u64(b + 8, previous_chain.lo);
+  put_u64(b + 16, content.hi);
+  put_u64(b + 24, content.lo);
+  return xxh3_128(b, sizeof(b));
+}
+
+}  // namespace retrace::trace

@@ -1,0 +1,109 @@
+// The records a trace holds, as plain C++ values. The trace module converts them to and from the
+// Cap'n Proto schema in trace.capnp; nothing outside src/trace sees Cap'n Proto.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/digest.h"
+
+namespace retrace::trace {
+
+// Bumped whenever trace.capnp or the framing changes in a way old readers cannot read.
+inline constexpr const char* kTraceSchema = "retrace.trace.v1";
+
+enum class Outcome : uint8_t { kStep = 0, kSkip = 1 };
+
+struct KeyValue {
+  std::string key;
+  std::string value;
+};
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;  // "float32", ...
+};
+
+struct FileInfo {
+  std::string path;
+  uint64_t size = 0;
+  std::string sha256;  // hex
+};
+
+struct Fault {
+  std::string kind;  // "nan-loss", "inf-grad", "spike", "crash", "perturb-param"
+  uint64_t step = 0;
+  std::string arg;
+};
+
+struct TraceHeader {
+  std::string schema = kTraceSchema;
+  std::string retrace_version;
+  std::string config_toml;  // the resolved config, exactly as written to run/config.toml
+  std::string config_hash;  // sha256 hex of config_toml
+  uint64_t seed = 0;
+  std::vector<KeyValue> fingerprint;  // environment: libtorch version, BLAS, threads, ...
+  std::string model_description;
+  std::vector<ParamInfo> params;
+  std::vector<FileInfo> data_files;
+  std::vector<Fault> faults;
+  uint64_t total_steps = 0;
+  uint32_t world_size = 1;
+  std::string created_utc;  // ISO 8601; informational, not compared
+};
+
+// Wall time of one step, split by phase, in milliseconds. Never part of any digest.
+struct Timings {
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;
+};
+
+struct StepRecord {
+  uint64_t step = 0;  // 1-based optimizer step
+  uint64_t epoch = 0;
+  uint64_t batch_in_epoch = 0;
+  uint32_t batch_size = 0;
+  Digest128 sample_digest;  // xxh3-128 of the sample indices (int64 little-endian, in order)
+  double loss = 0;          // mean loss of the effective batch
+  uint32_t loss_bits = 0;   // exact float32 bits of the loss as computed
+  double grad_norm_pre = 0;   // global L2 norm before clipping (after unscale)
+  double grad_norm_post = 0;  // after clipping
+  double lr = 0;
+  double loss_scale = 1;
+  Outcome outcome = Outcome::kStep;
+  std::string skip_reason;  // "" for STEP, e.g. "non_finite_loss"
+  Digest128 param_digest;   // all parameters and buffers, canonical (sorted by name) order
+  Digest128 optim_digest;   // optimizer state in the same order
+  Digest128 rng_digest;     // serialized RngState after the step
+  std::vector<uint32_t> micro_batch_sizes;
+  std::vector<double> micro_losses;
+  std::vector<Digest128> rank_grad_digests;  // per rank, local gradients before any reduction
+  // Filled by the trace writer: content digest over every field above except timings, and the
+  // chain digest = xxh3_128(previous chain || content). Agreement at step N => equal prefixes.
+  Digest128 content_digest;
+  Digest128 chain_digest;
+  Timings timings;
+};
+
+struct EvalRecord {
+  uint64_t step = 0;
+  uint64_t epoch = 0;
+  uint64_t samples = 0;
+  double loss = 0;
+  double accuracy = 0;
+};
+
+// Anything that is not a step but must not be silent: warnings, resumes, rollbacks, faults.
+struct EventRecord {
+  uint64_t step = 0;
+  std::string kind;     // "warning", "resume", "rollback", "fault", ...
+  std::string message;
+};
+
+// Content digest of a step: every field except timings, content_digest and chain_digest, in a
+// fixed order with fixed-width little-endian encodings.
+Digest128 content_digest(const StepRecord& r);
+Digest128 chain_digest(const Digest128& previous_chain, const Digest128& content);
+
+}  // namespace retrace::trace

@@ -1,0 +1,184 @@
+#include "trace/trace_reader.h"
+
+#include <fcntl.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <iterator>
+#include <limits>
+#include <utility>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "trace/frame_scanner.h"
+#include "trace/record_codec.h"
+
+namespace retrace::trace {
+
+TraceReader::TraceReader(TraceReader&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::move(o.fd_)),
+      header_(std::move(o.header_)),
+      index_(std::move(o.index_)),
+      by_step_(std::move(o.by_step_)),
+      valid_bytes_(o.valid_bytes_),
+      tail_warning_(std::move(o.tail_warning_)),
+      dctx_(std::exchange(o.dctx_, nullptr)),
+      compressed_(std::move(o.compressed_)),
+      words_(std::move(o.words_)) {}
+
+TraceReader& TraceReader::operator=(TraceReader&& o) noexcept {
+  if (this != &o) {
+    if (dctx_ != nullptr) ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_));
+    path_ = std::move(o.path_);
+    fd_ = std::move(o.fd_);
+    header_ = std::move(o.header_);
+    index_ = std::move(o.index_);
+    by_step_ = std::move(o.by_step_);
+    valid_bytes_ = o.valid_bytes_;
+    tail_warning_ = std::move(o.tail_warning_);
+    dctx_ = std::exchange(o.dctx_, nullptr);
+    compressed_ = std::move(o.compressed_);
+    words_ = std::move(o.words_);
+  }
+  return *this;
+}
+
+TraceReader::~TraceReader() {
+  if (dctx_ != nullptr) ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_));
+}
+
+TraceReader TraceReader::open(const std::string& path) {
+  TraceReader r;
+  r.path_ = path;
+  int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot open trace ", path, ": ", fs::errno_text(errno));
+  r.fd_ = UniqueFd(raw_fd);
+  r.dctx_ = ZSTD_createDCtx();
+  RETRACE_CHECK(r.dctx_ != nullptr, InvariantError, "ZSTD_createDCtx failed (out of memory)");
+
+  uint64_t size = file_size(r.fd_.get(), path);
+  check_file_header(r.fd_.get(), path, size);
+  FrameScanner scanner(r.fd_.get(), path, kFileHeaderSize, size);
+  while (auto f = scanner.next()) {
+    FrameKind kind = static_cast<FrameKind>(f->header.kind);
+    RETRACE_CHECK((kind == FrameKind::kHeader) == (f->number == 0), FormatError, path,
+                  f->number == 0 ? ": trace has no header frame (the first frame, at offset "
+                                 : ": a second header frame at offset ",
+                  f->offset, ", is a ", kind_name(f->header.kind),
+                  " frame); the file is not a well-formed trace");
+    r.index_.push_back(FrameIndexEntry{kind, f->header.step, f->offset, f->header.compressed_len,
+                                       f->header.raw_len});
+  }
+  r.valid_bytes_ = scanner.position();
+  RETRACE_CHECK(!r.index_.empty(), FormatError, path,
+                ": trace has no header frame (the file ends at byte ", size,
+                " before its header frame is complete)");
+  if (scanner.tail_bytes() > 0) {
+    r.tail_warning_ = detail::concat(
+        "trace ", path, " ends with an incomplete frame at offset ", scanner.position(), " (",
+        scanner.tail_bytes(), " bytes, a write cut short); the ", r.index_.size(),
+        " complete frames before it are used");
+  }
+
+  r.load(r.index_[0]);
+  r.header_ = parse_header(r.words_.data(), r.words_.size(), r.where(r.index_[0]));
+  RETRACE_CHECK(r.header_.schema == kTraceSchema, FormatError, "trace ", path, " has schema \"",
+                r.header_.schema, "\" but this binary reads \"", kTraceSchema,
+                "\"; it was probably written by a newer retrace: read it with that version");
+
+  for (size_t i = 0; i < r.index_.size(); ++i) {
+    if (r.index_[i].kind == FrameKind::kStep) r.by_step_.emplace_back(r.index_[i].step, i);
+  }
+  std::sort(r.by_step_.begin(), r.by_step_.end());
+  return r;
+}
+
+std::string TraceReader::where(const FrameIndexEntry& e) const {
+  return detail::concat(kind_name(static_cast<uint8_t>(e.kind)), " frame at offset ", e.offset,
+                        " (step ", e.step, ") of ", path_);
+}
+
+void TraceReader::load(const FrameIndexEntry& e) const {
+  size_t size = kFrameHeaderSize + e.compressed_len;
+  if (compressed_.size() < size) compressed_.resize(size);
+  size_t got = pread_full(fd_.get(), compressed_.data(), size, e.offset, path_);
+  RETRACE_CHECK(got == size, IoError, "trace ", path_, " became shorter while being read: ",
+                where(e), " is no longer complete");
+  const uint8_t* p = compressed_.data();
+  FrameHeader h = decode_frame_header(p);
+  uint64_t sum = compute_frame_checksum(p, p + kFrameHeaderSize, e.compressed_len);
+  RETRACE_CHECK(h.compressed_len == e.compressed_len && sum == h.checksum, IntegrityError,
+                "corrupt frame checksum at offset ", e.offset, " of ", path_,
+                ": the frame changed after the trace was opened (", where(e),
+                "); another process is writing the file, or the disk is failing");
+  RETRACE_CHECK(e.raw_len % 8 == 0, FormatError, where(e), " has a raw length of ", e.raw_len,
+                " bytes, not a whole number of 8-byte words");
+  words_.resize(e.raw_len / 8);
+  size_t n = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
+                                 p + kFrameHeaderSize, e.compressed_len);
+  RETRACE_CHECK(!ZSTD_isError(n), FormatError, "cannot decompress ", where(e), ": ",
+                ZSTD_getErrorName(n));
+  RETRACE_CHECK(n == e.raw_len, FormatError, where(e), " decompresses to ", n,
+                " bytes but its header says ", e.raw_len);
+}
+
+StepRecord TraceReader::load_step(const FrameIndexEntry& e) const {
+  load(e);
+  StepRecord r = parse_step(words_.data(), words_.size(), where(e));
+  RETRACE_CHECK(r.step == e.step, FormatError, where(e), " holds a record of step ", r.step,
+                "; the frame header and the record disagree");
+  return r;
+}
+
+std::vector<StepRecord> TraceReader::steps(uint64_t first, uint64_t last) const {
+  std::vector<StepRecord> out;
+  for (const FrameIndexEntry& e : index_) {
+    if (e.kind == FrameKind::kStep && e.step >= first && e.step <= last) out.push_back(load_step(e));
+  }
+  return out;
+}
+
+std::optional<StepRecord> TraceReader::step(uint64_t n) const {
+  // The last entry with this step number is the frame written last.
+  auto it = std::upper_bound(by_step_.begin(), by_step_.end(),
+                             std::make_pair(n, std::numeric_limits<size_t>::max()));
+  if (it == by_step_.begin() || std::prev(it)->first != n) return std::nullopt;
+  return load_step(index_[std::prev(it)->second]);
+}
+
+std::vector<EvalRecord> TraceReader::evals() const {
+  std::vector<EvalRecord> out;
+  for (const FrameIndexEntry& e : index_) {
+    if (e.kind != FrameKind::kEval) continue;
+    load(e);
+    out.push_back(parse_eval(words_.data(), words_.size(), where(e)));
+  }
+  return out;
+}
+
+std::vector<EventRecord> TraceReader::events() const {
+  std::vector<EventRecord> out;
+  for (const FrameIndexEntry& e : index_) {
+    if (e.kind != FrameKind::kEvent) continue;
+    load(e);
+    out.push_back(parse_event(words_.data(), words_.size(), where(e)));
+  }
+  return out;
+}
+
+std::optional<uint64_t> TraceReader::first_chain_break() const {
+  Digest128 chain;
+  for (const FrameIndexEntry& e : index_) {
+    if (e.kind != FrameKind::kStep) continue;
+    StepRecord r = load_step(e);
+    Digest128 content = content_digest(r);
+    Digest128 expected_chain = chain_digest(chain, content);
+    if (content != r.content_digest || expected_chain != r.chain_digest) return r.step;
+    chain = expected_chain;
+  }
+  return std::nullopt;
+}
+
+}  // namespace retrace::trace

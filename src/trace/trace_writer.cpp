@@ -1,0 +1,212 @@
+#include "trace/trace_writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <utility>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "trace/frame_scanner.h"
+#include "trace/framing.h"
+#include "trace/record_codec.h"
+
+namespace retrace::trace {
+namespace {
+
+std::string parent_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// Finds the header frame at the start of an open trace; returns the offset just after it.
+uint64_t header_frame_end(int fd, const std::string& path, uint64_t size) {
+  check_file_header(fd, path, size);
+  FrameScanner scanner(fd, path, kFileHeaderSize, size);
+  auto first = scanner.next();
+  RETRACE_CHECK(first && first->header.kind == static_cast<uint8_t>(FrameKind::kHeader),
+                FormatError, path, ": trace has no header frame; the file is not a complete trace");
+  return scanner.position();
+}
+
+}  // namespace
+
+TraceWriter::TraceWriter(std::string path, UniqueFd fd, int zstd_level, uint64_t size)
+    : path_(std::move(path)), fd_(std::move(fd)), zstd_level_(zstd_level), bytes_written_(size) {
+  cctx_ = ZSTD_createCCtx();
+  RETRACE_CHECK(cctx_ != nullptr, InvariantError, "ZSTD_createCCtx failed (out of memory)");
+}
+
+TraceWriter::TraceWriter(TraceWriter&& o) noexcept
+    : path_(std::move(o.path_)),
+      fd_(std::move(o.fd_)),
+      zstd_level_(o.zstd_level_),
+      cctx_(std::exchange(o.cctx_, nullptr)),
+      bytes_written_(o.bytes_written_),
+      last_chain_(o.last_chain_),
+      last_step_(o.last_step_),
+      raw_(std::move(o.raw_)),
+      frame_(std::move(o.frame_)) {}
+
+TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
+  if (this != &o) {
+    if (cctx_ != nullptr) ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_));
+    path_ = std::move(o.path_);
+    fd_ = std::move(o.fd_);
+    zstd_level_ = o.zstd_level_;
+    cctx_ = std::exchange(o.cctx_, nullptr);
+    bytes_written_ = o.bytes_written_;
+    last_chain_ = o.last_chain_;
+    last_step_ = o.last_step_;
+    raw_ = std::move(o.raw_);
+    frame_ = std::move(o.frame_);
+  }
+  return *this;
+}
+
+TraceWriter::~TraceWriter() {
+  if (cctx_ != nullptr) ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_));
+}
+
+TraceWriter TraceWriter::create(const std::string& path, const TraceHeader& header,
+                                int zstd_level) {
+  int raw_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (raw_fd < 0 && errno == EEXIST) {
+    RETRACE_FAIL(IoError, "refusing to create trace ", path,
+                 ": the file already exists; a trace is never overwritten. Use `resume` to "
+                 "continue that run or choose a new run directory");
+  }
+  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot create trace ", path, ": ",
+                fs::errno_text(errno));
+  TraceWriter w(path, UniqueFd(raw_fd), zstd_level, 0);
+  uint8_t file_header[kFileHeaderSize];
+  encode_file_header(file_header);
+  write_full(w.fd_.get(), file_header, kFileHeaderSize, path);
+  w.bytes_written_ = kFileHeaderSize;
+  serialize_header(header, w.raw_);
+  w.append_frame(static_cast<uint8_t>(FrameKind::kHeader), 0);
+  // The trace's existence is durable from the start, so a checkpoint never points at a trace
+  // that a power loss could make vanish.
+  w.sync();
+  fs::fsync_dir(parent_dir(path));
+  return w;
+}
+
+TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
+                                const Digest128& chain, uint64_t last_step,
+                                const std::string& side_file, int zstd_level) {
+  int raw_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot open trace ", path, " to resume: ",
+                fs::errno_text(errno));
+  UniqueFd fd(raw_fd);
+  uint64_t size = file_size(fd.get(), path);
+  uint64_t header_end = header_frame_end(fd.get(), path, size);
+  RETRACE_CHECK(keep_bytes <= size, IntegrityError, "trace ", path, " is ", size,
+                " bytes long but the checkpoint says it had reached ", keep_bytes,
+                " bytes; the trace was truncated or replaced after the checkpoint was taken. "
+                "Resume from an earlier checkpoint or start a new run");
+  RETRACE_CHECK(keep_bytes >= header_end, IntegrityError, "checkpoint trace position ",
+                keep_bytes, " lies inside the header of trace ", path, " (header ends at ",
+                header_end, "); the checkpoint does not belong to this trace");
+
+  if (size > keep_bytes) {
+    // Check the frames written after the checkpoint before touching anything.
+    FrameScanner scanner(fd.get(), path, keep_bytes, size);
+    std::vector<uint8_t> moved;
+    while (auto f = scanner.next()) moved.insert(moved.end(), f->bytes, f->bytes + f->size);
+    if (!moved.empty()) {
+      int side_raw = ::open(side_file.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      RETRACE_CHECK(side_raw >= 0, IoError, "cannot open side file ", side_file,
+                    " to keep the frames after the checkpoint: ", fs::errno_text(errno));
+      UniqueFd side(side_raw);
+      uint64_t side_size = file_size(side.get(), side_file);
+      if (side_size == 0) {
+        std::vector<uint8_t> head(header_end);
+        pread_full(fd.get(), head.data(), head.size(), 0, path);
+        write_full(side.get(), head.data(), head.size(), side_file);
+      } else {
+        check_file_header(side.get(), side_file, side_size);
+      }
+      write_full(side.get(), moved.data(), moved.size(), side_file);
+      fsync_fd(side.get(), side_file);
+      fs::fsync_dir(parent_dir(side_file));
+    }
+    RETRACE_CHECK(::ftruncate(fd.get(), static_cast<off_t>(keep_bytes)) == 0, IoError,
+                  "cannot truncate trace ", path, " to ", keep_bytes, " bytes: ",
+                  fs::errno_text(errno));
+    fsync_fd(fd.get(), path);
+  }
+  RETRACE_CHECK(::lseek(fd.get(), static_cast<off_t>(keep_bytes), SEEK_SET) >= 0, IoError,
+                "cannot seek in trace ", path, ": ", fs::errno_text(errno));
+  TraceWriter w(path, std::move(fd), zstd_level, keep_bytes);
+  w.last_chain_ = chain;
+  w.last_step_ = last_step;
+  return w;
+}
+
+void TraceWriter::append_step(StepRecord& r) {
+  r.content_digest = content_digest(r);
+  r.chain_digest = chain_digest(last_chain_, r.content_digest);
+  serialize_step(r, raw_);
+  append_frame(static_cast<uint8_t>(FrameKind::kStep), r.step);
+  last_chain_ = r.chain_digest;
+  last_step_ = r.step;
+}
+
+void TraceWriter::append_eval(const EvalRecord& r) {
+  serialize_eval(r, raw_);
+  append_frame(static_cast<uint8_t>(FrameKind::kEval), r.step);
+}
+
+void TraceWriter::append_event(const EventRecord& r) {
+  serialize_event(r, raw_);
+  append_frame(static_cast<uint8_t>(FrameKind::kEvent), r.step);
+}
+
+void TraceWriter::append_frame(uint8_t kind, uint64_t step) {
+  RETRACE_CHECK(fd_.valid(), InvariantError, "append to a moved-from TraceWriter");
+  RETRACE_CHECK(raw_.size() <= kMaxPayloadLen, InvariantError, "a ", kind_name(kind),
+                " record of ", raw_.size(), " bytes exceeds the frame limit of ", kMaxPayloadLen);
+  size_t bound = ZSTD_compressBound(raw_.size());
+  if (frame_.size() < kFrameHeaderSize + bound) frame_.resize(kFrameHeaderSize + bound);
+  size_t n = ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize,
+                               bound, raw_.data(), raw_.size(), zstd_level_);
+  RETRACE_CHECK(!ZSTD_isError(n), InvariantError, "zstd compression failed: ",
+                ZSTD_getErrorName(n));
+  FrameHeader h;
+  h.kind = kind;
+  h.step = step;
+  h.compressed_len = static_cast<uint32_t>(n);
+  h.raw_len = static_cast<uint32_t>(raw_.size());
+  encode_frame_header(h, frame_.data() + kFrameHeaderSize, frame_.data());
+  size_t total = kFrameHeaderSize + n;
+  size_t done = 0;
+  while (done < total) {
+    ssize_t put = ::write(fd_.get(), frame_.data() + done, total - done);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) {
+      int err = errno;
+      // Drop the partial frame so that later appends do not land behind torn bytes.
+      if (::ftruncate(fd_.get(), static_cast<off_t>(bytes_written_)) == 0) {
+        ::lseek(fd_.get(), static_cast<off_t>(bytes_written_), SEEK_SET);
+      }
+      RETRACE_FAIL(IoError, "cannot append a ", kind_name(kind), " frame (step ", step, ") to ",
+                   path_, ": ", fs::errno_text(err), "; check free disk space");
+    }
+    done += static_cast<size_t>(put);
+  }
+  bytes_written_ += total;
+}
+
+void TraceWriter::flush() {}
+
+void TraceWriter::sync() {
+  RETRACE_CHECK(fd_.valid(), InvariantError, "sync of a moved-from TraceWriter");
+  fsync_fd(fd_.get(), path_);
+}
+
+}  // namespace retrace::trace

@@ -1,0 +1,359 @@
+#include "train/config.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+#include "core/file_util.h"
+
+namespace retrace::train {
+namespace {
+
+enum class Kind { kInt, kFloat, kBool, kString, kChoice, kIntList };
+
+// One configuration key: where it lives in Config, its type, its bounds and its meaning.
+struct Field {
+  std::string key;
+  Kind kind;
+  std::string help;
+  std::vector<std::string> choices;  // kChoice
+  double min = -INFINITY, max = INFINITY;  // numeric bounds, inclusive unless open
+  bool min_open = false, max_open = false;
+  std::function<void*(Config&)> ref;
+};
+
+template <typename S, typename M>
+std::function<void*(Config&)> at(S Config::*section, M S::*member) {
+  return [section, member](Config& c) -> void* { return &((c.*section).*member); };
+}
+
+std::vector<Field> fields() {
+  using C = Config;
+  std::vector<Field> f;
+  f.push_back({"seed", Kind::kInt, "seed of every random stream (init, dropout, data order)", {}, 0,
+               9.007199254740992e15, false, false, [](C& c) -> void* { return &c.seed; }});
+  f.push_back({"data.dir", Kind::kString, "directory of the IDX files", {}, 0, 0, false, false,
+               at(&C::data, &DataConfig::dir)});
+  f.push_back({"data.batch_size", Kind::kInt, "samples per step per rank", {}, 1, 65536, false, false,
+               at(&C::data, &DataConfig::batch_size)});
+  f.push_back({"data.last_batch", Kind::kChoice, "the last partial batch of an epoch", {"drop", "keep"},
+               0, 0, false, false, at(&C::data, &DataConfig::last_batch)});
+  f.push_back({"data.eval_batch_size", Kind::kInt, "batch size of the evaluation pass", {}, 1, 1 << 20,
+               false, false, at(&C::data, &DataConfig::eval_batch_size)});
+  f.push_back({"model.kind", Kind::kChoice, "model family", {"mlp"}, 0, 0, false, false,
+               at(&C::model, &ModelConfig::kind)});
+  f.push_back({"model.hidden", Kind::kIntList, "widths of the hidden layers", {}, 1, 1 << 16, false,
+               false, at(&C::model, &ModelConfig::hidden)});
+  f.push_back({"model.activation", Kind::kChoice, "activation between layers", {"relu", "gelu", "tanh"},
+               0, 0, false, false, at(&C::model, &ModelConfig::activation)});
+  f.push_back({"model.dropout", Kind::kFloat, "dropout probability after each hidden layer", {}, 0, 1,
+               false, true, at(&C::model, &ModelConfig::dropout)});
+  f.push_back({"optim.name", Kind::kChoice, "optimizer", {"adamw", "sgd"}, 0, 0, false, false,
+               at(&C::optim, &OptimConfig::name)});
+  f.push_back({"optim.lr", Kind::kFloat, "peak learning rate", {}, 0, 1e3, true, false,
+               at(&C::optim, &OptimConfig::lr)});
+  f.push_back({"optim.weight_decay", Kind::kFloat, "decoupled (adamw) or L2 (sgd) weight decay", {}, 0,
+               1e3, false, false, at(&C::optim, &OptimConfig::weight_decay)});
+  f.push_back({"optim.momentum", Kind::kFloat, "sgd momentum", {}, 0, 1, false, true,
+               at(&C::optim, &OptimConfig::momentum)});
+  f.push_back({"optim.nesterov", Kind::kBool, "sgd Nesterov momentum", {}, 0, 0, false, false,
+               at(&C::optim, &OptimConfig::nesterov)});
+  f.push_back({"optim.beta1", Kind::kFloat, "adamw beta1", {}, 0, 1, false, true,
+               at(&C::optim, &OptimConfig::beta1)});
+  f.push_back({"optim.beta2", Kind::kFloat, "adamw beta2", {}, 0, 1, false, true,
+               at(&C::optim, &OptimConfig::beta2)});
+  f.push_back({"optim.eps", Kind::kFloat, "adamw epsilon", {}, 0, 1, true, false,
+               at(&C::optim, &OptimConfig::eps)});
+  f.push_back({"schedule.kind", Kind::kChoice, "learning-rate schedule after warmup",
+               {"cosine", "constant"}, 0, 0, false, false, at(&C::schedule, &ScheduleConfig::kind)});
+  f.push_back({"schedule.warmup_steps", Kind::kInt, "linear warmup steps", {}, 0, 1e12, false, false,
+               at(&C::schedule, &ScheduleConfig::warmup_steps)});
+  f.push_back({"schedule.min_lr_ratio", Kind::kFloat, "final lr of the cosine as a fraction of optim.lr",
+               {}, 0, 1, false, false, at(&C::schedule, &ScheduleConfig::min_lr_ratio)});
+  f.push_back({"train.epochs", Kind::kInt, "epochs to train when train.steps is 0", {}, 1, 1e6, false,
+               false, at(&C::train, &TrainConfig::epochs)});
+  f.push_back({"train.steps", Kind::kInt, "optimizer steps to train (0: train.epochs worth)", {}, 0, 1e12,
+               false, false, at(&C::train, &TrainConfig::steps)});
+  f.push_back({"train.max_norm", Kind::kFloat, "clip the global gradient L2 norm to this (0: off)", {}, 0,
+               1e12, false, false, at(&C::train, &TrainConfig::max_norm)});
+  f.push_back({"train.eval_each_epoch", Kind::kBool, "evaluate on the test split after every epoch", {},
+               0, 0, false, false, at(&C::train, &TrainConfig::eval_each_epoch)});
+  f.push_back({"runtime.device", Kind::kChoice, "device to train on", {"cpu", "cuda"}, 0, 0, false, false,
+               at(&C::runtime, &RuntimeConfig::device)});
+  f.push_back({"runtime.threads", Kind::kInt, "torch intra-op threads (0: auto from the core count)", {},
+               0, 1024, false, false, at(&C::runtime, &RuntimeConfig::threads)});
+  f.push_back({"runtime.blas_threads", Kind::kInt, "OpenBLAS threads (0: auto from the core count)", {}, 0,
+               1024, false, false, at(&C::runtime, &RuntimeConfig::blas_threads)});
+  f.push_back({"runtime.interop_threads", Kind::kInt, "torch inter-op threads", {}, 1, 1024, false, false,
+               at(&C::runtime, &RuntimeConfig::interop_threads)});
+  f.push_back({"runtime.deterministic", Kind::kBool, "deterministic algorithms only", {}, 0, 0, false,
+               false, at(&C::runtime, &RuntimeConfig::deterministic)});
+  f.push_back({"trace.enabled", Kind::kBool, "write the step trace", {}, 0, 0, false, false,
+               at(&C::trace, &TraceConfig::enabled)});
+  f.push_back({"trace.digests", Kind::kBool, "digest parameters, optimizer and RNG state every step", {},
+               0, 0, false, false, at(&C::trace, &TraceConfig::digests)});
+  f.push_back({"trace.zstd_level", Kind::kInt, "zstd level of trace frames", {}, 1, 19, false, false,
+               at(&C::trace, &TraceConfig::zstd_level)});
+  f.push_back({"checkpoint.every_steps", Kind::kInt, "save a checkpoint every N steps (0: off)", {}, 0,
+               1e12, false, false, at(&C::checkpoint, &CheckpointConfig::every_steps)});
+  f.push_back({"checkpoint.every_seconds", Kind::kFloat, "save a checkpoint every S seconds (0: off)", {},
+               0, 1e9, false, false, at(&C::checkpoint, &CheckpointConfig::every_seconds)});
+  f.push_back({"checkpoint.keep_last", Kind::kInt, "complete checkpoints kept by rotation", {}, 1, 1e6,
+               false, false, at(&C::checkpoint, &CheckpointConfig::keep_last)});
+  f.push_back({"checkpoint.at_end", Kind::kBool, "save a checkpoint when the run ends", {}, 0, 0, false,
+               false, at(&C::checkpoint, &CheckpointConfig::at_end)});
+  return f;
+}
+
+std::string valid_keys_near(const std::vector<Field>& fs, const std::string& key) {
+  std::string section = key.substr(0, key.find('.') == std::string::npos ? 0 : key.find('.'));
+  std::ostringstream out;
+  bool any = false;
+  for (const auto& f : fs) {
+    bool same_section = !section.empty() && f.key.rfind(section + ".", 0) == 0;
+    if (section.empty() || same_section) {
+      out << (any ? ", " : "") << f.key;
+      any = true;
+    }
+  }
+  if (!any)
+    for (const auto& f : fs) out << (any ? ", " : "") << f.key, any = true;
+  return out.str();
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kInt: return "integer";
+    case Kind::kFloat: return "number";
+    case Kind::kBool: return "boolean";
+    case Kind::kString: return "string";
+    case Kind::kChoice: return "choice";
+    case Kind::kIntList: return "list of integers";
+  }
+  return "?";
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + std::string("\"") + x + "\"";
+  return s;
+}
+
+void check_range(const Field& f, double v, const std::string& where) {
+  bool lo_ok = f.min_open ? v > f.min : v >= f.min;
+  bool hi_ok = f.max_open ? v < f.max : v <= f.max;
+  if (!(lo_ok && hi_ok) || std::isnan(v)) {
+    std::ostringstream range;
+    range << (f.min_open ? "(" : "[") << f.min << ", " << f.max << (f.max_open ? ")" : "]");
+    RETRACE_FAIL(ConfigError, "bad value for ", f.key, " in ", where, ": ", v, " is outside ",
+                 range.str(), " (", f.help, ")");
+  }
+}
+
+// Assigns a TOML node to the field, checking type and bounds.
+void assign(const Field& f, Config& c, const toml::node& node, const std::string& where) {
+  void* p = f.ref(c);
+  auto type_error = [&]() {
+    std::ostringstream found;
+    found << node.type();
+    RETRACE_FAIL(ConfigError, "bad value for ", f.key, " in ", where, ": expected ", kind_name(f.kind),
+                 f.kind == Kind::kChoice ? " (one of " + join(f.choices) + ")" : "", ", found ",
+                 found.str());
+  };
+  switch (f.kind) {
+    case Kind::kInt: {
+      auto v = node.value<int64_t>();
+      if (!node.is_integer() || !v) type_error();
+      check_range(f, static_cast<double>(*v), where);
+      *static_cast<int64_t*>(p) = *v;
+      break;
+    }
+    case Kind::kFloat: {
+      if (!node.is_number()) type_error();
+      double v = *node.value<double>();
+      check_range(f, v, where);
+      *static_cast<double*>(p) = v;
+      break;
+    }
+    case Kind::kBool: {
+      if (!node.is_boolean()) type_error();
+      *static_cast<bool*>(p) = *node.value<bool>();
+      break;
+    }
+    case Kind::kString: {
+      if (!node.is_string()) type_error();
+      *static_cast<std::string*>(p) = *node.value<std::string>();
+      break;
+    }
+    case Kind::kChoice: {
+      if (!node.is_string()) type_error();
+      std::string v = *node.value<std::string>();
+      bool ok = false;
+      for (const auto& ch : f.choices) ok = ok || ch == v;
+      RETRACE_CHECK(ok, ConfigError, "bad value for ", f.key, " in ", where, ": \"", v,
+                    "\" is not one of ", join(f.choices));
+      *static_cast<std::string*>(p) = v;
+      break;
+    }
+    case Kind::kIntList: {
+      const toml::array* arr = node.as_array();
+      if (!arr) type_error();
+      std::vector<int64_t> out;
+      for (const auto& el : *arr) {
+        if (!el.is_integer()) type_error();
+        int64_t v = *el.value<int64_t>();
+        check_range(f, static_cast<double>(v), where);
+        out.push_back(v);
+      }
+      *static_cast<std::vector<int64_t>*>(p) = out;
+      break;
+    }
+  }
+}
+
+const Field& find_field(const std::vector<Field>& fs, const std::string& key, const std::string& where) {
+  for (const auto& f : fs)
+    if (f.key == key) return f;
+  RETRACE_FAIL(ConfigError, "unknown config key '", key, "' in ", where, "; valid keys: ",
+               valid_keys_near(fs, key));
+}
+
+void walk(const toml::table& t, const std::string& prefix, const std::vector<Field>& fs, Config& c,
+          const std::string& where) {
+  for (const auto& [k, node] : t) {
+    std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = node.as_table()) {
+      bool known_section = false;
+      for (const auto& f : fs) known_section = known_section || f.key.rfind(key + ".", 0) == 0;
+      RETRACE_CHECK(known_section, ConfigError, "unknown config section [", key, "] in ", where,
+                    "; valid keys: ", valid_keys_near(fs, ""));
+      walk(*sub, key, fs, c, where);
+    } else {
+      assign(find_field(fs, key, where), c, node, where);
+    }
+  }
+}
+
+void validate(const Config& c) {
+  RETRACE_CHECK(!c.model.hidden.empty(), ConfigError,
+                "bad value for model.hidden: at least one hidden layer is needed");
+  RETRACE_CHECK(c.runtime.device == "cpu" || c.runtime.device == "cuda", ConfigError,
+                "bad value for runtime.device");
+}
+
+std::string toml_string(const std::string& s) {
+  std::ostringstream out;
+  out << toml::value<std::string>(s);
+  return out.str();
+}
+
+// The shortest decimal that reads back as the same double, so resolved configs stay readable
+// and exact.
+std::string number(double v) {
+  std::string s;
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::ostringstream out;
+    out.precision(precision);
+    out << v;
+    s = out.str();
+    if (std::stod(s) == v) break;
+  }
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  const auto fs = fields();
+  Config c;
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << "cannot parse " << origin << " at line " << e.source().begin.line << ", column "
+        << e.source().begin.column << ": " << e.description();
+    throw ConfigError(msg.str());
+  }
+  walk(root, "", fs, c, origin);
+  for (const auto& ov : overrides) {
+    auto eq = ov.find('=');
+    RETRACE_CHECK(eq != std::string::npos && eq > 0, ConfigError, "--set expects key=value, got '", ov,
+                  "'");
+    std::string key = ov.substr(0, eq), value = ov.substr(eq + 1);
+    const Field& f = find_field(fs, key, "--set " + ov);
+    toml::table t;
+    try {
+      t = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      // A bare word is taken as a string, so `--set optim.name=sgd` works without quotes.
+      t = toml::table{{"v", value}};
+    }
+    assign(f, c, *t.get("v"), "--set " + ov);
+  }
+  validate(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string text;
+  try {
+    text = fs::read_file(path, 1 << 20);
+  } catch (const IoError&) {
+    RETRACE_FAIL(ConfigError, "cannot read config file ", path,
+                 "; pass an existing file with --config (built-in configs are in configs/)");
+  }
+  return parse_config(text, path, overrides);
+}
+
+std::string to_toml(const Config& cfg) {
+  Config c = cfg;
+  std::ostringstream out;
+  std::string section;
+  for (const auto& f : fields()) {
+    auto dot = f.key.find('.');
+    std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+    if (sec != section) {
+      out << "\n[" << sec << "]\n";
+      section = sec;
+    }
+    out << name << " = ";
+    void* p = f.ref(c);
+    switch (f.kind) {
+      case Kind::kInt: out << *static_cast<int64_t*>(p); break;
+      case Kind::kFloat: out << number(*static_cast<double*>(p)); break;
+      case Kind::kBool: out << (*static_cast<bool*>(p) ? "true" : "false"); break;
+      case Kind::kString:
+      case Kind::kChoice: out << toml_string(*static_cast<std::string*>(p)); break;
+      case Kind::kIntList: {
+        out << "[";
+        const auto& v = *static_cast<std::vector<int64_t>*>(p);
+        for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
+        out << "]";
+        break;
+      }
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string describe_keys() {
+  Config c;
+  std::ostringstream out;
+  for (const auto& f : fields()) {
+    out << "  " << f.key << " (" << kind_name(f.kind);
+    if (!f.choices.empty()) out << ": " << join(f.choices);
+    out << "): " << f.help << "\n";
+  }
+  (void)c;
+  return out.str();
+}
+
+}  // namespace retrace::train

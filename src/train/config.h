@@ -1,0 +1,96 @@
+// The run configuration: parsed once from TOML (plus `--set key=value` overrides) into typed
+// structs; the rest of the code never looks an option up by string. Every key, its type, default,
+// valid range or choices and meaning is in the table of config.cpp; `retrace record --help-config`
+// prints it. Unknown keys and bad values are ConfigErrors naming the key and the valid choices.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace retrace::train {
+
+struct DataConfig {
+  std::string dir = "/usr/share/datasets/fashion-mnist";
+  int64_t batch_size = 128;
+  std::string last_batch = "drop";  // drop | keep
+  int64_t eval_batch_size = 1000;
+};
+
+struct ModelConfig {
+  std::string kind = "mlp";
+  std::vector<int64_t> hidden = {512, 256};
+  std::string activation = "relu";  // relu | gelu | tanh
+  double dropout = 0.1;
+};
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double weight_decay = 0.01;
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
+  double beta1 = 0.9;     // adamw
+  double beta2 = 0.999;   // adamw
+  double eps = 1e-8;      // adamw
+};
+
+struct ScheduleConfig {
+  std::string kind = "cosine";  // cosine | constant
+  int64_t warmup_steps = 100;
+  double min_lr_ratio = 0.05;
+};
+
+struct TrainConfig {
+  int64_t epochs = 3;
+  int64_t steps = 0;  // 0: epochs * batches per epoch
+  double max_norm = 1.0;  // 0 disables clipping
+  bool eval_each_epoch = true;
+};
+
+struct RuntimeConfig {
+  std::string device = "cpu";  // cpu | cuda
+  int64_t threads = 0;          // torch intra-op threads; 0 = auto (resolved and recorded)
+  int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto
+  int64_t interop_threads = 1;
+  bool deterministic = true;
+};
+
+struct TraceConfig {
+  bool enabled = true;
+  bool digests = true;
+  int64_t zstd_level = 3;
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;    // 0: none by step count
+  double every_seconds = 0;   // 0: none by time
+  int64_t keep_last = 5;
+  bool at_end = true;
+};
+
+struct Config {
+  int64_t seed = 1234;
+  DataConfig data;
+  ModelConfig model;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  TrainConfig train;
+  RuntimeConfig runtime;
+  TraceConfig trace;
+  CheckpointConfig checkpoint;
+};
+
+// Parses TOML text (`origin` names it in errors) on top of the defaults, then applies overrides
+// ("key=value", dotted keys, values in TOML syntax or bare strings), then validates.
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides);
+// Reads and parses a config file; IoError if it cannot be read.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// The resolved config as TOML, every key present, in a fixed order (stable across runs).
+std::string to_toml(const Config& c);
+// One line per key: name, type, default, choices, meaning.
+std::string describe_keys();
+
+}  // namespace retrace::train

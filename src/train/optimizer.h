@@ -1,0 +1,28 @@
+// Optimizers (LibTorch's SGD with momentum and AdamW) and access to their per-parameter state in
+// canonical order, for digests and checkpoints.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+
+#include "core/tensor_digest.h"
+#include "train/config.h"
+
+namespace retrace::train {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
+                                                        torch::nn::Module& model);
+void set_lr(torch::optim::Optimizer& opt, double lr);
+
+// The optimizer state as named tensors "<param>/<field>" (e.g. "layers.0.weight/exp_avg",
+// ".../step" as an int64 scalar). Parameters without state yet are absent. Order: by name.
+NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
+                             const std::string& optim_name);
+// Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
+// the first missing or mis-shaped entry.
+void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
+                          const std::string& optim_name, const NamedTensors& state);
+
+}  // namespace retrace::train

@@ -1,0 +1,44 @@
+// Helpers shared by the checkpoint-format tests and properties: temporary directories, a small
+// deterministic checkpoint writer, and byte-level damage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/shard.h"
+
+namespace retrace::ckpt::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "ckpt");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic content for (step, rank, tensor index): a counter-based pattern, so a reader can
+// check every byte without keeping the original.
+std::vector<uint8_t> pattern_bytes(uint64_t step, uint32_t rank, uint32_t index, uint64_t nbytes);
+
+// Writes a complete checkpoint of `step` under root: world_size shards, each with two F32 tensors
+// and one I64 tensor holding about bytes_per_shard bytes in total, then commits it. Returns the dir.
+std::string save_checkpoint(const std::string& root, uint64_t step, uint32_t world_size, uint64_t bytes_per_shard,
+                            uint32_t keep_last = kDefaultKeepLast, const WriteFaults& faults = {});
+
+// Checks that every tensor of every shard of a verified checkpoint holds pattern_bytes; returns
+// an empty string or the first difference.
+std::string check_checkpoint_content(const std::string& dir, const Manifest& m);
+
+std::string read_all(const std::string& path);
+void write_all(const std::string& path, const std::string& bytes);
+
+}  // namespace retrace::ckpt::testing

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Bad input through the CLI: each case must exit with the documented code, print a message that
+# names the problem, and leave no half-written run directory.
+set -u
+RETRACE=${1:?usage: cli_errors_test.sh path/to/retrace}
+tmp=$(mktemp -d)
+trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
+fails=0; passes=0
+
+expect() {  # expect NAME CODE PATTERN -- command...
+  local name=$1 code=$2 pattern=$3; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [[ $rc -ne $code ]]; then
+    echo "FAIL $name: exit $rc, expected $code"; echo "$out" | tail -5; fails=$((fails+1)); return
+  fi
+  if ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL $name: output lacks /$pattern/"; echo "$out" | tail -5; fails=$((fails+1)); return
+  fi
+  echo "ok   $name (exit $rc)"; passes=$((passes+1))
+}
+
+expect missing-dataset 4 "data set file missing: /nonexistent/.*train-images" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/r1" --set data.dir=/nonexistent
+[[ -e "$tmp/r1" ]] && { echo "FAIL missing-dataset left $tmp/r1 behind"; fails=$((fails+1)); }
+
+expect unknown-key 2 "unknown config key 'optim.learning_rate'.*optim.lr" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/r2" --set optim.learning_rate=0.1
+expect bad-value 2 "bad value for optim.name.*\"adamw\", \"sgd\"" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/r3" --set optim.name=adam
+expect bad-type 2 "bad value for data.batch_size.*expected integer" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/r3" --set data.batch_size=big
+expect missing-config 2 "cannot read config file" -- \
+  "$RETRACE" record --config "$tmp/none.toml" --out "$tmp/r4"
+[[ -e "$tmp/r2" || -e "$tmp/r3" || -e "$tmp/r4" ]] && { echo "FAIL config errors left a run directory"; fails=$((fails+1)); }
+
+mkdir -p "$tmp/ro"; chmod 555 "$tmp/ro"
+if [[ $(id -u) -eq 0 ]]; then
+  # root ignores permission bits: use a path below a regular file instead.
+  touch "$tmp/file"
+  expect unwritable-out 4 "cannot create" -- "$RETRACE" record --steps 1 --out "$tmp/file/run"
+else
+  expect unwritable-out 4 "cannot create|not writable" -- "$RETRACE" record --steps 1 --out "$tmp/ro/run"
+fi
+
+expect first-run 0 "recorded 2 steps" -- "$RETRACE" record --steps 2 --out "$tmp/ok"
+before=$(sha256sum "$tmp/ok/trace.rtrace")
+expect existing-run 2 "already exists; pass --force" -- "$RETRACE" record --steps 2 --out "$tmp/ok"
+after=$(sha256sum "$tmp/ok/trace.rtrace")
+[[ "$before" == "$after" ]] || { echo "FAIL existing-run changed the old trace"; fails=$((fails+1)); }
+expect force 0 "recorded 3 steps" -- "$RETRACE" record --steps 3 --out "$tmp/ok" --force
+
+expect inspect 0 "STEP" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace"
+expect inspect-json 0 "\"steps\"" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --json
+expect inspect-csv 0 "^step," -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --csv
+head -c 100 "$tmp/ok/trace.rtrace" > "$tmp/cut.rtrace"
+expect inspect-cut 3 "trace has no header frame|truncated|cut" -- "$RETRACE" inspect "$tmp/cut.rtrace"
+expect inspect-missing 4 "cannot open|No such file" -- "$RETRACE" inspect "$tmp/none.rtrace"
+expect bad-usage 2 "" -- "$RETRACE" record --no-such-flag
+expect help 0 "Example" -- "$RETRACE" record --help
+
+echo "cli_errors: $passes passed, $fails failed"
+[[ $fails -eq 0 ]]

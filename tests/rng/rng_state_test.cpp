@@ -1,0 +1,61 @@
+#include "rng/rng_state.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "rng/philox.h"
+
+namespace retrace::rng {
+namespace {
+
+TEST(RngState, CpuGeneratorRoundTrip) {
+  seed_all(99);
+  torch::rand({3});
+  RngState s = capture_torch(99);
+  torch::Tensor a = torch::rand({1000});
+  torch::Tensor mask_a = torch::dropout(torch::ones({1000}), 0.5, true);
+  restore_torch(s);
+  torch::Tensor b = torch::rand({1000});
+  torch::Tensor mask_b = torch::dropout(torch::ones({1000}), 0.5, true);
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_TRUE(torch::equal(mask_a, mask_b));
+  // Without the restore the draws differ (the test can fail).
+  EXPECT_FALSE(torch::equal(torch::rand({1000}), b));
+}
+
+TEST(RngState, SerializeRoundTripKeepsEveryStream) {
+  seed_all(5);
+  RngState s = capture_torch(5);
+  s.cursor = {3, 17};
+  s.streams.push_back({"faults", mix_key(5, 1), 12});
+  s.cuda.push_back({0, std::string(16, '\x07')});
+  std::string bytes = s.serialize();
+  RngState t = RngState::deserialize(bytes);
+  EXPECT_EQ(t.serialize(), bytes);
+  EXPECT_EQ(t.cursor, s.cursor);
+  ASSERT_EQ(t.streams.size(), 1u);
+  // The named Philox stream continues with the same draws after a round trip.
+  PhiloxStream orig(s.streams[0].key, s.streams[0].position), back(t.streams[0].key, t.streams[0].position);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(orig.next_u64(), back.next_u64());
+  EXPECT_EQ(t.cuda[0].state, s.cuda[0].state);
+}
+
+TEST(RngState, MalformedBytesAreFormatErrors) {
+  seed_all(5);
+  std::string bytes = capture_torch(5).serialize();
+  for (size_t cut : {size_t{0}, size_t{7}, size_t{20}, bytes.size() - 1})
+    EXPECT_THROW(RngState::deserialize(bytes.substr(0, cut)), FormatError) << cut;
+  EXPECT_THROW(RngState::deserialize(bytes + "x"), FormatError);
+}
+
+TEST(RngState, RestoringMissingCudaDeviceIsAClearError) {
+  if (torch::cuda::device_count() > 0) GTEST_SKIP() << "machine has CUDA";
+  seed_all(1);
+  RngState s = capture_torch(1);
+  s.cuda.push_back({0, "x"});
+  EXPECT_THROW(restore_torch(s), ConfigError);
+}
+
+}  // namespace
+}  // namespace retrace::rng

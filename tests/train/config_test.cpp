@@ -1,0 +1,61 @@
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/file_util.h"
+
+namespace retrace::train {
+namespace {
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_config(toml, "test.toml", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, BuiltInDefaultEqualsShippedFile) {
+  Config shipped = load_config(RETRACE_SOURCE_DIR "/configs/fashion-mlp.toml", {});
+  EXPECT_EQ(to_toml(shipped), to_toml(Config{}));
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  Config c = parse_config("", "x", {"optim.name=sgd", "optim.lr=0.05", "model.hidden=[64, 32]"});
+  EXPECT_EQ(c.optim.name, "sgd");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.05);
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{64, 32}));
+  Config again = parse_config(to_toml(c), "resolved", {});
+  EXPECT_EQ(to_toml(again), to_toml(c));
+}
+
+TEST(Config, UnknownKeyNamesKeyAndValidChoices) {
+  std::string e = error_of("[optim]\nlearning_rate = 0.1\n");
+  EXPECT_NE(e.find("unknown config key 'optim.learning_rate'"), std::string::npos) << e;
+  EXPECT_NE(e.find("optim.lr"), std::string::npos) << e;
+  e = error_of("", {"optim.lrr=1"});
+  EXPECT_NE(e.find("optim.lrr"), std::string::npos) << e;
+  e = error_of("[nonsense]\na = 1\n");
+  EXPECT_NE(e.find("[nonsense]"), std::string::npos) << e;
+}
+
+TEST(Config, BadValuesNameKeyAndRange) {
+  std::string e = error_of("[optim]\nname = \"adam\"\n");
+  EXPECT_NE(e.find("optim.name"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"adamw\", \"sgd\""), std::string::npos) << e;
+  e = error_of("", {"train.max_norm=-1"});
+  EXPECT_NE(e.find("train.max_norm"), std::string::npos) << e;
+  e = error_of("", {"data.batch_size=\"big\""});
+  EXPECT_NE(e.find("expected integer"), std::string::npos) << e;
+  e = error_of("", {"model.dropout=1.0"});
+  EXPECT_NE(e.find("model.dropout"), std::string::npos) << e;
+  e = error_of("seed = \n");
+  EXPECT_NE(e.find("cannot parse test.toml at line 1"), std::string::npos) << e;
+  e = error_of("", {"noequals"});
+  EXPECT_NE(e.find("key=value"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace retrace::train

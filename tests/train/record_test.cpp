@@ -1,0 +1,99 @@
+// End-to-end: `record` on the real Fashion-MNIST (Debian's dataset-fashion-mnist).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "testing/temp_dir.h"
+#include "trace/trace_reader.h"
+#include "train/config.h"
+#include "train/run.h"
+
+namespace retrace::train {
+namespace {
+
+RunSummary record_into(const std::string& dir, std::vector<std::string> sets) {
+  Config c = parse_config("", "test", sets);
+  RecordOptions o;
+  o.out_dir = dir;
+  return record(c, o, {});
+}
+
+void expect_same_records(const trace::StepRecord& a, const trace::StepRecord& b) {
+  SCOPED_TRACE("step " + std::to_string(a.step));
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.epoch, b.epoch);
+  EXPECT_EQ(a.batch_in_epoch, b.batch_in_epoch);
+  EXPECT_EQ(a.batch_size, b.batch_size);
+  EXPECT_EQ(a.sample_digest, b.sample_digest);
+  EXPECT_EQ(a.loss_bits, b.loss_bits);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.grad_norm_pre, b.grad_norm_pre);
+  EXPECT_EQ(a.grad_norm_post, b.grad_norm_post);
+  EXPECT_EQ(a.lr, b.lr);
+  EXPECT_EQ(a.loss_scale, b.loss_scale);
+  EXPECT_EQ(a.outcome, b.outcome);
+  EXPECT_EQ(a.skip_reason, b.skip_reason);
+  EXPECT_EQ(a.param_digest, b.param_digest);
+  EXPECT_EQ(a.optim_digest, b.optim_digest);
+  EXPECT_EQ(a.rng_digest, b.rng_digest);
+  EXPECT_EQ(a.micro_batch_sizes, b.micro_batch_sizes);
+  EXPECT_EQ(a.micro_losses, b.micro_losses);
+  EXPECT_EQ(a.content_digest, b.content_digest);
+  EXPECT_EQ(a.chain_digest, b.chain_digest);
+}
+
+TEST(Record, SameSeedGivesEqualRecordsDifferentSeedDoesNot) {
+  testing::TempDir tmp;
+  record_into(tmp.file("a"), {"train.steps=30"});
+  record_into(tmp.file("b"), {"train.steps=30"});
+  record_into(tmp.file("c"), {"train.steps=30", "seed=4321"});
+  auto a = trace::TraceReader::open(tmp.file("a/trace.rtrace")).steps();
+  auto b = trace::TraceReader::open(tmp.file("b/trace.rtrace")).steps();
+  auto c = trace::TraceReader::open(tmp.file("c/trace.rtrace")).steps();
+  ASSERT_EQ(a.size(), 30u);
+  ASSERT_EQ(b.size(), 30u);
+  for (size_t i = 0; i < a.size(); ++i) expect_same_records(a[i], b[i]);
+  // A different seed changes initial weights, dropout and data order: every step differs.
+  ASSERT_EQ(c.size(), 30u);
+  EXPECT_NE(a[0].sample_digest, c[0].sample_digest);
+  EXPECT_NE(a[0].param_digest, c[0].param_digest);
+  EXPECT_NE(a[29].chain_digest, c[29].chain_digest);
+  EXPECT_NE(a[0].loss_bits, c[0].loss_bits);
+}
+
+TEST(Record, HeaderCarriesConfigFingerprintModelAndData) {
+  testing::TempDir tmp;
+  record_into(tmp.file("r"), {"train.steps=2"});
+  auto reader = trace::TraceReader::open(tmp.file("r/trace.rtrace"));
+  const auto& h = reader.header();
+  EXPECT_EQ(h.schema, trace::kTraceSchema);
+  EXPECT_NE(h.config_toml.find("batch_size = 128"), std::string::npos);
+  EXPECT_EQ(h.seed, 1234u);
+  EXPECT_EQ(h.data_files.size(), 4u);
+  EXPECT_EQ(h.params.size(), 6u);  // three Linear layers, weight and bias each
+  bool has_blas = false;
+  for (const auto& kv : h.fingerprint) has_blas = has_blas || kv.key == "blas";
+  EXPECT_TRUE(has_blas);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("r/config.toml")));
+}
+
+TEST(Record, DefaultConfigReaches87PercentInThreeEpochs) {
+  testing::TempDir tmp;
+  RunSummary s = record_into(tmp.file("full"), {});
+  EXPECT_EQ(s.steps, 3u * 468u);
+  EXPECT_GE(s.test_accuracy, 0.87) << "test accuracy after 3 epochs";
+  auto evals = trace::TraceReader::open(tmp.file("full/trace.rtrace")).evals();
+  EXPECT_EQ(evals.size(), 3u);
+}
+
+TEST(Record, RefusesExistingRunAndBadDataWithoutWriting) {
+  testing::TempDir tmp;
+  record_into(tmp.file("r"), {"train.steps=1"});
+  EXPECT_THROW(record_into(tmp.file("r"), {"train.steps=1"}), ConfigError);
+  EXPECT_THROW(record_into(tmp.file("nodata"), {"data.dir=\"/nonexistent/fm\""}), IoError);
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("nodata")));
+}
+
+}  // namespace
+}  // namespace retrace::train

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the checkpoint-format fuzzers with clang++ -fsanitize=fuzzer,address,undefined and runs
+# each on a copy of its seed corpus (tools/fuzz/corpus/<name>/; new inputs stay in the copy).
+#
+#   tools/fuzz/run.sh [SECONDS]   run each fuzzer SECONDS seconds (default 60)
+#   tools/fuzz/run.sh --smoke     CI mode: 10 s or 20000 runs per fuzzer (ctest: fuzz_smoke)
+#
+# Env: CXX (default clang++), FUZZ_BUILD_DIR (default /tmp/retrace-fuzz), FUZZ_JOBS (default 1).
+# Exits non-zero if a fuzzer finds a crash; the crashing input is left in FUZZ_BUILD_DIR/artifacts.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cxx="${CXX:-clang++}"
+out="${FUZZ_BUILD_DIR:-/tmp/retrace-fuzz}"
+mkdir -p "$out/obj" "$out/artifacts"
+
+if [[ "${1:-}" == "--smoke" ]]; then
+  limits=(-max_total_time=10 -runs=20000)
+else
+  limits=(-max_total_time="${1:-60}")
+fi
+
+sources=(src/core/digest.cpp src/core/file_util.cpp src/ckpt/strict_json.cpp src/ckpt/shard_writer.cpp
+         src/ckpt/shard_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp)
+flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+       -I"$repo/src")
+
+# Rebuild an object only when its source or a header changed since.
+newest_header="$(find "$repo/src/core" "$repo/src/ckpt" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
+objs=()
+for src in "${sources[@]}"; do
+  obj="$out/obj/$(echo "$src" | tr '/' '_').o"
+  if [[ ! -f "$obj" || "$repo/$src" -nt "$obj" || -n "$newest_header" || ! -f "$out/.built" ]]; then
+    echo "compiling $src"
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$repo/$src" -o "$obj"
+  fi
+  objs+=("$obj")
+done
+for fuzzer in shard manifest; do
+  bin="$out/${fuzzer}_fuzzer"
+  if [[ ! -f "$bin" || "$here/${fuzzer}_fuzzer.cpp" -nt "$bin" || -n "$newest_header" || ! -f "$out/.built" ]]; then
+    echo "linking ${fuzzer}_fuzzer"
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/${fuzzer}_fuzzer.cpp" "${objs[@]}" -o "$bin" -lcrypto -lxxhash -pthread
+  fi
+done
+touch "$out/.built"
+
+status=0
+for fuzzer in shard manifest; do
+  work="$out/corpus-$fuzzer"
+  mkdir -p "$work"
+  cp -n "$here/corpus/$fuzzer/"* "$work/" 2>/dev/null || true
+  echo "== ${fuzzer}_fuzzer ${limits[*]}"
+  if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" -dict="$here/json.dict" -max_len=4096 -jobs="${FUZZ_JOBS:-1}" \
+       -artifact_prefix="$out/artifacts/${fuzzer}-" -print_final_stats=1 "$work" 2>&1 | tail -n 25; then
+    status=1
+  fi
+done
+exit $status

@@ -1,0 +1,36 @@
+// The retrace command line: parse, call the library, map errors to exit codes (README "Exit
+// codes"). No training logic lives here.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "cli_commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"retrace: deterministic, recorded, replayable training on LibTorch"};
+  app.require_subcommand(1);
+  app.footer(
+      "Example:\n  retrace record --steps 20\n  retrace inspect run/trace.rtrace --steps 1:5\n"
+      "Exit codes: 0 ok, 1 verification failed or divergence, 2 usage or config error,\n"
+      "            3 corrupt or unreadable input, 4 environment problem (data set, directory, device)");
+  retrace::cli::register_commands(app);
+  try {
+    app.parse(argc, argv);
+    return retrace::cli::run_selected(app);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : static_cast<int>(retrace::ExitCode::kUsage);
+  } catch (const retrace::Error& e) {
+    std::fflush(stdout);
+    std::cerr << "\nretrace: " << e.kind() << ": " << e.what() << "\n";
+    return static_cast<int>(e.exit_code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::cerr << "\nretrace: internal error: " << e.what()
+              << "\n(this is a bug in retrace or LibTorch; please report it with the command line)\n";
+    return static_cast<int>(retrace::ExitCode::kInternal);
+  }
+}
