@@ -24,13 +24,23 @@ add_library(retrace_lib STATIC
   src/train/step.cpp
   src/train/trainer.cpp
   src/train/run.cpp
+  src/ckpt/train_state.cpp
 )
-target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
+target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace retrace_ckptfmt ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
 target_compile_options(retrace_lib PUBLIC ${TORCH_CXX_FLAGS})
 target_precompile_headers(retrace_lib PRIVATE <torch/torch.h>)
 
+# Replay, diff, golden checks and bisection: above the trainer, below the CLI.
+add_library(retrace_replay STATIC
+  replay/compare.cpp
+  replay/resume_check.cpp
+)
+target_include_directories(retrace_replay PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(retrace_replay PUBLIC retrace_lib)
+target_precompile_headers(retrace_replay REUSE_FROM retrace_lib)
+
 add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
-target_link_libraries(retrace PRIVATE retrace_lib CLI11::CLI11)
+target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)
 
 add_executable(record_bench tools/bench/record_bench.cpp)
 target_link_libraries(record_bench PRIVATE retrace_lib)

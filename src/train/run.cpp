@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/train_state.h"
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/file_util.h"
@@ -29,11 +31,13 @@ std::string utc_now() {
 
 void prepare_run_dir(const std::string& dir, bool force) {
   std::error_code ec;
+  stdfs::path parent = stdfs::absolute(dir).parent_path();
+  RETRACE_CHECK(stdfs::exists(parent, ec), IoError, "cannot create run directory ", dir,
+                ": parent directory ", parent.string(), " does not exist");
   if (stdfs::exists(dir, ec)) {
-    RETRACE_CHECK(stdfs::is_directory(dir, ec), ConfigError, "output path ", dir,
-                  " exists and is not a directory; choose another --out");
-    bool empty = stdfs::is_empty(dir, ec);
-    if (!empty) {
+    RETRACE_CHECK(stdfs::is_directory(dir, ec), IoError, "cannot create run directory ", dir,
+                  ": it exists and is not a directory; choose another --out");
+    if (!stdfs::is_empty(dir, ec)) {
       RETRACE_CHECK(force, ConfigError, "run directory ", dir,
                     " already exists; pass --force to replace it, `retrace resume ", dir,
                     "` to continue it, or choose another --out");
@@ -43,7 +47,87 @@ void prepare_run_dir(const std::string& dir, bool force) {
   }
   fs::make_writable_dir(dir);
 }
+
+// The loop shared by record and resume: step, trace, evaluate at epoch ends, checkpoint.
+void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
+              const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
+              RunSummary& summary) {
+  const auto start = Clock::now();
+  auto last_ckpt = start;
+  double last_write_ms = 0;
+  summary.first_step = trainer.step() + 1;
+  summary.total_steps = trainer.total_steps();
+  const bool digests = config.trace.enabled && config.trace.digests;
+
+  while (trainer.step() < trainer.total_steps()) {
+    const uint64_t epoch_before = trainer.cursor().epoch;
+    trace::StepRecord rec = trainer.run_step(digests);
+    // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
+    // time of its own write).
+    rec.timings.trace_ms += last_write_ms;
+    if (writer) {
+      auto t = Clock::now();
+      writer->append_step(rec);
+      last_write_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+    }
+    summary.steps += 1;
+    summary.last_step = rec.step;
+    summary.skipped += rec.outcome == trace::Outcome::kSkip ? 1 : 0;
+    summary.final_loss = rec.loss;
+    summary.data_ms += rec.timings.data_ms;
+    summary.forward_ms += rec.timings.forward_ms;
+    summary.backward_ms += rec.timings.backward_ms;
+    summary.optimizer_ms += rec.timings.optimizer_ms;
+    summary.trace_ms += rec.timings.trace_ms;
+    if (cb.on_step) cb.on_step(rec, trainer.total_steps());
+
+    const uint64_t s = trainer.step();
+    const bool last = s == trainer.total_steps();
+    const bool interrupt = control.interrupt_at != 0 && s == control.interrupt_at;
+    const bool epoch_done = trainer.cursor().epoch != epoch_before;
+    if (((epoch_done && config.train.eval_each_epoch) || last) && !interrupt) {
+      trace::EvalRecord e = trainer.evaluate();
+      if (writer) writer->append_eval(e);
+      summary.test_accuracy = e.accuracy;
+      if (cb.on_eval) cb.on_eval(e);
+    }
+
+    const auto& ck = config.checkpoint;
+    const bool due =
+        interrupt || control.checkpoint_at.count(s) ||
+        (ck.every_steps > 0 && s % static_cast<uint64_t>(ck.every_steps) == 0) ||
+        (ck.every_seconds > 0 &&
+         std::chrono::duration<double>(Clock::now() - last_ckpt).count() >= ck.every_seconds) ||
+        (last && ck.at_end);
+    if (due) {
+      ckpt::TracePosition pos;
+      if (writer) {
+        writer->sync();  // the checkpoint points into the trace: that prefix must be durable
+        pos.bytes = writer->bytes_written();
+        pos.chain = writer->last_chain();
+      }
+      std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
+                                              static_cast<uint32_t>(ck.keep_last), {});
+      summary.checkpoints += 1;
+      last_ckpt = Clock::now();
+      if (cb.on_message) cb.on_message("checkpoint " + dir);
+    }
+    if (interrupt) {
+      summary.interrupted = true;
+      break;
+    }
+  }
+  if (writer) {
+    writer->sync();
+    summary.trace_bytes = writer->bytes_written();
+  }
+  summary.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  summary.steps_per_second = summary.wall_seconds > 0 ? summary.steps / summary.wall_seconds : 0;
+}
 }  // namespace
+
+std::string checkpoint_root(const std::string& run_dir) { return (stdfs::path(run_dir) / "checkpoints").string(); }
+std::string trace_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "trace.rtrace").string(); }
 
 RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& cb) {
   resolve_threads(config.runtime);
@@ -53,25 +137,19 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   // Everything that can fail on bad input happens before the run directory is touched.
   data::FashionMnist data = data::load_fashion_mnist(config.data.dir);
   Trainer trainer(config, data);
-  {
-    // Fail early on an unwritable parent rather than after training.
-    stdfs::path parent = stdfs::absolute(options.out_dir).parent_path();
-    RETRACE_CHECK(stdfs::exists(parent), IoError, "cannot create run directory ", options.out_dir,
-                  ": parent directory ", parent.string(), " does not exist");
-  }
   prepare_run_dir(options.out_dir, options.force);
   fs::write_file_atomic((stdfs::path(options.out_dir) / "config.toml").string(), config_text);
 
   RunSummary summary;
   summary.run_dir = options.out_dir;
-  summary.trace_path = (stdfs::path(options.out_dir) / "trace.rtrace").string();
+  summary.trace_path = trace_path(options.out_dir);
 
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled) {
     trace::TraceHeader h;
     h.retrace_version = retrace_version();
     h.config_toml = config_text;
-    h.config_hash = sha256_hex(config_text.data(), config_text.size());
+    h.config_hash = ckpt::config_hash(config_text);
     h.seed = static_cast<uint64_t>(config.seed);
     h.fingerprint = fingerprint(config.runtime, 1);
     h.model_description = trainer.model()->describe();
@@ -82,48 +160,49 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.created_utc = utc_now();
     writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level)));
   }
+  run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary);
+  return summary;
+}
 
-  const auto start = Clock::now();
-  double last_trace_ms = 0;
-  bool evaluated_at_end = false;
-  while (trainer.step() < trainer.total_steps()) {
-    const uint64_t epoch_before = trainer.cursor().epoch;
-    trace::StepRecord rec = trainer.run_step(config.trace.enabled && config.trace.digests);
-    // trace_ms: digests of this step plus writing the previous frame (this frame's own write
-    // time is known only after it is written).
-    rec.timings.trace_ms += last_trace_ms;
-    if (writer) {
-      auto t = Clock::now();
-      writer->append_step(rec);
-      last_trace_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-    }
-    summary.steps += 1;
-    summary.skipped += rec.outcome == trace::Outcome::kSkip ? 1 : 0;
-    summary.final_loss = rec.loss;
-    summary.data_ms += rec.timings.data_ms;
-    summary.forward_ms += rec.timings.forward_ms;
-    summary.backward_ms += rec.timings.backward_ms;
-    summary.optimizer_ms += rec.timings.optimizer_ms;
-    summary.trace_ms += rec.timings.trace_ms;
-    if (cb.on_step) cb.on_step(rec, trainer.total_steps());
+RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb) {
+  const std::string cfg_path = (stdfs::path(run_dir) / "config.toml").string();
+  RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no config.toml in it",
+                " (is it a run directory made by `retrace record`?)");
+  Config config = load_config(cfg_path, {});
+  resolve_threads(config.runtime);
+  apply_environment(config.runtime);
 
-    const bool epoch_done = trainer.cursor().epoch != epoch_before;
-    const bool last = trainer.step() == trainer.total_steps();
-    if ((epoch_done && config.train.eval_each_epoch) || last) {
-      trace::EvalRecord e = trainer.evaluate();
-      if (writer) writer->append_eval(e);
-      summary.test_accuracy = e.accuracy;
-      if (cb.on_eval) cb.on_eval(e);
-      evaluated_at_end = last;
-    }
+  std::vector<std::pair<std::string, std::string>> skipped;
+  auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), 1, &skipped);
+  for (const auto& [dir, why] : skipped)
+    if (cb.on_message) cb.on_message("skipped checkpoint " + dir + ": " + why);
+  RETRACE_CHECK(pick.has_value(), IntegrityError, "no complete checkpoint in ",
+                checkpoint_root(run_dir), skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
+                "; start again with `retrace record --force`");
+
+  data::FashionMnist data = data::load_fashion_mnist(config.data.dir);
+  Trainer trainer(config, data);
+  ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
+
+  RunSummary summary;
+  summary.run_dir = run_dir;
+  summary.trace_path = trace_path(run_dir);
+  summary.resumed_from = pick->dir;
+  std::optional<trace::TraceWriter> writer;
+  if (config.trace.enabled) {
+    const std::string side = (stdfs::path(run_dir) / "trace.set-aside.rtrace").string();
+    const uint64_t before = stdfs::file_size(summary.trace_path);
+    writer.emplace(trace::TraceWriter::resume(summary.trace_path, restored.position.bytes,
+                                              restored.position.chain, trainer.step(), side,
+                                              static_cast<int>(config.trace.zstd_level)));
+    std::string msg = "resumed from " + pick->dir + " at step " + std::to_string(trainer.step());
+    if (before > restored.position.bytes)
+      msg += "; " + std::to_string(before - restored.position.bytes) +
+             " trace bytes written after that checkpoint were set aside in " + side;
+    writer->append_event({trainer.step(), "resume", msg});
+    if (cb.on_message) cb.on_message(msg);
   }
-  (void)evaluated_at_end;
-  if (writer) {
-    writer->sync();
-    summary.trace_bytes = writer->bytes_written();
-  }
-  summary.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  summary.steps_per_second = summary.wall_seconds > 0 ? summary.steps / summary.wall_seconds : 0;
+  run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary);
   return summary;
 }
 

@@ -1,10 +1,16 @@
 // The loop: `record` trains a fresh run into a run directory (DESIGN.md "File layout of a run"),
-// writing the resolved config, the trace and checkpoints. The loop is thin: it calls the trainer,
-// the trace writer and (later) the checkpointer, and reports progress through callbacks.
+// `resume` continues one from its newest checkpoint that verifies. The loop is thin: it calls the
+// trainer, the trace writer and the checkpointer, and reports through callbacks.
+//
+//   RUN/config.toml                 the resolved config, as used
+//   RUN/trace.rtrace                the step trace
+//   RUN/trace.set-aside.rtrace      frames a dead run wrote after its last checkpoint (on resume)
+//   RUN/checkpoints/step-N/         manifest + one shard per rank; RUN/checkpoints/LATEST
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 
 #include "trace/records.h"
@@ -18,21 +24,36 @@ struct RunCallbacks {
   std::function<void(const std::string&)> on_message;
 };
 
+struct LoopControl {
+  // Stop right after this step and its checkpoint, as if the process were killed there (no final
+  // evaluation, no end checkpoint). 0: run to the end.
+  uint64_t interrupt_at = 0;
+  // Extra steps to checkpoint at, besides the config's cadence.
+  std::set<uint64_t> checkpoint_at;
+};
+
 struct RecordOptions {
   std::string out_dir = "run";
   bool force = false;  // replace an existing run directory
+  LoopControl control;
 };
 
 struct RunSummary {
   std::string run_dir;
   std::string trace_path;
-  uint64_t steps = 0;
+  uint64_t first_step = 0;  // first step this process ran
+  uint64_t steps = 0;       // steps this process ran
+  uint64_t last_step = 0;
+  uint64_t total_steps = 0;
   uint64_t skipped = 0;
+  bool interrupted = false;
   double final_loss = 0;
   double test_accuracy = -1;  // -1 when no evaluation ran
   double wall_seconds = 0;
   double steps_per_second = 0;
   uint64_t trace_bytes = 0;
+  uint64_t checkpoints = 0;
+  std::string resumed_from;  // checkpoint directory, for resume
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;  // totals
 };
 
@@ -40,5 +61,13 @@ struct RunSummary {
 // directory) before creating anything, so a failure never leaves a half-written run. An existing
 // non-empty directory is refused (ConfigError) unless options.force.
 RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& callbacks);
+
+// Continues the run in run_dir from its newest checkpoint that verifies (falling back past torn or
+// corrupt ones, each reported through on_message), truncating the trace to the checkpoint's
+// position after setting the frames beyond it aside, and appending a "resume" event.
+RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks);
+
+std::string checkpoint_root(const std::string& run_dir);
+std::string trace_path(const std::string& run_dir);
 
 }  // namespace retrace::train

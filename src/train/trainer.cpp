@@ -84,6 +84,7 @@ trace::StepRecord Trainer::run_step(bool with_digests) {
   rec.timings.optimizer_ms = r.optimizer_ms;
 
   step_ += 1;
+  samples_seen_ += idx.size();
   cursor_ = sampler_.next(cursor_);
   if (with_digests) {
     auto t = Clock::now();
@@ -159,12 +160,13 @@ std::vector<trace::ParamInfo> Trainer::param_info() const {
   return out;
 }
 
-void Trainer::restore_position(uint64_t step, const rng::RngState& rng) {
+void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t samples_seen) {
   RETRACE_CHECK(rng.cursor.batch_in_epoch < sampler_.batches_per_epoch(), FormatError,
                 "the checkpoint's data cursor (epoch ", rng.cursor.epoch, ", batch ",
                 rng.cursor.batch_in_epoch, ") is past the end of an epoch of ",
                 sampler_.batches_per_epoch(), " batches: was it made with another batch size?");
   step_ = step;
+  samples_seen_ = samples_seen;
   cursor_ = rng.cursor;
   rng::restore_torch(rng);
 }

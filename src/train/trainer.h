@@ -35,6 +35,7 @@ class Trainer {
   trace::EvalRecord evaluate();
 
   uint64_t step() const { return step_; }            // completed optimizer steps
+  uint64_t samples_seen() const { return samples_seen_; }
   uint64_t total_steps() const { return total_steps_; }
   const data::Cursor& cursor() const { return cursor_; }
   uint64_t batches_per_epoch() const { return sampler_.batches_per_epoch(); }
@@ -52,7 +53,7 @@ class Trainer {
 
   // Restores counters, cursor and RNG (used by resume). Model and optimizer are restored through
   // load_model_state / load_optimizer_state.
-  void restore_position(uint64_t step, const rng::RngState& rng);
+  void restore_position(uint64_t step, const rng::RngState& rng, uint64_t samples_seen);
   void load_model_state(const NamedTensors& state);
   void load_optimizer_state(const NamedTensors& state);
 
@@ -65,6 +66,7 @@ class Trainer {
   LrSchedule schedule_;
   uint64_t total_steps_;
   uint64_t step_ = 0;
+  uint64_t samples_seen_ = 0;
   data::Cursor cursor_;
 };
 

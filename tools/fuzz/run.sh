@@ -46,13 +46,18 @@ for fuzzer in shard manifest; do
 done
 touch "$out/.built"
 
+# With -jobs libFuzzer writes fuzz-N.log into the current directory: keep those in $out.
+cd "$out"
+jobs_flag=()
+if [[ "${FUZZ_JOBS:-1}" -gt 1 ]]; then jobs_flag=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS"); fi
+
 status=0
 for fuzzer in shard manifest; do
   work="$out/corpus-$fuzzer"
   mkdir -p "$work"
   cp -n "$here/corpus/$fuzzer/"* "$work/" 2>/dev/null || true
   echo "== ${fuzzer}_fuzzer ${limits[*]}"
-  if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" -dict="$here/json.dict" -max_len=4096 -jobs="${FUZZ_JOBS:-1}" \
+  if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" -dict="$here/json.dict" -max_len=4096 ${jobs_flag[@]+"${jobs_flag[@]}"} \
        -artifact_prefix="$out/artifacts/${fuzzer}-" -print_final_stats=1 "$work" 2>&1 | tail -n 25; then
     status=1
   fi

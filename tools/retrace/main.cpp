@@ -16,10 +16,11 @@ int main(int argc, char** argv) {
       "Example:\n  retrace record --steps 20\n  retrace inspect run/trace.rtrace --steps 1:5\n"
       "Exit codes: 0 ok, 1 verification failed or divergence, 2 usage or config error,\n"
       "            3 corrupt or unreadable input, 4 environment problem (data set, directory, device)");
-  retrace::cli::register_commands(app);
+  retrace::cli::CliArgs args;
+  retrace::cli::register_commands(app, args);
   try {
     app.parse(argc, argv);
-    return retrace::cli::run_selected(app);
+    return retrace::cli::run_selected(app, args);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : static_cast<int>(retrace::ExitCode::kUsage);

@@ -1,0 +1,108 @@
+#include "replay/compare.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace retrace::replay {
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+template <typename T>
+std::string join(const std::vector<T>& v) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += ";";
+    if constexpr (std::is_same_v<T, Digest128>) s += x.hex();
+    else s += num(static_cast<double>(x));
+  }
+  return s;
+}
+
+std::map<uint64_t, const trace::StepRecord*> by_step(const std::vector<trace::StepRecord>& v) {
+  std::map<uint64_t, const trace::StepRecord*> m;
+  for (const auto& r : v) m[r.step] = &r;  // a later record of the same step wins
+  return m;
+}
+}  // namespace
+
+std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::StepRecord& b,
+                                   CompareMode mode, double tolerance) {
+  std::vector<FieldDiff> d;
+  auto check = [&](const char* field, bool same, const std::string& va, const std::string& vb) {
+    if (!same) d.push_back({a.step, field, va, vb});
+  };
+#define RETRACE_CMP_INT(f) check(#f, a.f == b.f, std::to_string(a.f), std::to_string(b.f))
+#define RETRACE_CMP_DBL(f) check(#f, a.f == b.f || (std::isnan(a.f) && std::isnan(b.f)), num(a.f), num(b.f))
+#define RETRACE_CMP_DIG(f) check(#f, a.f == b.f, a.f.hex(), b.f.hex())
+  RETRACE_CMP_INT(epoch);
+  RETRACE_CMP_INT(batch_in_epoch);
+  RETRACE_CMP_INT(batch_size);
+  RETRACE_CMP_DIG(sample_digest);
+  if (mode == CompareMode::kBitwise) {
+    RETRACE_CMP_DBL(loss);
+    RETRACE_CMP_INT(loss_bits);
+    RETRACE_CMP_DBL(grad_norm_pre);
+    RETRACE_CMP_DBL(grad_norm_post);
+    RETRACE_CMP_DBL(lr);
+    RETRACE_CMP_DBL(loss_scale);
+  } else {
+    const double diff = std::fabs(a.loss - b.loss);
+    check("loss", diff <= tolerance || (std::isnan(a.loss) && std::isnan(b.loss)), num(a.loss), num(b.loss));
+  }
+  check("outcome", a.outcome == b.outcome, a.outcome == trace::Outcome::kStep ? "STEP" : "SKIP",
+        b.outcome == trace::Outcome::kStep ? "STEP" : "SKIP");
+  check("skip_reason", a.skip_reason == b.skip_reason, a.skip_reason, b.skip_reason);
+  if (mode == CompareMode::kBitwise) {
+    RETRACE_CMP_DIG(param_digest);
+    RETRACE_CMP_DIG(optim_digest);
+    RETRACE_CMP_DIG(rng_digest);
+  }
+  check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),
+        join(b.micro_batch_sizes));
+  if (mode == CompareMode::kBitwise) {
+    check("micro_losses", a.micro_losses == b.micro_losses, join(a.micro_losses), join(b.micro_losses));
+    check("rank_grad_digests", a.rank_grad_digests == b.rank_grad_digests, join(a.rank_grad_digests),
+          join(b.rank_grad_digests));
+    RETRACE_CMP_DIG(chain_digest);
+  }
+#undef RETRACE_CMP_INT
+#undef RETRACE_CMP_DBL
+#undef RETRACE_CMP_DIG
+  return d;
+}
+
+CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
+                            const std::vector<trace::StepRecord>& b, CompareMode mode, double tolerance) {
+  CompareReport rep;
+  auto ma = by_step(a), mb = by_step(b);
+  for (const auto& [step, ra] : ma) {
+    auto it = mb.find(step);
+    if (it == mb.end()) {
+      rep.only_in_a++;
+      continue;
+    }
+    const trace::StepRecord* rb = it->second;
+    rep.compared++;
+    const double diff = std::fabs(ra->loss - rb->loss);
+    if (diff > rep.max_loss_diff || std::isnan(diff)) {
+      rep.max_loss_diff = std::isnan(diff) ? INFINITY : diff;
+      rep.max_loss_diff_step = step;
+    }
+    rep.final_loss_diff = diff;
+    if (!rep.first_diff) {
+      auto d = diff_record(*ra, *rb, mode, tolerance);
+      if (!d.empty()) rep.first_diff = d.front();
+    }
+  }
+  for (const auto& [step, rb] : mb)
+    if (!ma.count(step)) rep.only_in_b++;
+  return rep;
+}
+
+}  // namespace retrace::replay

@@ -1,0 +1,44 @@
+#include "replay/resume_check.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "trace/trace_reader.h"
+
+namespace retrace::replay {
+
+ResumeCheck check_resume(const train::Config& config, const std::string& out_dir, uint64_t interrupt_at,
+                         const train::RunCallbacks& cb) {
+  RETRACE_CHECK(interrupt_at > 0, ConfigError, "--interrupt-at must be at least 1");
+  fs::make_writable_dir(out_dir);
+  ResumeCheck r;
+  r.uninterrupted_dir = (std::filesystem::path(out_dir) / "uninterrupted").string();
+  r.resumed_dir = (std::filesystem::path(out_dir) / "resumed").string();
+
+  auto say = [&](const std::string& m) { if (cb.on_message) cb.on_message(m); };
+  train::RecordOptions a;
+  a.out_dir = r.uninterrupted_dir;
+  a.force = true;
+  say("== uninterrupted run -> " + r.uninterrupted_dir);
+  train::record(config, a, cb);
+
+  train::RecordOptions b = a;
+  b.out_dir = r.resumed_dir;
+  b.control.interrupt_at = interrupt_at;
+  say("== run interrupted after step " + std::to_string(interrupt_at) + " -> " + r.resumed_dir);
+  train::RunSummary first = train::record(config, b, cb);
+  RETRACE_CHECK(first.interrupted, ConfigError, "--interrupt-at ", interrupt_at,
+                " is not before the last step ", first.last_step, ": nothing to resume");
+  say("== resume " + r.resumed_dir);
+  train::resume(r.resumed_dir, {}, cb);
+
+  auto sa = trace::TraceReader::open(train::trace_path(r.uninterrupted_dir)).steps();
+  auto sb = trace::TraceReader::open(train::trace_path(r.resumed_dir)).steps();
+  r.bitwise = compare_steps(sa, sb, CompareMode::kBitwise);
+  r.verified = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0 &&
+               r.bitwise.max_loss_diff < r.tolerance;
+  return r;
+}
+
+}  // namespace retrace::replay

@@ -1,0 +1,178 @@
+#include "ckpt/train_state.h"
+
+#include <torch/torch.h>
+
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/shard.h"
+#include "ckpt/verify.h"
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "rng/rng_state.h"
+#include "train/config.h"
+#include "train/environment.h"
+#include "train/trainer.h"
+
+namespace retrace::ckpt {
+namespace {
+
+std::string dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat64: return "F64";
+    case torch::kFloat32: return "F32";
+    case torch::kFloat16: return "F16";
+    case torch::kBFloat16: return "BF16";
+    case torch::kInt64: return "I64";
+    case torch::kInt32: return "I32";
+    case torch::kInt16: return "I16";
+    case torch::kInt8: return "I8";
+    case torch::kUInt8: return "U8";
+    case torch::kBool: return "BOOL";
+    default: RETRACE_FAIL(InvariantError, "no checkpoint dtype for ", c10::toString(t));
+  }
+}
+
+torch::ScalarType scalar_type(const std::string& d, const std::string& where) {
+  if (d == "F64") return torch::kFloat64;
+  if (d == "F32") return torch::kFloat32;
+  if (d == "F16") return torch::kFloat16;
+  if (d == "BF16") return torch::kBFloat16;
+  if (d == "I64") return torch::kInt64;
+  if (d == "I32") return torch::kInt32;
+  if (d == "I16") return torch::kInt16;
+  if (d == "I8") return torch::kInt8;
+  if (d == "U8") return torch::kUInt8;
+  if (d == "BOOL") return torch::kBool;
+  RETRACE_FAIL(FormatError, where, ": unknown dtype ", d);
+}
+
+uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key,
+                   const std::string& where) {
+  auto it = m.find(key);
+  RETRACE_CHECK(it != m.end(), FormatError, where, ": shard metadata lacks \"", key, "\"");
+  try {
+    size_t used = 0;
+    uint64_t v = std::stoull(it->second, &used);
+    RETRACE_CHECK(used == it->second.size(), FormatError, where, ": metadata \"", key,
+                  "\" is not an integer: ", it->second);
+    return v;
+  } catch (const std::logic_error&) {
+    RETRACE_FAIL(FormatError, where, ": metadata \"", key, "\" is not an integer: ", it->second);
+  }
+}
+
+Digest128 parse_digest(const std::string& hex, const std::string& where) {
+  RETRACE_CHECK(hex.size() == 32, FormatError, where, ": chain digest \"", hex, "\" is not 32 hex digits");
+  try {
+    return Digest128{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
+  } catch (const std::logic_error&) {
+    RETRACE_FAIL(FormatError, where, ": chain digest \"", hex, "\" is not hex");
+  }
+}
+
+std::map<std::string, std::string> versions() {
+  return {{"libtorch", compat::libtorch_version()},
+          {"retrace", train::retrace_version()},
+          {"cuda_devices", std::to_string(torch::cuda::device_count())}};
+}
+}  // namespace
+
+std::string config_hash(const std::string& config_toml) {
+  return sha256_hex(config_toml.data(), config_toml.size());
+}
+
+std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
+                            uint32_t keep_last, const std::map<std::string, std::string>& extra) {
+  const uint64_t step = trainer.step();
+  const std::string dir = prepare_checkpoint_dir(root, step);
+
+  // Keep contiguous CPU copies alive while the writer reads them.
+  std::vector<torch::Tensor> keep;
+  std::vector<TensorView> views;
+  auto add = [&](const std::string& name, const torch::Tensor& t) {
+    torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+    keep.push_back(c);
+    views.push_back({name, dtype_name(c.scalar_type()),
+                     std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), c.data_ptr(), c.nbytes()});
+  };
+  for (const auto& [name, t] : trainer.model_state()) add("model/" + name, t);
+  for (const auto& [name, t] : trainer.optimizer_state()) add("optim/" + name, t);
+  const std::string rng = trainer.rng_state().serialize();
+  views.push_back({"rng/state", "U8", {static_cast<int64_t>(rng.size())}, rng.data(), rng.size()});
+
+  const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
+  auto meta = shard_metadata(step, /*rank=*/0, /*world_size=*/1);
+  meta["epoch"] = std::to_string(trainer.cursor().epoch);
+  meta["batch_in_epoch"] = std::to_string(trainer.cursor().batch_in_epoch);
+  meta["samples_seen"] = std::to_string(trainer.samples_seen());
+  meta["config_hash"] = cfg_hash;
+  meta["optim"] = trainer.config().optim.name;
+  meta["trace_position"] = std::to_string(pos.bytes);
+  meta["trace_chain"] = pos.chain.hex();
+  for (const auto& [k, v] : extra) meta["x." + k] = v;
+
+  const std::string shard_path = dir + "/" + shard_file_name(0);
+  ShardFileInfo info = write_shard(shard_path, meta, views);
+
+  Manifest m;
+  m.step = step;
+  m.world_size = 1;
+  m.config_hash = cfg_hash;
+  m.versions = versions();
+  m.rng_format_version = rng::kRngFormatVersion;
+  m.trace_position = pos.bytes;
+  m.trace_chain_hex = pos.chain.hex();
+  m.shards.push_back({0, info.file, info.size, info.sha256});
+  return commit_checkpoint(root, m, keep_last);
+}
+
+RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
+  Manifest m = verify_checkpoint(dir, /*expected_world_size=*/1);
+  const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
+  RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
+                " was made with another config (config hash ", m.config_hash.substr(0, 12),
+                ", this run's is ", cfg_hash.substr(0, 12),
+                "); resume with the run directory's own config.toml");
+  RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
+                " stores RNG state format ", m.rng_format_version, ", this binary reads ",
+                rng::kRngFormatVersion);
+  ShardData shard = load_shard(dir, m, 0, /*check_digest=*/false);  // verify_checkpoint hashed it
+  const std::string& where = shard.source;
+
+  NamedTensors model, optim;
+  std::string rng_bytes;
+  for (const auto& e : shard.tensors) {
+    if (e.name == "rng/state") {
+      rng_bytes.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+      continue;
+    }
+    torch::Tensor t = torch::empty(e.shape, scalar_type(e.dtype, where));
+    RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, where, ": tensor ",
+                  e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
+    std::memcpy(t.data_ptr(), shard.data(e), e.nbytes);
+    if (e.name.rfind("model/", 0) == 0) model.emplace_back(e.name.substr(6), t);
+    else if (e.name.rfind("optim/", 0) == 0) optim.emplace_back(e.name.substr(6), t);
+    else RETRACE_FAIL(FormatError, where, ": unexpected tensor ", e.name);
+  }
+  RETRACE_CHECK(!rng_bytes.empty(), FormatError, where, ": no rng/state tensor");
+  auto meta_it = shard.metadata.find("optim");
+  RETRACE_CHECK(meta_it != shard.metadata.end() && meta_it->second == trainer.config().optim.name,
+                FormatError, where, ": optimizer in checkpoint does not match optim.name");
+
+  trainer.load_model_state(model);
+  trainer.load_optimizer_state(optim);
+  rng::RngState rng = rng::RngState::deserialize(rng_bytes);
+  trainer.restore_position(m.step, rng, parse_u64(shard.metadata, "samples_seen", where));
+
+  RestoredState out;
+  out.dir = dir;
+  out.manifest = m;
+  out.position.bytes = parse_u64(shard.metadata, "trace_position", where);
+  auto chain_it = shard.metadata.find("trace_chain");
+  RETRACE_CHECK(chain_it != shard.metadata.end(), FormatError, where, ": no trace_chain");
+  out.position.chain = parse_digest(chain_it->second, where);
+  for (const auto& [k, v] : shard.metadata)
+    if (k.rfind("x.", 0) == 0) out.extra[k.substr(2)] = v;
+  return out;
+}
+
+}  // namespace retrace::ckpt

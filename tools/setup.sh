@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what retrace needs on Debian 12, as root. Skips apt entirely when everything is there.
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config ccache
+  libtorch-dev                 # LibTorch 1.13 (CPU): the tensor library we train with
+  libopenblas0-pthread         # an optimized BLAS; Debian's libtorch uses whatever libblas.so.3 is
+  libcapnp-dev capnproto       # Cap'n Proto: the trace's record schema, compiled at build time
+  libzstd-dev                  # zstd: trace frame compression
+  libxxhash-dev                # xxh3-128: per-step digests and the hash chain
+  libssl-dev                   # OpenSSL: sha256 of checkpoint shards and data files
+  zlib1g-dev                   # zlib: reading the gzip-compressed IDX data files
+  libcli11-dev                 # CLI11: the command line
+  libtomlplusplus-dev          # toml++: run configs
+  nlohmann-json3-dev           # nlohmann-json: manifests, safetensors headers, --json output
+  libgtest-dev                 # GoogleTest: unit tests
+  librapidcheck-dev            # RapidCheck: property-based tests
+  dataset-fashion-mnist        # the built-in default data set
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# Debian's libtorch links libblas.so.3: make sure it is OpenBLAS, not the reference BLAS (16x slower).
+if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1; then
+  update-alternatives --set libblas.so.3-x86_64-linux-gnu \
+    /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || true
+fi
+echo "setup: ok"
