@@ -10,6 +10,8 @@ add_library(retrace_base STATIC
   src/data/sampler.cpp
   src/data/idx.cpp
   src/train/config.cpp
+  src/train/faults.cpp
+  src/train/guards.cpp
 )
 target_link_libraries(retrace_base PUBLIC retrace_core tomlplusplus::tomlplusplus ZLIB::ZLIB)
 
@@ -22,6 +24,7 @@ add_library(retrace_lib STATIC
   src/train/schedule.cpp
   src/train/optimizer.cpp
   src/train/step.cpp
+  src/train/loss_scaler.cpp
   src/train/trainer.cpp
   src/train/run.cpp
   src/ckpt/train_state.cpp
@@ -30,13 +33,14 @@ target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace retrace_ckpt
 target_compile_options(retrace_lib PUBLIC ${TORCH_CXX_FLAGS})
 target_precompile_headers(retrace_lib PRIVATE <torch/torch.h>)
 
-# Replay, diff, golden checks and bisection: above the trainer, below the CLI.
+# Replay, diff, golden checks and bisection: above the trainer, below the CLI. The torch-free
+# part (step comparison, diff, reports) is retrace_diff.
+include(cmake/replay_diff.cmake)
 add_library(retrace_replay STATIC
-  replay/compare.cpp
   replay/resume_check.cpp
 )
 target_include_directories(retrace_replay PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(retrace_replay PUBLIC retrace_lib)
+target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_lib)
 target_precompile_headers(retrace_replay REUSE_FROM retrace_lib)
 
 add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
@@ -44,3 +48,4 @@ target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)
 
 add_executable(record_bench tools/bench/record_bench.cpp)
 target_link_libraries(record_bench PRIVATE retrace_lib)
+include(cmake/gpt.cmake)

@@ -108,6 +108,7 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   meta["optim"] = trainer.config().optim.name;
   meta["trace_position"] = std::to_string(pos.bytes);
   meta["trace_chain"] = pos.chain.hex();
+  for (const auto& [k, v] : trainer.policy_state()) meta["x." + k] = v;
   for (const auto& [k, v] : extra) meta["x." + k] = v;
 
   const std::string shard_path = dir + "/" + shard_file_name(0);
@@ -172,6 +173,7 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   out.position.chain = parse_digest(chain_it->second, where);
   for (const auto& [k, v] : shard.metadata)
     if (k.rfind("x.", 0) == 0) out.extra[k.substr(2)] = v;
+  trainer.load_policy_state(out.extra);
   return out;
 }
 

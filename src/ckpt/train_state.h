@@ -26,7 +26,8 @@ struct TracePosition {
 };
 
 // Writes this rank's shard and, for world size 1, commits the checkpoint (manifest last, LATEST,
-// rotation). Returns the step directory. `extra` is stored in the shard metadata with an "x." prefix.
+// rotation). Returns the step directory. The trainer's policy state (scaler, guards, fired faults,
+// batches set aside) and `extra` are stored in the shard metadata with an "x." prefix.
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra);
 
@@ -38,7 +39,7 @@ struct RestoredState {
 };
 
 // Verifies `dir` (verify.h) for world size 1, checks the config hash against the trainer's config,
-// and loads model, optimizer, counters and RNG into the trainer. ConfigError when the checkpoint
+// and loads model, optimizer, counters, RNG and policy state into the trainer. ConfigError when the checkpoint
 // belongs to another config.
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir);
 

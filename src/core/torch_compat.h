@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
@@ -47,5 +48,58 @@ inline void set_deterministic(bool on) {
 inline at::Generator default_generator(c10::Device device) {
   return at::globalContext().defaultGenerator(device);
 }
+
+// Autocast for one region, RAII. LibTorch 1.13 has per-device setters (set_cpu_enabled,
+// set_autocast_cpu_dtype, set_enabled + set_autocast_gpu_dtype for CUDA); 2.4+ takes the device
+// type as an argument. Disabled (dtype Undefined) is a no-op.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType device, at::ScalarType dtype) : device_(device), active_(dtype != at::ScalarType::Undefined) {
+    if (!active_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    prev_enabled_ = at::autocast::is_autocast_enabled(device);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device);
+    at::autocast::set_autocast_enabled(device, true);
+    at::autocast::set_autocast_dtype(device, dtype);
+#else
+    if (device == c10::DeviceType::CUDA) {
+      prev_enabled_ = at::autocast::is_enabled();
+      prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      prev_enabled_ = at::autocast::is_cpu_enabled();
+      prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(device_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_, prev_dtype_);
+#else
+    if (device_ == c10::DeviceType::CUDA) {
+      at::autocast::set_enabled(prev_enabled_);
+      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(prev_enabled_);
+      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    }
+#endif
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool active_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::ScalarType::Undefined;
+};
 
 }  // namespace retrace::compat

@@ -42,18 +42,19 @@ Split load_split(const std::string& dir, const std::string& prefix, std::vector<
   }
   const int64_t n = img.dims[0];
   Split s;
-  s.images = torch::from_blob(img.values.data(), {n, 28 * 28}, torch::kUInt8)
+  s.inputs = torch::from_blob(img.values.data(), {n, 28 * 28}, torch::kUInt8)
                  .to(torch::kFloat32)
                  .div_(255.0f)
                  .sub_(kMean)
                  .div_(kStd);
-  s.labels = torch::from_blob(lbl.values.data(), {n}, torch::kUInt8).to(torch::kInt64);
+  s.targets = torch::from_blob(lbl.values.data(), {n}, torch::kUInt8).to(torch::kInt64);
   return s;
 }
 }  // namespace
 
-FashionMnist load_fashion_mnist(const std::string& dir) {
-  FashionMnist d;
+Dataset load_fashion_mnist(const std::string& dir) {
+  Dataset d;
+  d.description = "fashion-mnist " + dir;
   d.train = load_split(dir, "train", d.files);
   d.test = load_split(dir, "t10k", d.files);
   return d;

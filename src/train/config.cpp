@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "train/faults.h"
 
 namespace retrace::train {
 namespace {
@@ -77,10 +78,37 @@ std::vector<Field> fields() {
                false, at(&C::train, &TrainConfig::epochs)});
   f.push_back({"train.steps", Kind::kInt, "optimizer steps to train (0: train.epochs worth)", {}, 0, 1e12,
                false, false, at(&C::train, &TrainConfig::steps)});
+  f.push_back({"train.accum_steps", Kind::kInt, "micro-batches of data.batch_size per optimizer step", {}, 1,
+               1 << 16, false, false, at(&C::train, &TrainConfig::accum_steps)});
   f.push_back({"train.max_norm", Kind::kFloat, "clip the global gradient L2 norm to this (0: off)", {}, 0,
                1e12, false, false, at(&C::train, &TrainConfig::max_norm)});
   f.push_back({"train.eval_each_epoch", Kind::kBool, "evaluate on the test split after every epoch", {},
                0, 0, false, false, at(&C::train, &TrainConfig::eval_each_epoch)});
+  f.push_back({"amp.mode", Kind::kChoice, "autocast: off, bf16 (CPU or CUDA), fp16 (CUDA only)",
+               {"off", "bf16", "fp16"}, 0, 0, false, false, at(&C::amp, &AmpConfig::mode)});
+  f.push_back({"amp.scaler", Kind::kChoice, "loss scaler: auto (on for fp16), on (forced, e.g. to test it on CPU), off",
+               {"auto", "on", "off"}, 0, 0, false, false, at(&C::amp, &AmpConfig::scaler)});
+  f.push_back({"amp.init_scale", Kind::kFloat, "initial loss scale", {}, 0, 1e38, true, false,
+               at(&C::amp, &AmpConfig::init_scale)});
+  f.push_back({"amp.growth_factor", Kind::kFloat, "scale growth factor after growth_interval finite steps", {},
+               1, 1e6, true, false, at(&C::amp, &AmpConfig::growth_factor)});
+  f.push_back({"amp.backoff_factor", Kind::kFloat, "scale factor on a non-finite step", {}, 0, 1, true, true,
+               at(&C::amp, &AmpConfig::backoff_factor)});
+  f.push_back({"amp.growth_interval", Kind::kInt, "finite steps in a row before the scale grows", {}, 1, 1e12,
+               false, false, at(&C::amp, &AmpConfig::growth_interval)});
+  f.push_back({"guards.skip_window", Kind::kInt, "steps in the rolling skip-rate window", {}, 1, 1e9, false,
+               false, at(&C::guards, &GuardConfig::skip_window)});
+  f.push_back({"guards.skip_warn_rate", Kind::kFloat, "warn when the skip rate passes this", {}, 0, 1, false,
+               false, at(&C::guards, &GuardConfig::skip_warn_rate)});
+  f.push_back({"guards.spike_factor", Kind::kFloat,
+               "roll back when the loss exceeds this times its recent median (0: off)", {}, 0, 1e9, false, false,
+               at(&C::guards, &GuardConfig::spike_factor)});
+  f.push_back({"guards.spike_window", Kind::kInt, "losses in the median that defines the recent level", {}, 1,
+               1e6, false, false, at(&C::guards, &GuardConfig::spike_window)});
+  f.push_back({"guards.spike_skip_batches", Kind::kInt, "batches skipped after a rollback, ending at the spike",
+               {}, 1, 1e6, false, false, at(&C::guards, &GuardConfig::spike_skip_batches)});
+  f.push_back({"faults.inject", Kind::kString, "faults to inject: KIND@STEP[:ARG],... (see --help)", {}, 0, 0,
+               false, false, at(&C::faults, &FaultConfig::inject)});
   f.push_back({"runtime.device", Kind::kChoice, "device to train on", {"cpu", "cuda"}, 0, 0, false, false,
                at(&C::runtime, &RuntimeConfig::device)});
   f.push_back({"runtime.threads", Kind::kInt, "torch intra-op threads (0: auto from the core count)", {},
@@ -240,6 +268,9 @@ void walk(const toml::table& t, const std::string& prefix, const std::vector<Fie
 void validate(const Config& c) {
   RETRACE_CHECK(!c.model.hidden.empty(), ConfigError,
                 "bad value for model.hidden: at least one hidden layer is needed");
+  RETRACE_CHECK(!(c.amp.mode == "fp16" && c.runtime.device == "cpu"), ConfigError,
+                "bad value for amp.mode: \"fp16\" autocast needs runtime.device = \"cuda\"; on CPU use \"bf16\"");
+  parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
   RETRACE_CHECK(c.runtime.device == "cpu" || c.runtime.device == "cuda", ConfigError,
                 "bad value for runtime.device");
 }

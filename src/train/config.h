@@ -45,8 +45,30 @@ struct ScheduleConfig {
 struct TrainConfig {
   int64_t epochs = 3;
   int64_t steps = 0;  // 0: epochs * batches per epoch
+  int64_t accum_steps = 1;  // micro-batches per optimizer step (data.batch_size each)
   double max_norm = 1.0;  // 0 disables clipping
   bool eval_each_epoch = true;
+};
+
+struct AmpConfig {
+  std::string mode = "off";     // off | bf16 | fp16 (fp16 needs CUDA)
+  std::string scaler = "auto";  // auto (on for fp16 only) | on | off
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct GuardConfig {
+  int64_t skip_window = 1000;
+  double skip_warn_rate = 0.05;
+  double spike_factor = 2.0;       // 0: off
+  int64_t spike_window = 20;
+  int64_t spike_skip_batches = 1;  // batches skipped after a rollback, ending at the spiking one
+};
+
+struct FaultConfig {
+  std::string inject;  // "KIND@STEP[:ARG],..." (see faults.h)
 };
 
 struct RuntimeConfig {
@@ -64,7 +86,7 @@ struct TraceConfig {
 };
 
 struct CheckpointConfig {
-  int64_t every_steps = 0;    // 0: none by step count
+  int64_t every_steps = 200;  // 0: none by step count
   double every_seconds = 0;   // 0: none by time
   int64_t keep_last = 5;
   bool at_end = true;
@@ -77,6 +99,9 @@ struct Config {
   OptimConfig optim;
   ScheduleConfig schedule;
   TrainConfig train;
+  AmpConfig amp;
+  GuardConfig guards;
+  FaultConfig faults;
   RuntimeConfig runtime;
   TraceConfig trace;
   CheckpointConfig checkpoint;

@@ -2,8 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <ctime>
+#include <fstream>
+#include <sstream>
 #include <filesystem>
 #include <optional>
 
@@ -15,6 +21,7 @@
 #include "data/fashion_mnist.h"
 #include "trace/trace_writer.h"
 #include "train/environment.h"
+#include "train/faults.h"
 #include "train/trainer.h"
 
 namespace retrace::train {
@@ -46,6 +53,57 @@ void prepare_run_dir(const std::string& dir, bool force) {
     }
   }
   fs::make_writable_dir(dir);
+}
+
+std::string fired_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "faults.fired").string(); }
+
+// Marks a crash fault as fired in the run directory before the process kills itself, so a resume
+// does not crash again at the same step.
+void mark_fired_on_disk(const std::string& run_dir, const std::string& id) {
+  const std::string path = fired_path(run_dir);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot open ", path, ": ", fs::errno_text(errno));
+  std::string line = id + "\n";
+  ssize_t n = ::write(fd, line.data(), line.size());
+  ::fsync(fd);
+  ::close(fd);
+  RETRACE_CHECK(n == static_cast<ssize_t>(line.size()), IoError, "cannot write ", path);
+}
+
+void load_fired(const std::string& run_dir, Trainer& trainer) {
+  std::ifstream in(fired_path(run_dir));
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) trainer.mark_fired(line);
+}
+
+void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
+          const std::string& message) {
+  if (writer) writer->append_event({step, kind, message});
+  if (cb.on_message) cb.on_message(kind + ": " + message);
+}
+
+// A loss spike: go back to the newest checkpoint that verifies and set the batches that led to the
+// spike aside, so that the deterministic re-run does not meet the same spike again.
+void roll_back(Trainer& trainer, const trace::StepRecord& spike, const std::string& run_dir,
+               trace::TraceWriter* writer, const RunCallbacks& cb) {
+  const data::Cursor at{spike.epoch, spike.batch_in_epoch};
+  const int64_t count = trainer.config().guards.spike_skip_batches;
+  std::vector<std::pair<std::string, std::string>> skipped;
+  auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), trainer.world_size(), &skipped);
+  std::ostringstream msg;
+  msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
+  if (pick) {
+    ckpt::load_checkpoint(trainer, pick->dir);
+    trainer.set_aside_batches(at, count);
+    msg << "; rolled back to step " << trainer.step() << " from " << pick->dir;
+  } else {
+    trainer.set_aside_batches(at, count);
+    msg << "; no checkpoint to roll back to, the step was skipped";
+  }
+  msg << "; batches set aside (epoch:batch):";
+  for (const auto& [e, b] : trainer.set_aside()) msg << " " << e << ":" << b;
+  emit(writer, cb, spike.step, "rollback", msg.str());
 }
 
 // The loop shared by record and resume: step, trace, evaluate at epoch ends, checkpoint.
@@ -80,6 +138,19 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     summary.optimizer_ms += rec.timings.optimizer_ms;
     summary.trace_ms += rec.timings.trace_ms;
     if (cb.on_step) cb.on_step(rec, trainer.total_steps());
+    for (const auto& [kind, text] : trainer.take_events()) emit(writer, cb, rec.step, kind, text);
+
+    if (rec.skip_reason == "loss_spike") {
+      roll_back(trainer, rec, run_dir, writer, cb);
+      continue;
+    }
+    if (trainer.fault_due("crash", rec.step)) {
+      const std::string id = "crash@" + std::to_string(rec.step);
+      mark_fired_on_disk(run_dir, id);
+      emit(writer, cb, rec.step, "fault", "injected crash after step " + std::to_string(rec.step) + ": SIGKILL");
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }
 
     const uint64_t s = trainer.step();
     const bool last = s == trainer.total_steps();
@@ -126,6 +197,8 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 }
 }  // namespace
 
+data::Dataset load_dataset(const Config& config) { return data::load_fashion_mnist(config.data.dir); }
+
 std::string checkpoint_root(const std::string& run_dir) { return (stdfs::path(run_dir) / "checkpoints").string(); }
 std::string trace_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "trace.rtrace").string(); }
 
@@ -135,7 +208,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   const std::string config_text = to_toml(config);
 
   // Everything that can fail on bad input happens before the run directory is touched.
-  data::FashionMnist data = data::load_fashion_mnist(config.data.dir);
+  data::Dataset data = load_dataset(config);
   Trainer trainer(config, data);
   prepare_run_dir(options.out_dir, options.force);
   fs::write_file_atomic((stdfs::path(options.out_dir) / "config.toml").string(), config_text);
@@ -152,7 +225,8 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.config_hash = ckpt::config_hash(config_text);
     h.seed = static_cast<uint64_t>(config.seed);
     h.fingerprint = fingerprint(config.runtime, 1);
-    h.model_description = trainer.model()->describe();
+    h.model_description = trainer.model().description;
+    h.faults = parse_faults(config.faults.inject);
     h.params = trainer.param_info();
     h.data_files = data.files;
     h.total_steps = trainer.total_steps();
@@ -180,9 +254,10 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                 checkpoint_root(run_dir), skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
                 "; start again with `retrace record --force`");
 
-  data::FashionMnist data = data::load_fashion_mnist(config.data.dir);
+  data::Dataset data = load_dataset(config);
   Trainer trainer(config, data);
   ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
+  load_fired(run_dir, trainer);
 
   RunSummary summary;
   summary.run_dir = run_dir;

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "data/dataset.h"
 #include "trace/records.h"
 #include "train/config.h"
 
@@ -66,6 +67,9 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 // corrupt ones, each reported through on_message), truncating the trace to the checkpoint's
 // position after setting the frames beyond it aside, and appending a "resume" event.
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks);
+
+// Loads the data set the config names (Fashion-MNIST IDX files, or a text corpus for model.kind gpt).
+data::Dataset load_dataset(const Config& config);
 
 std::string checkpoint_root(const std::string& run_dir);
 std::string trace_path(const std::string& run_dir);

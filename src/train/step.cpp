@@ -4,12 +4,24 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "train/guards.h"
+#include "train/loss_scaler.h"
 
 namespace retrace::train {
 namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
 }
 }  // namespace
 
@@ -31,43 +43,83 @@ void clip_grads(const std::vector<torch::Tensor>& params, double max_norm, doubl
     if (p.grad().defined()) p.grad().mul_(coef);
 }
 
-StepResult train_step(torch::nn::Module& model, const ForwardFn& forward,
-                      torch::optim::Optimizer& optimizer, const torch::Tensor& inputs,
-                      const torch::Tensor& targets, double max_norm) {
+StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch::optim::Optimizer& optimizer,
+                      const std::vector<MicroBatch>& micro_batches, const StepPolicy& policy,
+                      const StepFaults& faults) {
+  RETRACE_CHECK(!micro_batches.empty(), InvariantError, "train_step needs at least one micro-batch");
   StepResult r;
   const std::vector<torch::Tensor> params = model.parameters();
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
 
-  auto t = Clock::now();
-  torch::Tensor loss = torch::nn::functional::cross_entropy(forward(inputs), targets);
-  r.loss = loss.item<float>();
-  r.forward_ms = ms_since(t);
-  if (!std::isfinite(r.loss)) {
-    r.skipped = true;
-    r.skip_reason = "non_finite_loss";
-    return r;
+  int64_t local_count = 0;
+  for (const auto& mb : micro_batches) local_count += mb.targets.numel();
+  const int64_t count = policy.global_count > 0 ? policy.global_count : local_count;
+  const double inv_count = 1.0 / static_cast<double>(count);
+
+  torch::Tensor total = torch::zeros({}, torch::kFloat32);
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const auto& mb = micro_batches[i];
+    const bool last = i + 1 == micro_batches.size();
+    auto t = Clock::now();
+    torch::Tensor loss;
+    {
+      compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
+      torch::Tensor logits = forward(mb.inputs);
+      loss = summed_loss(logits, mb.targets) * inv_count;
+    }
+    if (i == 0 && faults.nan_loss) loss = loss * std::numeric_limits<float>::quiet_NaN();
+    if (faults.loss_factor != 1.0) loss = loss * faults.loss_factor;
+    const float loss_value = loss.item<float>();
+    total = total + loss.detach().to(torch::kCPU);
+    r.micro_sizes.push_back(static_cast<uint32_t>(mb.targets.size(0)));
+    r.micro_losses.push_back(static_cast<double>(loss_value) * static_cast<double>(count) /
+                             static_cast<double>(mb.targets.numel()));
+    r.forward_ms += ms_since(t);
+    if (!std::isfinite(loss_value)) {
+      r.loss = total.item<float>();
+      r.skipped = true;
+      r.skip_reason = "non_finite_loss";  // the scaler is not updated on this path
+      return r;
+    }
+    if (last && policy.spike && policy.spike->is_spike(total.item<float>())) {
+      r.loss = total.item<float>();
+      r.skipped = true;
+      r.skip_reason = "loss_spike";
+      return r;
+    }
+    t = Clock::now();
+    if (policy.scaler) policy.scaler->scale_loss(loss).backward();
+    else loss.backward();
+    if (last && policy.after_last_backward) policy.after_last_backward();
+    r.backward_ms += ms_since(t);
   }
+  r.loss = total.item<float>();
 
-  t = Clock::now();
-  loss.backward();
-  r.backward_ms = ms_since(t);
-
-  t = Clock::now();
+  auto t = Clock::now();
+  if (faults.inf_grad) {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : model.named_parameters())
+      if (item.key() == *faults.inf_grad && item.value().grad().defined())
+        item.value().grad().view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+  }
+  const bool found_inf = policy.scaler ? policy.scaler->unscale_and_check(params) : false;
   r.grad_norm_pre = global_grad_norm(params);
-  if (!std::isfinite(r.grad_norm_pre)) {
+  if (found_inf || !std::isfinite(r.grad_norm_pre)) {
+    if (policy.scaler) policy.scaler->update(/*found_inf=*/true);
     r.skipped = true;
     r.skip_reason = "non_finite_grad";
     r.grad_norm_post = r.grad_norm_pre;
     r.optimizer_ms = ms_since(t);
     return r;
   }
-  if (max_norm > 0 && max_norm / (r.grad_norm_pre + 1e-6) < 1.0) {
-    clip_grads(params, max_norm, r.grad_norm_pre);
+  if (policy.max_norm > 0 && policy.max_norm / (r.grad_norm_pre + 1e-6) < 1.0) {
+    clip_grads(params, policy.max_norm, r.grad_norm_pre);
     r.grad_norm_post = global_grad_norm(params);
   } else {
     r.grad_norm_post = r.grad_norm_pre;
   }
   optimizer.step();
+  if (policy.scaler) policy.scaler->update(/*found_inf=*/false);
   r.optimizer_ms = ms_since(t);
   return r;
 }

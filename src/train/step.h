@@ -1,19 +1,59 @@
-// One optimizer step as a function of its inputs: the model, the optimizer, a batch, the learning
-// rate and the clipping policy. Order (FIELD-NOTES.md, "The AMP-safe step"): zero gradients (set
-// to none), forward, skip on a non-finite loss, backward, skip on a non-finite gradient norm,
-// clip the global L2 norm and record it before and after, optimizer step.
+// One optimizer step as a function of its inputs: model, optimizer, the micro-batches of one
+// effective batch, the policies (clipping, autocast, loss scaler, spike guard) and the faults to
+// inject. The order is FIELD-NOTES.md's "AMP-safe step":
+//   1. zero gradients (set to none), once per effective step
+//   2. per micro-batch: forward under autocast; loss_i = sum of per-sample (per-token) losses / N,
+//      N = samples (tokens) of the whole effective batch, so the sum over micro-batches is the
+//      large-batch mean whatever the micro-batch sizes; a non-finite loss skips the step
+//      (`non_finite_loss`) BEFORE backward and the scaler is NOT updated; the spike guard judges
+//      the effective loss before the last backward (`loss_spike`, nothing applied)
+//   3. backward on the scaled loss; gradients add up in .grad; after the last micro-batch only,
+//      `after_last_backward` runs (the data-parallel all-reduce: one sync per effective step)
+//   4. unscale the gradients and check them; non-finite: scaler.update(found_inf), skip
+//      (`non_finite_grad`)
+//   5. clip the global L2 norm, recording it before and after
+//   6. optimizer step, then scaler.update()
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace retrace::train {
 
+class LossScaler;
+class SpikeGuard;
+
+struct MicroBatch {
+  torch::Tensor inputs;
+  torch::Tensor targets;  // class indices; the loss is over targets.numel() items
+};
+
+struct StepPolicy {
+  double max_norm = 1.0;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  at::ScalarType autocast_dtype = at::ScalarType::Undefined;  // Undefined: no autocast
+  LossScaler* scaler = nullptr;
+  const SpikeGuard* spike = nullptr;
+  // Total loss items (samples or tokens) of the effective batch over all ranks; 0: this rank's.
+  int64_t global_count = 0;
+  std::function<void()> after_last_backward;
+};
+
+struct StepFaults {
+  bool nan_loss = false;
+  double loss_factor = 1.0;                 // spike fault
+  std::optional<std::string> inf_grad;      // parameter name
+};
+
 struct StepResult {
-  float loss = 0;
+  float loss = 0;                 // mean over the effective batch (float32, as computed)
+  std::vector<double> micro_losses;  // mean loss of each micro-batch
+  std::vector<uint32_t> micro_sizes;
   double grad_norm_pre = 0;
   double grad_norm_post = 0;
   bool skipped = false;
@@ -23,9 +63,9 @@ struct StepResult {
 
 using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
-StepResult train_step(torch::nn::Module& model, const ForwardFn& forward,
-                      torch::optim::Optimizer& optimizer, const torch::Tensor& inputs,
-                      const torch::Tensor& targets, double max_norm);
+StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch::optim::Optimizer& optimizer,
+                      const std::vector<MicroBatch>& micro_batches, const StepPolicy& policy,
+                      const StepFaults& faults = {});
 
 // Global L2 norm of all gradients (float32, as torch.nn.utils.clip_grad_norm_ computes it), and
 // in-place clipping to max_norm with coefficient max_norm / (norm + 1e-6) when that is below 1.

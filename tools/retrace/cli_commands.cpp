@@ -21,8 +21,10 @@ namespace {
 
 using ull = unsigned long long;
 
-train::Config resolve_config(const std::string& path, std::vector<std::string> sets, int64_t steps) {
+train::Config resolve_config(const std::string& path, std::vector<std::string> sets, int64_t steps,
+                             const std::string& inject = "") {
   if (steps >= 0) sets.push_back("train.steps=" + std::to_string(steps));
+  if (!inject.empty()) sets.push_back("faults.inject=\"" + inject + "\"");
   if (path.empty()) return train::parse_config("", "the built-in default config", sets);
   return train::load_config(path, sets);
 }
@@ -100,7 +102,7 @@ void print_summary(const train::RunSummary& s) {
 }
 
 int run_record(const RecordArgs& a) {
-  train::Config config = resolve_config(a.config_path, a.sets, a.steps);
+  train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
   if (a.print_config) {
     std::printf("%s", train::to_toml(config).c_str());
     return 0;
@@ -205,6 +207,9 @@ void register_commands(CLI::App& app, CliArgs& args) {
   rec->add_option("--out", r.out, "run directory (default: run)");
   rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)");
   rec->add_flag("--force", r.force, "replace an existing run directory");
+  rec->add_option("--inject", r.inject,
+                  "faults: KIND@STEP[:ARG],... with KIND nan-loss, inf-grad[:PARAM], spike[:FACTOR], crash, "
+                  "perturb-param:PARAM (sets faults.inject; recorded and replayed)");
   rec->add_flag("--plain", r.plain, "print one row per step even on a terminal");
   rec->add_flag("--print-config", r.print_config, "print the resolved config and exit");
   rec->add_option("--interrupt-at", r.interrupt_at,
@@ -216,7 +221,8 @@ void register_commands(CLI::App& app, CliArgs& args) {
   rec->footer("Examples:\n  retrace record --steps 20\n"
               "  retrace record --config configs/fashion-mlp.toml --set optim.name=sgd --set optim.lr=0.05 --out run-sgd\n"
               "  retrace record --total-steps 24 --interrupt-at 10 --out run24 && retrace resume run24\n"
-              "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n\nConfig keys:\n" +
+              "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n"
+              "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n\nConfig keys:\n" +
               train::describe_keys());
 
   auto* res = app.add_subcommand("resume", "continue a run from its newest checkpoint that verifies");

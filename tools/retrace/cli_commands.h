@@ -21,6 +21,7 @@ struct RecordArgs {
   int64_t interrupt_at = 0;
   std::vector<int64_t> checkpoint_at;
   bool verify_resume = false;
+  std::string inject;
 };
 
 struct ResumeArgs {

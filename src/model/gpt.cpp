@@ -1,0 +1,151 @@
+#include "model/gpt.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/activation_checkpoint.h"
+
+namespace retrace::model {
+
+namespace F = torch::nn::functional;
+
+void validate(const GptOptions& o) {
+  RETRACE_CHECK(o.vocab_size > 0, ConfigError, "bad value for model.vocab_size: ", o.vocab_size,
+                " (need > 0; it comes from the data set's vocabulary)");
+  RETRACE_CHECK(o.context > 0, ConfigError, "bad value for model.context: ", o.context, " (need > 0)");
+  RETRACE_CHECK(o.d_model > 0, ConfigError, "bad value for model.d_model: ", o.d_model, " (need > 0)");
+  RETRACE_CHECK(o.n_layers > 0, ConfigError, "bad value for model.n_layers: ", o.n_layers, " (need > 0)");
+  RETRACE_CHECK(o.n_heads > 0, ConfigError, "bad value for model.n_heads: ", o.n_heads, " (need > 0)");
+  RETRACE_CHECK(o.d_model % o.n_heads == 0, ConfigError, "bad value for model.n_heads: ", o.n_heads,
+                " does not divide model.d_model = ", o.d_model, "; choose a divisor of d_model");
+  RETRACE_CHECK(o.dropout >= 0.0 && o.dropout < 1.0, ConfigError, "bad value for model.dropout: ", o.dropout,
+                " (need 0 <= dropout < 1)");
+  RETRACE_CHECK(is_checkpoint_policy(o.checkpoint), ConfigError, "bad value for model.checkpoint: \"",
+                o.checkpoint, "\" is not one of \"none\", \"full\", \"sqrt\", \"selective\"");
+  RETRACE_CHECK(o.checkpoint_every >= 1, ConfigError, "bad value for model.checkpoint_every: ",
+                o.checkpoint_every, " (need >= 1 layers per segment)");
+}
+
+BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout)
+    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout) {
+  // One statement per layer, in a fixed order: each draws its initial weights in turn.
+  ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+  qkv_ = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model)));
+  proj_ = register_module("attn_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model)));
+  ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+  fc_ = register_module("mlp_fc", torch::nn::Linear(torch::nn::LinearOptions(d_model, 4 * d_model)));
+  fc_out_ = register_module("mlp_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * d_model, d_model)));
+}
+
+torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
+  const int64_t b = qkv.size(0);
+  const int64_t t = qkv.size(1);
+  const int64_t dh = d_model_ / n_heads_;
+  auto parts = qkv.split(d_model_, /*dim=*/-1);
+  torch::Tensor q = parts[0].view({b, t, n_heads_, dh}).transpose(1, 2);  // [B, h, T, dh]
+  torch::Tensor k = parts[1].view({b, t, n_heads_, dh}).transpose(1, 2);
+  torch::Tensor v = parts[2].view({b, t, n_heads_, dh}).transpose(1, 2);
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+  torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
+  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att = torch::softmax(att, /*dim=*/-1);
+  att = F::dropout(att, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  torch::Tensor y = torch::matmul(att, v);  // [B, h, T, dh]
+  return y.transpose(1, 2).contiguous().view({b, t, d_model_});
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
+  torch::Tensor qkv = qkv_->forward(ln_1_->forward(x));
+  torch::Tensor y;
+  if (checkpoint_attention) {
+    y = checkpoint([this](const torch::Tensor& in) { return attention_core(in); }, qkv);
+  } else {
+    y = attention_core(qkv);
+  }
+  y = F::dropout(proj_->forward(y), F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  torch::Tensor h = x + y;
+  torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));
+  m = F::dropout(fc_out_->forward(m), F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  return h + m;
+}
+
+GptImpl::GptImpl(const GptOptions& options) : options_(options) {
+  validate(options_);
+  const int64_t d = options_.d_model;
+  wte_ = register_module("wte", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.vocab_size, d)));
+  wpe_ = register_module("wpe", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.context, d)));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < options_.n_layers; ++i) {
+    Block block(d, options_.n_heads, options_.dropout);
+    blocks_->push_back(block);
+  }
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, options_.vocab_size)));
+
+  // GPT-2 style initialization, in named_parameters() order (a fixed order of draws).
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters(/*recurse=*/true)) {
+    const std::string& name = p.key();
+    torch::Tensor& w = p.value();
+    if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      w.zero_();
+    } else if (w.dim() == 2) {
+      w.normal_(0.0, 0.02);
+    }
+  }
+}
+
+torch::Tensor GptImpl::run_blocks(torch::Tensor x, int64_t begin, int64_t end, bool checkpoint_attention) {
+  for (int64_t i = begin; i < end; ++i) {
+    x = blocks_[static_cast<size_t>(i)]->as<BlockImpl>()->forward(x, checkpoint_attention);
+  }
+  return x;
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+  RETRACE_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, InvariantError,
+                "gpt forward: expected int64 token ids [batch, time], got ", idx.dim(), "-d ", idx.scalar_type());
+  const int64_t t = idx.size(1);
+  RETRACE_CHECK(t >= 1 && t <= options_.context, ConfigError, "gpt forward: sequence length ", t,
+                " is outside 1..model.context = ", options_.context);
+  torch::Tensor pos = torch::arange(t, idx.options());
+  torch::Tensor x = wte_->forward(idx) + wpe_->forward(pos);
+  x = F::dropout(x, F::DropoutFuncOptions().p(options_.dropout).training(is_training()));
+
+  const bool active = is_training() && torch::GradMode::is_enabled();
+  const int64_t n = options_.n_layers;
+  if (active && (options_.checkpoint == "full" || options_.checkpoint == "sqrt")) {
+    int64_t begin = 0;
+    for (int64_t length : checkpoint_segment_lengths(options_.checkpoint, n, options_.checkpoint_every)) {
+      const int64_t end = begin + length;
+      x = checkpoint([this, begin, end](const torch::Tensor& in) { return run_blocks(in, begin, end, false); }, x);
+      begin = end;
+    }
+  } else {
+    x = run_blocks(x, 0, n, /*checkpoint_attention=*/active && options_.checkpoint == "selective");
+  }
+  return head_->forward(ln_f_->forward(x));
+}
+
+std::string GptImpl::describe() const {
+  std::ostringstream out;
+  out << "gpt vocab=" << options_.vocab_size << " context=" << options_.context << " d_model=" << options_.d_model
+      << " n_layers=" << options_.n_layers << " n_heads=" << options_.n_heads << " dropout=" << options_.dropout
+      << " checkpoint=" << options_.checkpoint;
+  if (options_.checkpoint == "full") out << "(every " << options_.checkpoint_every << ")";
+  if (options_.checkpoint == "sqrt") out << "(every " << sqrt_segment_length(options_.n_layers) << ")";
+  out << " params=" << count_parameters(*this);
+  return out.str();
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+}  // namespace retrace::model

@@ -1,0 +1,99 @@
+// A small GPT (decoder-only transformer) over byte-level tokens, with activation-checkpoint
+// policies.
+//
+// Layout (parameter names as in named_parameters()):
+//   wte            token embedding [vocab_size, d_model]
+//   wpe            learned position embedding [context, d_model]
+//   blocks.i       pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); attn is causal
+//                  multi-head self-attention written with plain ops (attn_qkv Linear,
+//                  QK^T/sqrt(dh), causal masked_fill, softmax, dropout on the weights, @V,
+//                  attn_proj Linear, dropout); mlp is mlp_fc Linear d->4d, GELU (erf),
+//                  mlp_proj Linear 4d->d, dropout. Block parameters: ln_1, attn_qkv, attn_proj,
+//                  ln_2, mlp_fc, mlp_proj (each .weight and .bias)
+//   ln_f, head     final LayerNorm and the (untied) output Linear d -> vocab_size
+// Modules are constructed one statement at a time in the order above, and then every 2-D weight
+// (embeddings and Linear weights) is drawn from N(0, 0.02) in named_parameters() order and every
+// bias set to zero, so the initial weights are a function of the generator state alone.
+//
+// Checkpoint policy (applied only when is_training() and grad mode is on; otherwise plain):
+//   none       keep every activation
+//   full       segments of checkpoint_every consecutive blocks, each recomputed in backward
+//   sqrt       segments of ceil(sqrt(n_layers)) blocks (8 layers -> segments of 3, 3, 2)
+//   selective  only each block's attention core, softmax(QK^T)V with its dropout, is recomputed
+// Every policy gives outputs, losses and gradients bitwise equal to "none" (see
+// activation_checkpoint.h); only memory and time differ. Do not switch train/eval mode between a
+// forward and its backward: the recomputation reads the mode at backward time.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+
+namespace retrace::model {
+
+struct GptOptions {
+  int64_t vocab_size = 0;  // required, > 0
+  int64_t context = 128;   // longest sequence forward() accepts
+  int64_t d_model = 128;
+  int64_t n_layers = 8;
+  int64_t n_heads = 4;     // must divide d_model
+  double dropout = 0.1;    // embeddings, attention weights, attention and MLP outputs
+  std::string checkpoint = "none";  // none | full | sqrt | selective
+  int64_t checkpoint_every = 4;     // layers per segment with "full"
+};
+
+// Throws ConfigError naming the key ("model.n_heads", ...) for an invalid option.
+void validate(const GptOptions& options);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int64_t d_model, int64_t n_heads, double dropout);
+  // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
+  // through checkpoint() (the selective policy).
+  torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
+  // The attention core: qkv [B, T, 3*d_model] -> merged heads [B, T, d_model].
+  torch::Tensor attention_core(const torch::Tensor& qkv);
+
+ private:
+  int64_t d_model_;
+  int64_t n_heads_;
+  double dropout_;
+  torch::nn::LayerNorm ln_1_{nullptr};
+  torch::nn::Linear qkv_{nullptr};
+  torch::nn::Linear proj_{nullptr};
+  torch::nn::LayerNorm ln_2_{nullptr};
+  torch::nn::Linear fc_{nullptr};
+  torch::nn::Linear fc_out_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  explicit GptImpl(const GptOptions& options);
+  // idx [B, T] int64 token ids, T <= context -> logits [B, T, vocab_size].
+  torch::Tensor forward(const torch::Tensor& idx);
+  std::string describe() const;
+  const GptOptions& options() const { return options_; }
+
+ private:
+  torch::Tensor run_blocks(torch::Tensor x, int64_t begin, int64_t end, bool checkpoint_attention);
+
+  GptOptions options_;
+  torch::nn::Embedding wte_{nullptr};
+  torch::nn::Embedding wpe_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+// Number of scalar parameters of a module (all of them, trainable or not).
+int64_t count_parameters(const torch::nn::Module& module);
+
+}  // namespace retrace::model

@@ -1,0 +1,53 @@
+// A back-of-the-envelope training memory estimate for a GPT-like transformer: parameters,
+// gradients, AdamW state, activations under each checkpoint policy, and ZeRO-1 sharding.
+// Pure arithmetic (no torch); the figures are estimates to plan with, not measurements.
+//
+// Formulas (P parameters, B batch, T sequence, d width, L layers, h heads, s dtype bytes):
+//   param_bytes        = P * s
+//   grad_bytes         = P * s
+//   optimizer_bytes    = 8 * P                    (AdamW: two fp32 moments)
+//   zero1_optimizer_bytes_per_rank = 12 * P / N   (fp32 master copy + two fp32 moments, split
+//                                                  across N ranks; the field-notes figure)
+//   activation_bytes_per_layer = 12 * B * T * d * s   (the field-notes figure for a block that
+//                                                  keeps all of its activations)
+//   attention_core_fraction f = 5*h*T / (34*d + 5*h*T)
+//       the attention core's (QK^T scores, softmax, dropout mask, dropped weights) share of a
+//       block's activations, from the per-layer model s*b*d*(34 + 5*h*T/d) bytes of Korthikanti
+//       et al., "Reducing Activation Recomputation in Large Transformer Models" (2022). It keeps
+//       the selective figure positive and grows with T/d as the T*T scores do.
+//   activation_bytes_total by policy:
+//     none       L * per_layer
+//     full (k)   ceil(L/k) * B*T*d*s  +  min(k, L) * per_layer
+//                (the input of every segment is kept; in backward one segment at a time is
+//                recomputed and holds its k layers' activations)
+//     sqrt       as full with k = ceil(sqrt(L))
+//     selective  L * per_layer * (1 - f)   (the attention core is recomputed, the rest is kept)
+// Example (field notes): d = T = 8192, B = 1, L = 64, BF16 -> per layer 12*8192*8192*2 =
+// 1.61e9 bytes, 64 layers 1.03e11 bytes with "none".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace retrace::model {
+
+struct MemoryEstimate {
+  int64_t params = 0;
+  double param_bytes = 0;
+  double grad_bytes = 0;
+  double optimizer_bytes = 0;
+  double activation_bytes_per_layer = 0;  // without checkpointing
+  double activation_bytes_total = 0;      // under the policy
+  double zero1_optimizer_bytes_per_rank = 0;
+  double attention_core_fraction = 0;     // f above
+  int64_t segment_length = 0;             // k used by full / sqrt, 0 otherwise
+  double total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes_total; }
+};
+
+// Throws ConfigError naming the argument for non-positive sizes, an unknown policy, k < 1 with
+// "full", or d_model not divisible by n_heads.
+MemoryEstimate estimate_memory(int64_t params, int64_t batch, int64_t seq, int64_t d_model, int64_t n_layers,
+                               int64_t n_heads, int64_t dtype_bytes, const std::string& policy, int64_t k,
+                               int64_t world_size);
+
+}  // namespace retrace::model

@@ -1,0 +1,51 @@
+#include "train/faults.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace retrace::train {
+
+std::vector<trace::Fault> parse_faults(const std::string& spec) {
+  std::vector<trace::Fault> out;
+  std::stringstream in(spec);
+  std::string item;
+  const char* kinds = "nan-loss, inf-grad, spike, crash, perturb-param";
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    auto at = item.find('@');
+    RETRACE_CHECK(at != std::string::npos && at > 0, ConfigError, "bad fault \"", item,
+                  "\": expected KIND@STEP[:ARG] with KIND one of ", kinds);
+    trace::Fault f;
+    f.kind = item.substr(0, at);
+    std::string rest = item.substr(at + 1);
+    auto colon = rest.find(':');
+    std::string step = rest.substr(0, colon);
+    if (colon != std::string::npos) f.arg = rest.substr(colon + 1);
+    RETRACE_CHECK(f.kind == "nan-loss" || f.kind == "inf-grad" || f.kind == "spike" || f.kind == "crash" ||
+                      f.kind == "perturb-param",
+                  ConfigError, "bad fault \"", item, "\": unknown kind \"", f.kind, "\"; valid kinds: ", kinds);
+    try {
+      size_t used = 0;
+      f.step = std::stoull(step, &used);
+      RETRACE_CHECK(used == step.size() && f.step > 0, ConfigError, "");
+    } catch (const std::exception&) {
+      RETRACE_FAIL(ConfigError, "bad fault \"", item, "\": the step must be a number >= 1, got \"", step, "\"");
+    }
+    if (f.kind == "perturb-param")
+      RETRACE_CHECK(!f.arg.empty(), ConfigError, "bad fault \"", item,
+                    "\": perturb-param needs a parameter name, e.g. perturb-param@57:layers.0.weight");
+    if (f.kind == "spike" && !f.arg.empty()) {
+      try {
+        double v = std::stod(f.arg);
+        RETRACE_CHECK(v > 0, ConfigError, "");
+      } catch (const std::exception&) {
+        RETRACE_FAIL(ConfigError, "bad fault \"", item, "\": the spike factor must be a positive number");
+      }
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+}  // namespace retrace::train

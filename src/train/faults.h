@@ -1,0 +1,23 @@
+// Fault injection (`--inject KIND@STEP[:ARG],...`, config key faults.inject). Faults are part of
+// the config, so they are recorded in config.toml and the trace header and replay reproduces them.
+//   nan-loss@S            the loss of step S becomes NaN (skip: non_finite_loss)
+//   inf-grad@S[:PARAM]    one gradient element of PARAM (default: a parameter chosen by a Philox
+//                         draw keyed by (seed, S)) becomes +inf before unscale (skip: non_finite_grad)
+//   spike@S[:FACTOR]      the loss of step S is multiplied by FACTOR (default 10)
+//   crash@S               the process kills itself (SIGKILL) right after step S is traced, once per
+//                         run directory: resume does not crash again
+//   perturb-param@S:PARAM the lowest bit of element 0 of PARAM is flipped before step S
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trace/records.h"
+
+namespace retrace::train {
+
+// Parses a comma-separated list; ConfigError naming the bad item and the valid kinds.
+std::vector<trace::Fault> parse_faults(const std::string& spec);
+
+}  // namespace retrace::train

@@ -1,0 +1,307 @@
+#include "replay/diff.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "replay/diff_test_util.h"
+#include "replay/html_report.h"
+#include "testing/temp_dir.h"
+#include "trace/trace_reader.h"
+
+namespace retrace::replay {
+namespace {
+
+using testing::demo_header;
+using testing::demo_step;
+using testing::demo_steps;
+using testing::write_trace;
+using trace::TraceReader;
+
+struct Pair {
+  retrace::testing::TempDir dir;
+  std::string a = dir.file("a.rtrace");
+  std::string b = dir.file("b.rtrace");
+};
+
+bool has_key(const std::vector<ValueDiff>& v, const std::string& key) {
+  for (const auto& d : v)
+    if (d.key == key) return true;
+  return false;
+}
+
+TEST(Diff, IdenticalTracesHaveNoDivergence) {
+  Pair p;
+  write_trace(p.a, demo_header(), demo_steps(20), {{10, 0, 1000, 0.5, 0.81}}, {{4, "warning", "w"}});
+  write_trace(p.b, demo_header(), demo_steps(20), {{10, 0, 1000, 0.5, 0.81}}, {{4, "warning", "w"}});
+  const auto ra = TraceReader::open(p.a), rb = TraceReader::open(p.b);
+  const DiffReport r = diff_traces(ra, rb);
+  EXPECT_TRUE(r.identical());
+  EXPECT_FALSE(r.first_divergent_step());
+  EXPECT_TRUE(r.first_by_field.empty());
+  EXPECT_TRUE(r.header.empty());
+  EXPECT_EQ(r.steps.compared, 20u);
+  ASSERT_TRUE(r.common);
+  EXPECT_EQ(r.common->first, 1u);
+  EXPECT_EQ(r.common->last, 20u);
+  EXPECT_EQ(r.steps.max_loss_diff, 0.0);
+  ASSERT_EQ(r.evals.size(), 1u);
+  EXPECT_FALSE(r.evals[0].differs());
+  EXPECT_NE(render_text(r).find("IDENTICAL"), std::string::npos);
+  EXPECT_TRUE(to_json(r)["identical"].get<bool>());
+}
+
+TEST(Diff, ChangedLossAtStep7IsTheFirstDivergence) {
+  Pair p;
+  auto steps = demo_steps(20);
+  testing::set_loss(steps[6], steps[6].loss + 0.25);
+  ASSERT_EQ(steps[6].step, 7u);
+  write_trace(p.a, demo_header(), demo_steps(20));
+  write_trace(p.b, demo_header(), steps);
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  EXPECT_FALSE(r.identical());
+  ASSERT_TRUE(r.first_divergent_step());
+  EXPECT_EQ(*r.first_divergent_step(), 7u);
+  EXPECT_EQ(r.steps.first_diff->field, "loss");
+  ASSERT_TRUE(r.first_by_field.count("loss"));
+  EXPECT_EQ(r.first_by_field.at("loss").step, 7u);
+  ASSERT_TRUE(r.first_by_field.count("chain_digest"));
+  EXPECT_EQ(r.first_by_field.at("chain_digest").step, 7u);  // the chain carries the change onward
+  EXPECT_FALSE(r.first_by_field.count("param_digest"));
+  EXPECT_NEAR(r.steps.max_loss_diff, 0.25, 1e-12);
+  EXPECT_EQ(r.steps.max_loss_diff_step, 7u);
+  EXPECT_EQ(r.steps.final_loss_diff, 0.0);
+  EXPECT_TRUE(r.header.empty());
+  const std::string text = render_text(r);
+  EXPECT_NE(text.find("DIVERGED at step 7 (loss)"), std::string::npos) << text;
+  const auto j = to_json(r);
+  EXPECT_EQ(j["steps"]["first_divergence"]["step"], 7);
+  EXPECT_EQ(j["first_divergence_by_field"]["loss"]["step"], 7);
+}
+
+TEST(Diff, PerFieldFirstDivergenceTracksEachField) {
+  Pair p;
+  auto steps = demo_steps(20);
+  steps[11].lr = 2e-3;             // step 12
+  steps[4].param_digest = {9, 9};  // step 5
+  write_trace(p.a, demo_header(), demo_steps(20));
+  write_trace(p.b, demo_header(), steps);
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  EXPECT_EQ(*r.first_divergent_step(), 5u);
+  EXPECT_EQ(r.first_by_field.at("param_digest").step, 5u);
+  EXPECT_EQ(r.first_by_field.at("lr").step, 12u);
+  EXPECT_EQ(r.first_by_field.at("lr").b, "0.002");
+}
+
+TEST(Diff, ConfigDifferencesListKeysWithSections) {
+  Pair p;
+  auto hb = demo_header();
+  hb.config_toml =
+      "[run]\nseed = 7\nsteps = 200\n\n[optim]\nname = \"sgd\"\nlr = 0.001\nmomentum = "
+      "0.9\n\n[model]\nhidden = [128]\n";
+  write_trace(p.a, demo_header(), demo_steps(5));
+  write_trace(p.b, hb, demo_steps(5));
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  ASSERT_EQ(r.header.config.size(), 2u);
+  EXPECT_EQ(r.header.config[0].key, "optim.momentum");
+  EXPECT_FALSE(r.header.config[0].a);
+  EXPECT_EQ(*r.header.config[0].b, "0.9");
+  EXPECT_EQ(r.header.config[1].key, "optim.name");
+  EXPECT_EQ(*r.header.config[1].a, "\"adamw\"");
+  EXPECT_FALSE(r.identical());
+  EXPECT_FALSE(r.first_divergent_step());
+  const std::string text = render_text(r);
+  EXPECT_NE(text.find("optim.name"), std::string::npos) << text;
+  EXPECT_NE(text.find("(absent)"), std::string::npos) << text;
+}
+
+TEST(Diff, FlattenConfigTracksSections) {
+  const auto m = flatten_config("# c\ntop = 1\n[a]\nx = \"v = w\"\n[a.b]\n y=2 \n\nnot a key\n");
+  EXPECT_EQ(m.size(), 3u);
+  EXPECT_EQ(m.at("top"), "1");
+  EXPECT_EQ(m.at("a.x"), "\"v = w\"");
+  EXPECT_EQ(m.at("a.b.y"), "2");
+}
+
+TEST(Diff, FingerprintDifferencesIgnoreInfoKeys) {
+  Pair p;
+  auto hb = demo_header();
+  hb.fingerprint = {{"libtorch", "2.4.0"},
+                    {"blas", "openblas"},
+                    {"threads", "1"},
+                    {"info.host", "box-2"},
+                    {"info.pid", "42"}};
+  write_trace(p.a, demo_header(), demo_steps(5));
+  write_trace(p.b, hb, demo_steps(5));
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  ASSERT_EQ(r.header.fingerprint.size(), 1u);
+  EXPECT_EQ(r.header.fingerprint[0].key, "libtorch");
+  EXPECT_TRUE(r.environment_differs());
+  EXPECT_NE(render_text(r).find("bitwise differences are expected"), std::string::npos);
+
+  // Only info.* differs: the environments are equal.
+  Pair q;
+  auto hc = demo_header();
+  hc.fingerprint.back().value = "box-9";
+  write_trace(q.a, demo_header(), demo_steps(5));
+  write_trace(q.b, hc, demo_steps(5));
+  const DiffReport r2 = diff_traces(TraceReader::open(q.a), TraceReader::open(q.b));
+  EXPECT_TRUE(r2.header.fingerprint.empty());
+  EXPECT_TRUE(r2.identical());
+}
+
+TEST(Diff, DifferentModelsAreStillDiffable) {
+  Pair p;
+  auto hb = demo_header();
+  hb.model_description = "mlp 784-256-10";
+  hb.params = {
+      {"fc1.weight", {256, 784}, "float32"}, {"fc1.bias", {256}, "float32"}, {"fc2.bias", {10}, "float32"}};
+  hb.data_files[0].sha256 = "bb22";
+  hb.faults = {{"nan-loss", 3, ""}};
+  write_trace(p.a, demo_header(), demo_steps(5));
+  write_trace(p.b, hb, demo_steps(5));
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  EXPECT_TRUE(r.models_differ());
+  EXPECT_TRUE(has_key(r.header.model, "description"));
+  EXPECT_TRUE(has_key(r.header.model, "param fc1.weight"));
+  EXPECT_TRUE(has_key(r.header.model, "param fc2.bias"));
+  ASSERT_EQ(r.header.data_files.size(), 1u);
+  EXPECT_EQ(r.header.data_files[0].key, "data/train-images-idx3-ubyte");
+  ASSERT_EQ(r.header.faults.size(), 1u);
+  EXPECT_EQ(r.header.faults[0].key, "nan-loss@3");
+  EXPECT_NE(render_text(r).find("model"), std::string::npos);
+}
+
+TEST(Diff, SkipDifferencesCarryReasons) {
+  Pair p;
+  auto steps = demo_steps(20);
+  testing::make_skip(steps[9], "non_finite_loss");  // step 10
+  write_trace(p.a, demo_header(), demo_steps(20));
+  write_trace(p.b, demo_header(), steps);
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  ASSERT_EQ(r.skips.size(), 1u);
+  EXPECT_EQ(r.skips[0].step, 10u);
+  EXPECT_EQ(r.skips[0].a, trace::Outcome::kStep);
+  EXPECT_EQ(r.skips[0].b, trace::Outcome::kSkip);
+  EXPECT_EQ(r.skips[0].reason_b, "non_finite_loss");
+  EXPECT_EQ(r.first_by_field.at("outcome").step, 10u);
+  EXPECT_NE(render_text(r).find("SKIP non_finite_loss"), std::string::npos) << render_text(r);
+}
+
+TEST(Diff, DifferentLengthsReportCommonRangeAndExtraSteps) {
+  Pair p;
+  write_trace(p.a, demo_header(), demo_steps(30));
+  write_trace(p.b, demo_header(), demo_steps(20));
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  ASSERT_TRUE(r.common);
+  EXPECT_EQ(r.common->first, 1u);
+  EXPECT_EQ(r.common->last, 20u);
+  EXPECT_EQ(r.steps.compared, 20u);
+  EXPECT_EQ(r.steps.only_in_a, 10u);
+  ASSERT_EQ(r.only_in_a.size(), 1u);
+  EXPECT_EQ(r.only_in_a[0].first, 21u);
+  EXPECT_EQ(r.only_in_a[0].last, 30u);
+  EXPECT_TRUE(r.only_in_b.empty());
+  EXPECT_FALSE(r.first_divergent_step());
+  EXPECT_FALSE(r.identical());
+  const std::string text = render_text(r);
+  EXPECT_NE(text.find("only in a"), std::string::npos) << text;
+  EXPECT_NE(text.find("21..30"), std::string::npos) << text;
+}
+
+TEST(Diff, TraceWithoutStepsIsDiffable) {
+  Pair p;
+  write_trace(p.a, demo_header(), {});
+  write_trace(p.b, demo_header(), demo_steps(5));
+  const auto ra = TraceReader::open(p.a), rb = TraceReader::open(p.b);
+  const DiffReport r = diff_traces(ra, rb);
+  EXPECT_FALSE(r.span_a);
+  EXPECT_FALSE(r.common);
+  EXPECT_EQ(r.steps.only_in_b, 5u);
+  EXPECT_NE(render_text(r).find("no common steps"), std::string::npos);
+  EXPECT_NE(render_html(r, ra, rb, "a", "b").find("<svg"), std::string::npos);
+  EXPECT_TRUE(to_json(r)["steps"]["common"].is_null());
+}
+
+TEST(Diff, EventAndEvalDifferences) {
+  Pair p;
+  write_trace(p.a, demo_header(), demo_steps(20), {{10, 0, 1000, 0.5, 0.81}, {20, 0, 1000, 0.4, 0.85}},
+              {{8, "rollback", "spike at 8, back to 5"}});
+  write_trace(p.b, demo_header(), demo_steps(20), {{10, 0, 1000, 0.5, 0.81}, {20, 0, 1000, 0.4, 0.86}},
+              {{12, "resume", "from step 10"}});
+  const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  ASSERT_EQ(r.events.size(), 2u);
+  EXPECT_EQ(r.events[0].step, 8u);
+  EXPECT_EQ(r.events[0].kind, "rollback");
+  EXPECT_TRUE(r.events[0].b.empty());
+  EXPECT_EQ(r.events[1].kind, "resume");
+  ASSERT_EQ(r.evals.size(), 2u);
+  EXPECT_FALSE(r.evals[0].differs());
+  EXPECT_TRUE(r.evals[1].differs());
+  const auto j = to_json(r);
+  EXPECT_EQ(j["events"].size(), 2u);
+  EXPECT_TRUE(j["evals"][1]["differs"].get<bool>());
+}
+
+TEST(Diff, HtmlIsSelfContainedWithChartsAndMarkers) {
+  Pair p;
+  auto steps = demo_steps(200);
+  for (uint64_t s : {30u, 31u, 90u}) testing::make_skip(steps[s - 1], "non_finite_loss");
+  for (size_t i = 119; i < steps.size(); ++i) testing::set_loss(steps[i], steps[i].loss * 1.05);
+  write_trace(p.a, demo_header(), demo_steps(200));
+  write_trace(p.b, demo_header(), steps, {}, {{60, "rollback", "spike"}, {150, "resume", "from 140"}});
+  const auto ra = TraceReader::open(p.a), rb = TraceReader::open(p.b);
+  const DiffReport r = diff_traces(ra, rb);
+  const std::string html = render_html(r, ra, rb, "baseline-run", "candidate-run");
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("baseline-run"), std::string::npos);
+  EXPECT_NE(html.find("candidate-run"), std::string::npos);
+  EXPECT_NE(html.find("class=\"divergence\""), std::string::npos);
+  EXPECT_NE(html.find("first divergence: step 30"), std::string::npos);
+  EXPECT_NE(html.find("b: SKIP at step 90"), std::string::npos);
+  EXPECT_NE(html.find("b: rollback at step 60"), std::string::npos);
+  EXPECT_NE(html.find("b: resume at step 150"), std::string::npos);
+  EXPECT_EQ(html.find("http://"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+}
+
+TEST(Diff, HtmlEscapesConfigValues) {
+  Pair p;
+  auto hb = demo_header();
+  hb.config_toml += "[data]\nname = \"<script>alert('x') & \\\"y\\\"</script>\"\n";
+  write_trace(p.a, demo_header(), demo_steps(5));
+  write_trace(p.b, hb, demo_steps(5));
+  const auto ra = TraceReader::open(p.a), rb = TraceReader::open(p.b);
+  const DiffReport r = diff_traces(ra, rb);
+  ASSERT_TRUE(has_key(r.header.config, "data.name"));
+  const std::string html = render_html(r, ra, rb, "<a>", "b&b");
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(&#39;x&#39;) &amp; \\&quot;y\\&quot;&lt;/script&gt;"),
+            std::string::npos);
+  EXPECT_EQ(html.find("<a>"), std::string::npos);
+  EXPECT_NE(html.find("&lt;a&gt;"), std::string::npos);
+  EXPECT_NE(html.find("b&amp;b"), std::string::npos);
+  EXPECT_EQ(html_escape("<&>\"'"), "&lt;&amp;&gt;&quot;&#39;");
+}
+
+TEST(Diff, HtmlOfLongTracesStaysSmall) {
+  Pair p;
+  const uint64_t n = 100000;
+  auto steps = demo_steps(n);
+  for (uint64_t s = 1000; s < n; s += 97) testing::make_skip(steps[s - 1], "non_finite_loss");
+  write_trace(p.a, demo_header(), demo_steps(n));
+  write_trace(p.b, demo_header(), steps);
+  const auto ra = TraceReader::open(p.a), rb = TraceReader::open(p.b);
+  const DiffReport r = diff_traces(ra, rb);
+  const std::string html = render_html(r, ra, rb, "a", "b");
+  EXPECT_LT(html.size(), 600u * 1024) << "bytes: " << html.size();
+  std::printf("html of %llu-step traces: %zu bytes\n", static_cast<unsigned long long>(n), html.size());
+  EXPECT_NE(html.find("more rows"), std::string::npos);  // skip table is cut, the JSON has all
+}
+
+}  // namespace
+}  // namespace retrace::replay
