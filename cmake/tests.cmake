@@ -19,9 +19,19 @@ target_link_libraries(base_test PRIVATE retrace_base)
 retrace_gtest(torch_test
   tests/rng/rng_state_test.cpp
   tests/train/record_test.cpp
+  tests/train/step_test.cpp
 )
 target_link_libraries(torch_test PRIVATE retrace_lib)
 target_precompile_headers(torch_test REUSE_FROM retrace_lib)
+
+# RapidCheck properties of the step, RNG state, sampler, checkpoints and resume. Bounded by default
+# (max_success=30); RC_PARAMS overrides, e.g. RC_PARAMS="max_success=2000" for a long run.
+add_executable(train_props property_tests/train_props.cpp)
+target_include_directories(train_props PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+target_link_libraries(train_props PRIVATE retrace_lib rapidcheck)
+target_precompile_headers(train_props REUSE_FROM retrace_lib)
+add_test(NAME train_props COMMAND train_props)
+set_tests_properties(train_props PROPERTIES TIMEOUT 300)
 
 add_test(NAME cli_errors COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/cli_errors_test.sh $<TARGET_FILE:retrace>)
 set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)

@@ -25,6 +25,7 @@ add_library(retrace_lib STATIC
   src/train/optimizer.cpp
   src/train/step.cpp
   src/train/loss_scaler.cpp
+  src/train/probe.cpp
   src/train/trainer.cpp
   src/train/run.cpp
   src/ckpt/train_state.cpp
@@ -38,9 +39,12 @@ target_precompile_headers(retrace_lib PRIVATE <torch/torch.h>)
 include(cmake/replay_diff.cmake)
 add_library(retrace_replay STATIC
   replay/resume_check.cpp
+  replay/replay.cpp
+  replay/golden.cpp
+  replay/bisect.cpp
 )
 target_include_directories(retrace_replay PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_lib)
+target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_lib tomlplusplus::tomlplusplus)
 target_precompile_headers(retrace_replay REUSE_FROM retrace_lib)
 
 add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 namespace retrace::replay {
@@ -24,6 +25,15 @@ std::string join(const std::vector<T>& v) {
   return s;
 }
 
+// Bitwise equality of doubles: NaN equals NaN of the same bits, +0 differs from -0.
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a[i], b[i])) return false;
+  return true;
+}
+
 std::map<uint64_t, const trace::StepRecord*> by_step(const std::vector<trace::StepRecord>& v) {
   std::map<uint64_t, const trace::StepRecord*> m;
   for (const auto& r : v) m[r.step] = &r;  // a later record of the same step wins
@@ -38,7 +48,7 @@ std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::Step
     if (!same) d.push_back({a.step, field, va, vb});
   };
 #define RETRACE_CMP_INT(f) check(#f, a.f == b.f, std::to_string(a.f), std::to_string(b.f))
-#define RETRACE_CMP_DBL(f) check(#f, a.f == b.f || (std::isnan(a.f) && std::isnan(b.f)), num(a.f), num(b.f))
+#define RETRACE_CMP_DBL(f) check(#f, same_bits(a.f, b.f), num(a.f), num(b.f))
 #define RETRACE_CMP_DIG(f) check(#f, a.f == b.f, a.f.hex(), b.f.hex())
   RETRACE_CMP_INT(epoch);
   RETRACE_CMP_INT(batch_in_epoch);
@@ -66,7 +76,7 @@ std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::Step
   check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),
         join(b.micro_batch_sizes));
   if (mode == CompareMode::kBitwise) {
-    check("micro_losses", a.micro_losses == b.micro_losses, join(a.micro_losses), join(b.micro_losses));
+    check("micro_losses", same_bits(a.micro_losses, b.micro_losses), join(a.micro_losses), join(b.micro_losses));
     check("rank_grad_digests", a.rank_grad_digests == b.rank_grad_digests, join(a.rank_grad_digests),
           join(b.rank_grad_digests));
     RETRACE_CMP_DIG(chain_digest);
@@ -89,7 +99,8 @@ CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
     }
     const trace::StepRecord* rb = it->second;
     rep.compared++;
-    const double diff = std::fabs(ra->loss - rb->loss);
+    // Equal non-finite losses (both NaN, both +inf) count as no difference.
+    const double diff = same_bits(ra->loss, rb->loss) ? 0.0 : std::fabs(ra->loss - rb->loss);
     if (diff > rep.max_loss_diff || std::isnan(diff)) {
       rep.max_loss_diff = std::isnan(diff) ? INFINITY : diff;
       rep.max_loss_diff_step = step;

@@ -25,7 +25,10 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
   namespace F = torch::nn::functional;
   const size_t n = layers_->size();
   for (size_t i = 0; i < n; ++i) {
+    const std::string name = "layers." + std::to_string(i);
+    if (probe_) probe_->begin_module(name, "Linear");
     x = layers_[i]->as<torch::nn::Linear>()->forward(x);
+    if (probe_) probe_->end_module(name, "Linear", x);
     if (i + 1 == n) break;
     if (options_.activation == "relu") {
       x = torch::relu(x);

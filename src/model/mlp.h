@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "model/module_probe.h"
+
 namespace retrace::model {
 
 struct MlpOptions {
@@ -26,10 +28,12 @@ class MlpImpl : public torch::nn::Module {
   explicit MlpImpl(const MlpOptions& options);
   torch::Tensor forward(torch::Tensor x);
   std::string describe() const;
+  void set_probe(ModuleProbe* probe) { probe_ = probe; }
 
  private:
   MlpOptions options_;
   torch::nn::ModuleList layers_;
+  ModuleProbe* probe_ = nullptr;
 };
 TORCH_MODULE(Mlp);
 

@@ -8,12 +8,16 @@
 #include <memory>
 #include <string>
 
+#include "model/module_probe.h"
+
 namespace retrace::model {
 
 struct ModelHandle {
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::string description;
+  // Installs (or, with nullptr, removes) the probe the model calls around each module.
+  std::function<void(ModuleProbe*)> set_probe;
 };
 
 }  // namespace retrace::model

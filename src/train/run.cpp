@@ -116,6 +116,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
   const bool digests = config.trace.enabled && config.trace.digests;
+  for (const auto& id : control.fired) trainer.mark_fired(id);
 
   while (trainer.step() < trainer.total_steps()) {
     const uint64_t epoch_before = trainer.cursor().epoch;
@@ -165,7 +166,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 
     const auto& ck = config.checkpoint;
     const bool due =
-        interrupt || control.checkpoint_at.count(s) ||
+        (interrupt && control.checkpoint_on_interrupt) || control.checkpoint_at.count(s) ||
         (ck.every_steps > 0 && s % static_cast<uint64_t>(ck.every_steps) == 0) ||
         (ck.every_seconds > 0 &&
          std::chrono::duration<double>(Clock::now() - last_ckpt).count() >= ck.every_seconds) ||

@@ -31,6 +31,10 @@ struct LoopControl {
   uint64_t interrupt_at = 0;
   // Extra steps to checkpoint at, besides the config's cadence.
   std::set<uint64_t> checkpoint_at;
+  // Whether stopping at interrupt_at writes a checkpoint first (replay stops without one).
+  bool checkpoint_on_interrupt = true;
+  // Once-only faults to treat as already fired ("crash@17"), e.g. when replaying a crashed run.
+  std::set<std::string> fired;
 };
 
 struct RecordOptions {

@@ -10,6 +10,7 @@
 #include "core/torch_compat.h"
 #include "train/guards.h"
 #include "train/loss_scaler.h"
+#include "train/probe.h"
 
 namespace retrace::train {
 namespace {
@@ -50,6 +51,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   StepResult r;
   const std::vector<torch::Tensor> params = model.parameters();
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
+  if (policy.probe) policy.probe->step_start(model);
 
   int64_t local_count = 0;
   for (const auto& mb : micro_batches) local_count += mb.targets.numel();
@@ -62,6 +64,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     const bool last = i + 1 == micro_batches.size();
     auto t = Clock::now();
     torch::Tensor loss;
+    if (policy.probe) policy.probe->set_phase("forward");
     {
       compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
       torch::Tensor logits = forward(mb.inputs);
@@ -88,12 +91,14 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
       return r;
     }
     t = Clock::now();
+    if (policy.probe) policy.probe->set_phase("backward");
     if (policy.scaler) policy.scaler->scale_loss(loss).backward();
     else loss.backward();
     if (last && policy.after_last_backward) policy.after_last_backward();
     r.backward_ms += ms_since(t);
   }
   r.loss = total.item<float>();
+  if (policy.probe) policy.probe->after_backward(model);
 
   auto t = Clock::now();
   if (faults.inf_grad) {
@@ -119,6 +124,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     r.grad_norm_post = r.grad_norm_pre;
   }
   optimizer.step();
+  if (policy.probe) policy.probe->after_optimizer(model);
   if (policy.scaler) policy.scaler->update(/*found_inf=*/false);
   r.optimizer_ms = ms_since(t);
   return r;

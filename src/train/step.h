@@ -27,6 +27,7 @@ namespace retrace::train {
 
 class LossScaler;
 class SpikeGuard;
+class StepProbe;
 
 struct MicroBatch {
   torch::Tensor inputs;
@@ -42,6 +43,7 @@ struct StepPolicy {
   // Total loss items (samples or tokens) of the effective batch over all ranks; 0: this rank's.
   int64_t global_count = 0;
   std::function<void()> after_last_backward;
+  StepProbe* probe = nullptr;  // bisection only
 };
 
 struct StepFaults {

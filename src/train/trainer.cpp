@@ -38,7 +38,8 @@ model::ModelHandle make_model(const Config& c, const data::Dataset& data) {
     o.activation = c.model.activation;
     o.dropout = c.model.dropout;
     auto mlp = std::make_shared<model::MlpImpl>(o);
-    return {mlp, [mlp](const torch::Tensor& x) { return mlp->forward(x); }, mlp->describe()};
+    return {mlp, [mlp](const torch::Tensor& x) { return mlp->forward(x); }, mlp->describe(),
+            [mlp](model::ModuleProbe* p) { mlp->set_probe(p); }};
   }
   RETRACE_FAIL(ConfigError, "bad value for model.kind: \"", c.model.kind, "\"");
 }
@@ -182,6 +183,7 @@ trace::StepRecord Trainer::run_step(bool with_digests) {
   policy.spike = &spike_guard_;
   policy.global_count = global_count_;
   policy.after_last_backward = after_last_backward_;
+  policy.probe = probe_;
   StepResult r = train_step(*model_.module, model_.forward, *optimizer_, micro, policy, faults_for(rec.step));
 
   rec.loss = static_cast<double>(r.loss);

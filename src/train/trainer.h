@@ -23,6 +23,7 @@
 #include "train/guards.h"
 #include "train/loss_scaler.h"
 #include "train/schedule.h"
+#include "train/probe.h"
 #include "train/step.h"
 
 namespace retrace::train {
@@ -82,6 +83,11 @@ class Trainer {
 
   // The hook run after the last micro-batch's backward (data-parallel all-reduce).
   void set_after_last_backward(std::function<void()> hook) { after_last_backward_ = std::move(hook); }
+  // Bisection's probe for the next steps (nullptr: none). Not owned.
+  void set_probe(StepProbe* probe) {
+    probe_ = probe;
+    if (model_.set_probe) model_.set_probe(probe);
+  }
   // Global loss items per effective step across ranks (0: this rank's own count).
   void set_global_count(int64_t count) { global_count_ = count; }
 
@@ -105,6 +111,7 @@ class Trainer {
   std::vector<std::pair<std::string, std::string>> events_;
   std::function<void()> after_last_backward_;
   int64_t global_count_ = 0;
+  StepProbe* probe_ = nullptr;
   uint64_t total_steps_;
   uint64_t step_ = 0;
   uint64_t samples_seen_ = 0;

@@ -9,7 +9,7 @@
 // glibc malloc keeps freed memory mapped, which hides the checkpointing saving in peak RSS; run
 // with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 to see it (MACHINE-FACTS.md).
 //
-//   memory_bench [corpus] [rounds=2] [steps=3] [threads=1] [batch=32]
+//   memory_bench [corpus] [rounds=2] [steps=3] [threads=1] [batch=32] [dropout=0.1]
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,13 +53,15 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-ChildResult run_child(const Config& config, const std::string& corpus_path, int steps, int threads, int64_t batch) {
+ChildResult run_child(const Config& config, const std::string& corpus_path, int steps, int threads, int64_t batch,
+                      double dropout) {
   torch::set_num_threads(threads);
   torch::manual_seed(42);
   const retrace::data::TextCorpus corpus = retrace::data::load_text_corpus(corpus_path, 128, 0.1);
   retrace::model::GptOptions options;
   options.vocab_size = corpus.vocab_size;
   options.checkpoint = config.policy;
+  options.dropout = dropout;
   options.checkpoint_every = config.every;
   retrace::model::Gpt model(options);
   model->train();
@@ -93,13 +95,14 @@ int main(int argc, char** argv) {
   const int steps = argc > 3 ? std::atoi(argv[3]) : 3;
   const int threads = argc > 4 ? std::atoi(argv[4]) : 1;
   const int64_t batch = argc > 5 ? std::atoll(argv[5]) : 32;
+  const double dropout = argc > 6 ? std::atof(argv[6]) : 0.1;
   const std::vector<Config> configs = {
       {"none", "none", 4}, {"full k=4", "full", 4}, {"full k=1", "full", 1},
       {"sqrt (k=3)", "sqrt", 4}, {"selective", "selective", 4}};
   const char* preload = std::getenv("LD_PRELOAD");
-  std::printf("memory_bench: gpt d_model=128 n_layers=8 n_heads=4 context=128 batch=%lld dropout=0.1, "
+  std::printf("memory_bench: gpt d_model=128 n_layers=8 n_heads=4 context=128 batch=%lld dropout=%g, "
               "torch threads %d, %d rounds x %d steps, allocator %s\n",
-              static_cast<long long>(batch), threads, rounds, steps, preload ? preload : "glibc malloc");
+              static_cast<long long>(batch), dropout, threads, rounds, steps, preload ? preload : "glibc malloc");
 
   std::vector<std::vector<ChildResult>> results(configs.size());
   for (int round = 0; round < rounds; ++round) {
@@ -112,7 +115,7 @@ int main(int argc, char** argv) {
         close(fds[0]);
         ChildResult r;
         try {
-          r = run_child(configs[c], corpus, steps, threads, batch);
+          r = run_child(configs[c], corpus, steps, threads, batch, dropout);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "%s: %s\n", configs[c].name.c_str(), e.what());
         }

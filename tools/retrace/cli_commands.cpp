@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <limits>
@@ -10,6 +11,12 @@
 
 #include "ckpt/verify.h"
 #include "core/error.h"
+#include "core/file_util.h"
+#include "replay/bisect.h"
+#include "replay/diff.h"
+#include "replay/golden.h"
+#include "replay/html_report.h"
+#include "replay/replay.h"
 #include "replay/resume_check.h"
 #include "trace/inspect.h"
 #include "trace/trace_reader.h"
@@ -196,6 +203,140 @@ int run_verify(const VerifyArgs& a) {
   return 0;
 }
 
+void print_diff_context(const char* label, const std::optional<trace::StepRecord>& r) {
+  if (!r) return;
+  std::printf("  %-9s step %llu epoch %llu batch %llu: loss %.9g  grad %.6g -> %.6g  lr %.6g  scale %g  %s%s%s\n",
+              label, static_cast<ull>(r->step), static_cast<ull>(r->epoch), static_cast<ull>(r->batch_in_epoch),
+              r->loss, r->grad_norm_pre, r->grad_norm_post, r->lr, r->loss_scale,
+              r->outcome == trace::Outcome::kStep ? "STEP" : "SKIP", r->skip_reason.empty() ? "" : " ",
+              r->skip_reason.c_str());
+}
+
+int run_replay(const ReplayArgs& a) {
+  RETRACE_CHECK(!(a.bitwise && a.tolerance >= 0), ConfigError, "choose one of --bitwise and --tolerance");
+  replay::ReplayOptions o;
+  if (a.from_checkpoint >= 0) o.from_checkpoint = static_cast<uint64_t>(a.from_checkpoint);
+  auto [first, last] = parse_range(a.steps);
+  o.first = first;
+  o.last = last;
+  if (a.tolerance >= 0) o.tolerance = a.tolerance;
+  o.bitwise = a.bitwise;
+  o.scratch_dir = a.out;
+  auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
+  train::RunCallbacks cb = callbacks_for(printer);
+  if (a.quiet) cb = {};
+  replay::ReplayResult r = replay::replay_run(a.run, o, cb);
+  printer->clear();
+  std::printf("\nreplay of %s in %s\n", r.recorded_trace.c_str(), r.replay_dir.c_str());
+  if (r.mode == replay::CompareMode::kBitwise) {
+    std::printf("comparison: bitwise (environment fingerprints %s)\n",
+                r.fingerprint_diffs.empty() ? "equal" : "differ, --bitwise forced");
+  } else {
+    std::string diffs;
+    for (const auto& d : r.fingerprint_diffs) diffs += (diffs.empty() ? "" : ", ") + d;
+    std::printf("comparison: NOT bitwise, loss tolerance %g (%s)\n", r.tolerance,
+                diffs.empty() ? "--tolerance given" : ("fingerprint fields differ: " + diffs).c_str());
+  }
+  std::printf("%llu steps compared; max loss difference %.3g\n", static_cast<ull>(r.report.compared),
+              r.report.max_loss_diff);
+  if (r.verified()) {
+    std::printf("REPLAY VERIFIED\n");
+    return 0;
+  }
+  if (r.report.first_diff) {
+    const auto& d = *r.report.first_diff;
+    std::printf("REPLAY DIVERGED at step %llu, field %s: recorded %s, replayed %s\n", static_cast<ull>(d.step),
+                d.field.c_str(), d.a.c_str(), d.b.c_str());
+    print_diff_context("recorded", r.recorded_at_diff);
+    print_diff_context("replayed", r.replayed_at_diff);
+  } else {
+    std::printf("REPLAY INCOMPLETE: %llu recorded steps were not replayed\n", static_cast<ull>(r.report.only_in_a));
+  }
+  return static_cast<int>(ExitCode::kVerificationFailed);
+}
+
+int run_diff(const DiffArgs& a) {
+  trace::TraceReader ra = trace::TraceReader::open(a.a);
+  trace::TraceReader rb = trace::TraceReader::open(a.b);
+  replay::DiffReport rep = replay::diff_traces(ra, rb);
+  if (a.json) std::cout << replay::to_json(rep).dump(2) << "\n";
+  else std::cout << replay::render_text(rep);
+  if (!a.html.empty()) {
+    fs::write_file_atomic(a.html, replay::render_html(rep, ra, rb, a.a, a.b));
+    if (!a.json) std::printf("HTML report: %s\n", a.html.c_str());
+  }
+  return rep.identical() ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
+}
+
+int run_golden_check(const GoldenArgs& a) {
+  std::vector<std::string> names = a.names.empty() ? replay::list_goldens(a.dir) : a.names;
+  RETRACE_CHECK(!names.empty(), IoError, "no golden traces in ", a.dir);
+  std::vector<std::string> sets = a.sets;
+  if (!a.inject.empty()) sets.push_back("faults.inject=\"" + a.inject + "\"");
+  const std::string scratch = a.scratch.empty()
+                                  ? (std::filesystem::temp_directory_path() / "retrace-golden-check").string()
+                                  : a.scratch;
+  int failed = 0;
+  for (const auto& n : names) {
+    replay::GoldenResult r = replay::check_golden(a.dir, n, sets, scratch, {});
+    const auto& rep = r.report;
+    std::printf("golden %-22s %s  %s, %llu steps compared, max loss difference %.3g", n.c_str(),
+                r.passed ? "PASS" : "FAIL", r.mode == replay::CompareMode::kBitwise ? "bitwise" : "tolerance 1e-4",
+                static_cast<ull>(rep.compared), rep.max_loss_diff);
+    if (!r.fingerprint_diffs.empty()) {
+      std::string d;
+      for (const auto& k : r.fingerprint_diffs) d += (d.empty() ? "" : ", ") + k;
+      std::printf(" (not bitwise: fingerprint fields differ: %s)", d.c_str());
+    }
+    std::printf("\n");
+    if (!r.passed) {
+      ++failed;
+      if (rep.first_diff)
+        std::printf("  first divergent step %llu, field %s: golden %s, now %s\n", static_cast<ull>(rep.first_diff->step),
+                    rep.first_diff->field.c_str(), rep.first_diff->a.c_str(), rep.first_diff->b.c_str());
+      if (rep.only_in_a || rep.only_in_b)
+        std::printf("  %llu steps only in the golden trace, %llu only in the new run\n", static_cast<ull>(rep.only_in_a),
+                    static_cast<ull>(rep.only_in_b));
+      std::printf("  new run kept in %s; if the change is intended: retrace golden update %s --reason \"...\"\n",
+                  r.scratch_dir.c_str(), n.c_str());
+    }
+  }
+  std::printf("golden: %zu passed, %d failed\n", names.size() - failed, failed);
+  return failed ? static_cast<int>(ExitCode::kVerificationFailed) : 0;
+}
+
+int run_bisect(const BisectArgs& a) {
+  auto printer = std::make_shared<StepPrinter>(false);
+  train::RunCallbacks cb;
+  cb.on_message = [printer](const std::string& m) { printer->message(m); };
+  replay::BisectReport r = replay::bisect_runs(a.a, a.b, cb);
+  if (a.json) {
+    nlohmann::json j = {{"diverged", r.diverged}, {"common_steps", r.common_steps}, {"search_probes", r.search_probes},
+                        {"step", r.step}, {"rank", r.rank ? static_cast<int64_t>(*r.rank) : -1}, {"module", r.module},
+                        {"module_type", r.module_type}, {"phase", r.phase}, {"what", r.what}, {"op", r.op},
+                        {"detail", r.detail}, {"replay_start_a", r.replay_start_a}, {"replay_start_b", r.replay_start_b},
+                        {"notes", r.notes}, {"summary", r.summary()}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());
+    if (r.diverged)
+      std::printf("re-executed from step %llu (run A) and %llu (run B)\n", static_cast<ull>(r.replay_start_a),
+                  static_cast<ull>(r.replay_start_b));
+    std::printf("%s\n", r.summary().c_str());
+    if (!r.detail.empty()) std::printf("  %s\n", r.detail.c_str());
+  }
+  return r.diverged ? static_cast<int>(ExitCode::kVerificationFailed) : 0;
+}
+
+int run_golden_update(const GoldenArgs& a) {
+  RETRACE_CHECK(a.names.size() == 1, ConfigError, "golden update takes exactly one NAME");
+  std::vector<std::string> sets = a.sets;
+  if (!a.inject.empty()) sets.push_back("faults.inject=\"" + a.inject + "\"");
+  replay::update_golden(a.dir, a.names[0], a.reason, sets, a.interrupt_at, {});
+  std::printf("golden %s regenerated in %s/%s\n", a.names[0].c_str(), a.dir.c_str(), a.names[0].c_str());
+  return 0;
+}
+
 }  // namespace
 
 void register_commands(CLI::App& app, CliArgs& args) {
@@ -243,6 +384,53 @@ void register_commands(CLI::App& app, CliArgs& args) {
   ver->add_flag("--json", args.verify.json, "JSON report (exit 3 when not ok)");
   ver->add_option("--world-size", args.verify.world_size, "expected world size");
   ver->footer("Example:\n  retrace verify run/checkpoints/step-00000010 --json");
+
+  auto& rp = args.replay;
+  auto* rep = app.add_subcommand("replay", "re-execute a recorded run and compare every step with the trace");
+  rep->add_option("run", rp.run, "run directory or its trace.rtrace")->required();
+  rep->add_option("--from-checkpoint", rp.from_checkpoint, "start from the run's checkpoint of this step");
+  rep->add_option("--steps", rp.steps, "compare (and run up to the end of) step range A:B");
+  rep->add_option("--tolerance", rp.tolerance, "compare losses within this tolerance instead of bitwise");
+  rep->add_flag("--bitwise", rp.bitwise, "compare bitwise even when the environments differ");
+  rep->add_option("--out", rp.out, "scratch run directory for the replay (default RUN/replay)");
+  rep->add_flag("--plain", rp.plain, "print one row per step even on a terminal");
+  rep->add_flag("--quiet", rp.quiet, "print only the verdict");
+  rep->footer("Exit 0 with REPLAY VERIFIED, 1 with the first step and field that differ.\nExamples:\n"
+              "  retrace replay run\n  retrace replay run --from-checkpoint 200 --steps 201:300\n");
+
+  auto* dif = app.add_subcommand("diff", "compare two traces step by step (any configs or machines)");
+  dif->add_option("a", args.diff.a, "first trace")->required();
+  dif->add_option("b", args.diff.b, "second trace")->required();
+  dif->add_option("--html", args.diff.html, "also write a self-contained HTML report with loss and grad-norm curves");
+  dif->add_flag("--json", args.diff.json, "JSON output");
+  dif->footer("Exit 0 when identical, 1 when they differ.\nExample:\n  retrace diff runA/trace.rtrace runB/trace.rtrace --html report.html");
+
+  auto* bis = app.add_subcommand("bisect", "find where two runs diverge: step, rank, module, phase, op");
+  bis->add_option("a", args.bisect.a, "first run directory")->required();
+  bis->add_option("b", args.bisect.b, "second run directory")->required();
+  bis->add_flag("--json", args.bisect.json, "JSON output");
+  bis->footer("Exit 0 when the runs do not diverge, 1 with the first divergence.\nExample:\n"
+              "  retrace record --steps 80 --out a && retrace record --steps 80 --out b --inject perturb-param@57:layers.0.weight\n"
+              "  retrace bisect a b");
+
+  auto& g = args.golden;
+  auto* gold = app.add_subcommand("golden", "golden-trace regression: check or update golden/NAME");
+  gold->require_subcommand(1);
+  auto* gc = gold->add_subcommand("check", "re-run golden traces and compare (bitwise when fingerprints match)");
+  gc->add_option("names", g.names, "golden names (default: all)");
+  gc->add_option("--dir", g.dir, "golden directory (default: golden)");
+  gc->add_option("--set", g.sets, "change the re-run (to see the check fail), e.g. --set optim.lr=0.002");
+  gc->add_option("--inject", g.inject, "inject faults into the re-run, e.g. perturb-param@57:layers.0.weight");
+  gc->add_option("--scratch", g.scratch, "where the re-runs go (default: a temporary directory)");
+  gc->footer("Example:\n  retrace golden check\n  retrace golden check fashion-mlp-100 --inject perturb-param@57:layers.0.weight");
+  auto* gu = gold->add_subcommand("update", "regenerate one golden trace and record why");
+  gu->add_option("names", g.names, "golden name")->required();
+  gu->add_option("--reason", g.reason, "why the golden trace changes (required)")->required();
+  gu->add_option("--dir", g.dir, "golden directory (default: golden)");
+  gu->add_option("--set", g.sets, "config overrides (for a new golden, on top of the built-in config)");
+  gu->add_option("--inject", g.inject, "faults to record in the golden run");
+  gu->add_option("--interrupt-at", g.interrupt_at, "record interrupted at this step, then resumed");
+  gu->footer("Example:\n  retrace golden update fashion-mlp-100 --reason \"schedule now decays to 5 %\"");
 }
 
 int run_selected(CLI::App& app, const CliArgs& args) {
@@ -250,6 +438,14 @@ int run_selected(CLI::App& app, const CliArgs& args) {
   if (app.got_subcommand("resume")) return run_resume(args.resume);
   if (app.got_subcommand("inspect")) return run_inspect(args.inspect);
   if (app.got_subcommand("verify")) return run_verify(args.verify);
+  if (app.got_subcommand("replay")) return run_replay(args.replay);
+  if (app.got_subcommand("diff")) return run_diff(args.diff);
+  if (app.got_subcommand("bisect")) return run_bisect(args.bisect);
+  if (app.got_subcommand("golden")) {
+    CLI::App* g = app.get_subcommand("golden");
+    if (g->got_subcommand("check")) return run_golden_check(args.golden);
+    if (g->got_subcommand("update")) return run_golden_update(args.golden);
+  }
   RETRACE_FAIL(ConfigError, "no command given; see retrace --help");
 }
 

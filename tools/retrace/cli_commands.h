@@ -43,7 +43,43 @@ struct VerifyArgs {
   int64_t world_size = 0;
 };
 
+struct ReplayArgs {
+  std::string run;
+  int64_t from_checkpoint = -1;
+  std::string steps;
+  double tolerance = -1;
+  bool bitwise = false;
+  std::string out;
+  bool plain = false;
+  bool quiet = false;
+};
+
+struct DiffArgs {
+  std::string a, b;
+  std::string html;
+  bool json = false;
+};
+
+struct GoldenArgs {
+  std::vector<std::string> names;
+  std::string dir = "golden";
+  std::vector<std::string> sets;
+  std::string inject;
+  std::string reason;
+  int64_t interrupt_at = -1;
+  std::string scratch;
+};
+
+struct BisectArgs {
+  std::string a, b;
+  bool json = false;
+};
+
 struct CliArgs {
+  ReplayArgs replay;
+  DiffArgs diff;
+  GoldenArgs golden;
+  BisectArgs bisect;
   RecordArgs record;
   ResumeArgs resume;
   InspectArgs inspect;

@@ -1,0 +1,128 @@
+#include "replay/golden.h"
+
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "replay/replay.h"
+#include "trace/trace_reader.h"
+#include "train/config.h"
+
+namespace retrace::replay {
+namespace stdfs = std::filesystem;
+namespace {
+
+struct GoldenSpec {
+  int64_t interrupt_at = 0;
+  std::string history;  // the [[history]] tables, verbatim TOML
+};
+
+std::string spec_path(const std::string& dir, const std::string& name) {
+  return (stdfs::path(dir) / name / "golden.toml").string();
+}
+
+GoldenSpec read_spec(const std::string& dir, const std::string& name) {
+  const std::string path = spec_path(dir, name);
+  GoldenSpec s;
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    RETRACE_FAIL(FormatError, "cannot parse ", path, ": ", e.description());
+  }
+  s.interrupt_at = t["interrupt_at"].value_or<int64_t>(0);
+  std::string text = fs::read_file(path, 1 << 20);
+  auto pos = text.find("[[history]]");
+  if (pos != std::string::npos) s.history = text.substr(pos);
+  return s;
+}
+
+// Records the run into `out` (interrupted at spec.interrupt_at and resumed when set).
+void run_into(const train::Config& config, int64_t interrupt_at, const std::string& out,
+              const train::RunCallbacks& cb) {
+  train::RecordOptions o;
+  o.out_dir = out;
+  o.force = true;
+  o.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, interrupt_at));
+  train::record(config, o, cb);
+  if (interrupt_at > 0) train::resume(out, {}, cb);
+}
+
+std::string today() {
+  std::time_t t = std::time(nullptr);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+}  // namespace
+
+std::vector<std::string> list_goldens(const std::string& golden_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : stdfs::directory_iterator(golden_dir, ec))
+    if (e.is_directory() && stdfs::exists(e.path() / "golden.toml")) names.push_back(e.path().filename().string());
+  RETRACE_CHECK(!ec, IoError, "cannot list golden directory ", golden_dir, ": ", ec.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+GoldenResult check_golden(const std::string& golden_dir, const std::string& name,
+                          const std::vector<std::string>& overrides, const std::string& scratch_root,
+                          const train::RunCallbacks& cb) {
+  const stdfs::path dir = stdfs::path(golden_dir) / name;
+  RETRACE_CHECK(stdfs::exists(dir / "golden.toml"), IoError, "no golden named ", name, " in ", golden_dir,
+                "; known: ", [&] {
+                  std::string s;
+                  for (const auto& n : list_goldens(golden_dir)) s += (s.empty() ? "" : ", ") + n;
+                  return s;
+                }());
+  GoldenSpec spec = read_spec(golden_dir, name);
+  train::Config config = train::load_config((dir / "config.toml").string(), overrides);
+  GoldenResult r;
+  r.name = name;
+  r.scratch_dir = (stdfs::path(scratch_root) / name).string();
+  fs::make_writable_dir(scratch_root);
+  run_into(config, spec.interrupt_at, r.scratch_dir, cb);
+
+  trace::TraceReader golden = trace::TraceReader::open((dir / "trace.rtrace").string());
+  trace::TraceReader now = trace::TraceReader::open(train::trace_path(r.scratch_dir));
+  r.fingerprint_diffs = fingerprint_diffs(golden.header().fingerprint, now.header().fingerprint);
+  r.mode = r.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
+  r.report = compare_steps(golden.steps(), now.steps(), r.mode, 1e-4);
+  r.passed = r.report.equal() && r.report.compared > 0;
+  return r;
+}
+
+void update_golden(const std::string& golden_dir, const std::string& name, const std::string& reason,
+                   const std::vector<std::string>& overrides, int64_t interrupt_at,
+                   const train::RunCallbacks& cb) {
+  RETRACE_CHECK(!reason.empty(), ConfigError, "golden update needs --reason \"why the golden trace changes\"");
+  const stdfs::path dir = stdfs::path(golden_dir) / name;
+  const bool exists = stdfs::exists(dir / "config.toml");
+  train::Config config = exists ? train::load_config((dir / "config.toml").string(), overrides)
+                                : train::parse_config("", "built-in default", overrides);
+  GoldenSpec spec;
+  if (stdfs::exists(dir / "golden.toml")) spec = read_spec(golden_dir, name);
+  if (interrupt_at >= 0) spec.interrupt_at = interrupt_at;
+
+  const std::string scratch = (stdfs::temp_directory_path() / ("retrace-golden-" + name)).string();
+  run_into(config, spec.interrupt_at, scratch, cb);
+  fs::make_writable_dir(dir.string());
+  fs::write_file_atomic((dir / "trace.rtrace").string(), fs::read_file(train::trace_path(scratch)));
+  fs::write_file_atomic((dir / "config.toml").string(), fs::read_file((stdfs::path(scratch) / "config.toml").string()));
+  std::ostringstream meta;
+  meta << "# How `retrace golden check " << name << "` re-runs this golden trace; see golden/README.md.\n"
+       << "interrupt_at = " << spec.interrupt_at << "\n\n"
+       << spec.history << (spec.history.empty() || spec.history.back() == '\n' ? "" : "\n")
+       << "[[history]]\ndate = " << toml::value<std::string>(today()) << "\nreason = "
+       << toml::value<std::string>(reason) << "\n";
+  fs::write_file_atomic((dir / "golden.toml").string(), meta.str());
+  std::error_code ec;
+  stdfs::remove_all(scratch, ec);
+}
+
+}  // namespace retrace::replay

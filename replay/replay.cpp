@@ -1,0 +1,122 @@
+#include "replay/replay.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/manifest.h"
+#include "core/error.h"
+#include "core/file_util.h"
+#include "trace/framing.h"
+#include "trace/trace_reader.h"
+#include "train/config.h"
+#include "train/faults.h"
+
+namespace retrace::replay {
+namespace stdfs = std::filesystem;
+
+std::vector<std::string> fingerprint_diffs(const std::vector<trace::KeyValue>& a,
+                                           const std::vector<trace::KeyValue>& b) {
+  std::map<std::string, std::string> ma, mb;
+  for (const auto& kv : a) ma[kv.key] = kv.value;
+  for (const auto& kv : b) mb[kv.key] = kv.value;
+  std::vector<std::string> out;
+  for (const auto& [k, v] : ma)
+    if (k.rfind("info.", 0) != 0 && (!mb.count(k) || mb[k] != v)) out.push_back(k);
+  for (const auto& [k, v] : mb)
+    if (k.rfind("info.", 0) != 0 && !ma.count(k)) out.push_back(k);
+  return out;
+}
+
+ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
+                        const train::RunCallbacks& cb) {
+  ReplayResult res;
+  std::string run_dir;
+  if (stdfs::is_directory(run_or_trace)) {
+    run_dir = run_or_trace;
+    res.recorded_trace = train::trace_path(run_dir);
+  } else {
+    res.recorded_trace = run_or_trace;
+    run_dir = stdfs::path(run_or_trace).parent_path().string();
+  }
+  RETRACE_CHECK(stdfs::exists(res.recorded_trace), IoError, "no trace at ", res.recorded_trace,
+                "; pass a run directory or its trace.rtrace");
+  trace::TraceReader recorded = trace::TraceReader::open(res.recorded_trace);
+  if (auto w = recorded.tail_warning(); w && cb.on_message) cb.on_message("warning: " + *w);
+  const trace::TraceHeader& h = recorded.header();
+  train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {});
+
+  res.replay_dir = options.scratch_dir.empty() ? (stdfs::path(run_dir) / "replay").string() : options.scratch_dir;
+  train::LoopControl control;
+  control.checkpoint_on_interrupt = false;
+  // A crash fault is a process event, not a training event: the replay runs through it.
+  for (const auto& f : train::parse_faults(config.faults.inject))
+    if (f.kind == "crash") control.fired.insert("crash@" + std::to_string(f.step));
+  uint64_t last_recorded = 0;
+  for (const auto& e : recorded.index())
+    if (e.kind == trace::FrameKind::kStep) last_recorded = std::max(last_recorded, e.step);
+  const uint64_t stop = std::min(options.last, last_recorded);
+  if (stop < h.total_steps) control.interrupt_at = stop;
+
+  if (!options.from_checkpoint) {
+    train::RecordOptions ro;
+    ro.out_dir = res.replay_dir;
+    ro.force = true;
+    ro.control = control;
+    train::record(config, ro, cb);
+  } else {
+    // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
+    // recorded trace cut at the checkpoint's position (so the hash chain continues).
+    const std::string src = (stdfs::path(train::checkpoint_root(run_dir)) / ckpt::step_dir_name(*options.from_checkpoint)).string();
+    RETRACE_CHECK(stdfs::exists(src), IoError, "no checkpoint for step ", *options.from_checkpoint, " in ",
+                  train::checkpoint_root(run_dir), "; list them with: ls ", train::checkpoint_root(run_dir));
+    ckpt::Manifest m = ckpt::verify_checkpoint(src, std::nullopt);
+    std::error_code ec;
+    stdfs::remove_all(res.replay_dir, ec);
+    fs::make_writable_dir(train::checkpoint_root(res.replay_dir));
+    stdfs::copy(src, (stdfs::path(train::checkpoint_root(res.replay_dir)) / ckpt::step_dir_name(m.step)),
+                stdfs::copy_options::recursive, ec);
+    RETRACE_CHECK(!ec, IoError, "cannot copy ", src, " into ", res.replay_dir, ": ", ec.message());
+    fs::write_file_atomic((stdfs::path(res.replay_dir) / "config.toml").string(), h.config_toml);
+    {
+      std::ifstream in(res.recorded_trace, std::ios::binary);
+      std::ofstream out(train::trace_path(res.replay_dir), std::ios::binary);
+      std::vector<char> buf(m.trace_position);
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      RETRACE_CHECK(static_cast<uint64_t>(in.gcount()) == m.trace_position, FormatError, res.recorded_trace,
+                    " is shorter (", in.gcount(), " bytes) than the checkpoint's trace position ", m.trace_position);
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    }
+    for (const auto& id : control.fired) {
+      std::ofstream fired((stdfs::path(res.replay_dir) / "faults.fired").string(), std::ios::app);
+      fired << id << "\n";
+    }
+    train::resume(res.replay_dir, control, cb);
+  }
+
+  trace::TraceReader replayed = trace::TraceReader::open(train::trace_path(res.replay_dir));
+  res.fingerprint_diffs = fingerprint_diffs(h.fingerprint, replayed.header().fingerprint);
+  if (options.bitwise) res.mode = CompareMode::kBitwise;
+  else if (options.tolerance) res.mode = CompareMode::kTolerance;
+  else res.mode = res.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
+  if (options.tolerance) res.tolerance = *options.tolerance;
+
+  uint64_t first = std::max<uint64_t>(options.first, options.from_checkpoint ? *options.from_checkpoint + 1 : 1);
+  auto in_range = [&](std::vector<trace::StepRecord> v) {
+    std::vector<trace::StepRecord> out;
+    for (auto& r : v)
+      if (r.step >= first && r.step <= stop) out.push_back(std::move(r));
+    return out;
+  };
+  auto a = in_range(recorded.steps());
+  auto b = in_range(replayed.steps());
+  res.report = compare_steps(a, b, res.mode, res.tolerance);
+  if (res.report.first_diff) {
+    res.recorded_at_diff = recorded.step(res.report.first_diff->step);
+    res.replayed_at_diff = replayed.step(res.report.first_diff->step);
+  }
+  return res;
+}
+
+}  // namespace retrace::replay

@@ -1,0 +1,48 @@
+// Replay: rebuild a run from its trace header (resolved config, seeds, injected faults) and,
+// when asked, one of its checkpoints; re-execute; compare every step record with the recorded one.
+// Bitwise when the environment fingerprints are equal (keys "info.*" aside), otherwise a loss
+// tolerance (1e-4 by default) with a note naming the fingerprint fields that differ.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "replay/compare.h"
+#include "trace/records.h"
+#include "train/run.h"
+
+namespace retrace::replay {
+
+struct ReplayOptions {
+  std::optional<uint64_t> from_checkpoint;  // step of a checkpoint in the run's checkpoints/
+  uint64_t first = 0;                        // compare steps in [first, last]
+  uint64_t last = UINT64_MAX;
+  std::optional<double> tolerance;           // forces tolerance mode
+  bool bitwise = false;                      // forces bitwise mode
+  std::string scratch_dir;                   // where the replay runs (replaced); default RUN/replay
+};
+
+struct ReplayResult {
+  std::string recorded_trace;
+  std::string replay_dir;
+  CompareMode mode = CompareMode::kBitwise;
+  double tolerance = 1e-4;
+  std::vector<std::string> fingerprint_diffs;  // empty when equal
+  CompareReport report;
+  std::optional<trace::StepRecord> recorded_at_diff;  // context of the first difference
+  std::optional<trace::StepRecord> replayed_at_diff;
+  bool verified() const { return report.compared > 0 && !report.first_diff && report.only_in_a == 0; }
+};
+
+// `run_or_trace` is a run directory or its trace.rtrace. IoError / FormatError for missing or
+// unreadable inputs; a divergence is a value in the result.
+ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
+                        const train::RunCallbacks& callbacks);
+
+// Fingerprint keys whose values differ (keys "info.*" ignored).
+std::vector<std::string> fingerprint_diffs(const std::vector<trace::KeyValue>& a,
+                                           const std::vector<trace::KeyValue>& b);
+
+}  // namespace retrace::replay
