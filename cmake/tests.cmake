@@ -19,9 +19,10 @@ target_link_libraries(base_test PRIVATE retrace_base)
 retrace_gtest(torch_test
   tests/rng/rng_state_test.cpp
   tests/train/record_test.cpp
+  tests/replay/replay_test.cpp
   tests/train/step_test.cpp
 )
-target_link_libraries(torch_test PRIVATE retrace_lib)
+target_link_libraries(torch_test PRIVATE retrace_replay)
 target_precompile_headers(torch_test REUSE_FROM retrace_lib)
 
 # RapidCheck properties of the step, RNG state, sampler, checkpoints and resume. Bounded by default
@@ -35,3 +36,7 @@ set_tests_properties(train_props PROPERTIES TIMEOUT 300)
 
 add_test(NAME cli_errors COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/cli_errors_test.sh $<TARGET_FILE:retrace>)
 set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)
+
+add_test(NAME replay_cli COMMAND bash ${CMAKE_SOURCE_DIR}/tests/replay/replay_cli_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR}/golden)
+set_tests_properties(replay_cli PROPERTIES TIMEOUT 900)

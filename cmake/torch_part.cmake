@@ -20,6 +20,10 @@ add_library(retrace_lib STATIC
   src/rng/rng_state.cpp
   src/data/fashion_mnist.cpp
   src/model/mlp.cpp
+  src/model/gpt.cpp
+  src/model/activation_checkpoint.cpp
+  src/model/memory_plan.cpp
+  src/data/text_corpus.cpp
   src/train/environment.cpp
   src/train/schedule.cpp
   src/train/optimizer.cpp
@@ -28,6 +32,7 @@ add_library(retrace_lib STATIC
   src/train/probe.cpp
   src/train/trainer.cpp
   src/train/run.cpp
+  src/train/memory_report.cpp
   src/ckpt/train_state.cpp
 )
 target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace retrace_ckptfmt ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})

@@ -15,7 +15,9 @@
 //   7. resume at a random step of a tiny run equals the uninterrupted run, record for record
 // (5, trace round trip and truncation, is in property_tests/trace_props.cpp.)
 // Plus a negative control: the mean-of-means accumulation (each micro-batch's own mean, averaged)
-// must FAIL property 1 on ragged micro-batches, which shows the property can fail.
+// must FAIL property 1 on ragged micro-batches, which shows the property can fail. Its expected
+// failure is printed, and RapidCheck's closing "Some of your RapidCheck properties had failures"
+// line with a reproduce string refers to it; the exit status is what counts.
 //
 // Relative difference, as used below: per tensor, max|a - b| / max|b| (the reference's largest
 // magnitude), so near-zero elements are judged on the tensor's scale, not their own.
@@ -83,6 +85,11 @@ rc::Gen<AccumCase> gen_accum_case() {
     c.cuts.push_back(c.batch - prev);
     return c;
   });
+}
+
+void showValue(const AccumCase& c, std::ostream& os) {
+  os << "seed " << c.seed << ", mlp " << c.inputs << "-" << rc::toString(c.hidden) << "-" << c.outputs << " "
+     << c.activation << ", batch " << c.batch << " as micro-batches " << rc::toString(c.cuts);
 }
 
 std::shared_ptr<model::MlpImpl> build_mlp(const AccumCase& c, torch::ScalarType dtype) {

@@ -69,7 +69,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
     // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
     // recorded trace cut at the checkpoint's position (so the hash chain continues).
     const std::string src = (stdfs::path(train::checkpoint_root(run_dir)) / ckpt::step_dir_name(*options.from_checkpoint)).string();
-    RETRACE_CHECK(stdfs::exists(src), IoError, "no checkpoint for step ", *options.from_checkpoint, " in ",
+    RETRACE_CHECK(stdfs::exists(src), IntegrityError, "no checkpoint for step ", *options.from_checkpoint, " in ",
                   train::checkpoint_root(run_dir), "; list them with: ls ", train::checkpoint_root(run_dir));
     ckpt::Manifest m = ckpt::verify_checkpoint(src, std::nullopt);
     std::error_code ec;

@@ -24,6 +24,7 @@ struct Dataset {
   Split test;
   std::vector<trace::FileInfo> files;  // what it was read from, with sha256
   std::string description;
+  int64_t vocab_size = 0;  // classes of the targets (10 for Fashion-MNIST)
 };
 
 }  // namespace retrace::data

@@ -55,6 +55,7 @@ Split load_split(const std::string& dir, const std::string& prefix, std::vector<
 Dataset load_fashion_mnist(const std::string& dir) {
   Dataset d;
   d.description = "fashion-mnist " + dir;
+  d.vocab_size = 10;
   d.train = load_split(dir, "train", d.files);
   d.test = load_split(dir, "t10k", d.files);
   return d;

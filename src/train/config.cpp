@@ -44,14 +44,28 @@ std::vector<Field> fields() {
                0, 0, false, false, at(&C::data, &DataConfig::last_batch)});
   f.push_back({"data.eval_batch_size", Kind::kInt, "batch size of the evaluation pass", {}, 1, 1 << 20,
                false, false, at(&C::data, &DataConfig::eval_batch_size)});
-  f.push_back({"model.kind", Kind::kChoice, "model family", {"mlp"}, 0, 0, false, false,
-               at(&C::model, &ModelConfig::kind)});
+  f.push_back({"data.context", Kind::kInt, "gpt: tokens per sample", {}, 1, 1 << 16, false, false,
+               at(&C::data, &DataConfig::context)});
+  f.push_back({"data.test_fraction", Kind::kFloat, "gpt: share of the corpus held out for evaluation", {}, 0, 1,
+               false, true, at(&C::data, &DataConfig::test_fraction)});
+  f.push_back({"model.kind", Kind::kChoice, "model family: mlp (Fashion-MNIST), gpt (character language model)",
+               {"mlp", "gpt"}, 0, 0, false, false, at(&C::model, &ModelConfig::kind)});
   f.push_back({"model.hidden", Kind::kIntList, "widths of the hidden layers", {}, 1, 1 << 16, false,
                false, at(&C::model, &ModelConfig::hidden)});
   f.push_back({"model.activation", Kind::kChoice, "activation between layers", {"relu", "gelu", "tanh"},
                0, 0, false, false, at(&C::model, &ModelConfig::activation)});
   f.push_back({"model.dropout", Kind::kFloat, "dropout probability after each hidden layer", {}, 0, 1,
                false, true, at(&C::model, &ModelConfig::dropout)});
+  f.push_back({"model.d_model", Kind::kInt, "gpt: width", {}, 1, 1 << 16, false, false,
+               at(&C::model, &ModelConfig::d_model)});
+  f.push_back({"model.n_layers", Kind::kInt, "gpt: transformer blocks", {}, 1, 1024, false, false,
+               at(&C::model, &ModelConfig::n_layers)});
+  f.push_back({"model.n_heads", Kind::kInt, "gpt: attention heads (must divide d_model)", {}, 1, 1024, false, false,
+               at(&C::model, &ModelConfig::n_heads)});
+  f.push_back({"model.checkpoint", Kind::kChoice, "gpt: activation checkpointing policy",
+               {"none", "full", "sqrt", "selective"}, 0, 0, false, false, at(&C::model, &ModelConfig::checkpoint)});
+  f.push_back({"model.checkpoint_every", Kind::kInt, "gpt: layers per segment with checkpoint = \"full\"", {}, 1,
+               1024, false, false, at(&C::model, &ModelConfig::checkpoint_every)});
   f.push_back({"optim.name", Kind::kChoice, "optimizer", {"adamw", "sgd"}, 0, 0, false, false,
                at(&C::optim, &OptimConfig::name)});
   f.push_back({"optim.lr", Kind::kFloat, "peak learning rate", {}, 0, 1e3, true, false,

@@ -16,13 +16,20 @@ struct DataConfig {
   int64_t batch_size = 128;
   std::string last_batch = "drop";  // drop | keep
   int64_t eval_batch_size = 1000;
+  int64_t context = 128;        // gpt: tokens per sample
+  double test_fraction = 0.1;   // gpt: share of the corpus held out for evaluation
 };
 
 struct ModelConfig {
-  std::string kind = "mlp";
-  std::vector<int64_t> hidden = {512, 256};
-  std::string activation = "relu";  // relu | gelu | tanh
+  std::string kind = "mlp";  // mlp | gpt
+  std::vector<int64_t> hidden = {512, 256};  // mlp
+  std::string activation = "relu";  // mlp: relu | gelu | tanh
   double dropout = 0.1;
+  int64_t d_model = 128;     // gpt
+  int64_t n_layers = 8;      // gpt
+  int64_t n_heads = 4;       // gpt
+  std::string checkpoint = "none";  // gpt activation checkpointing: none | full | sqrt | selective
+  int64_t checkpoint_every = 4;     // gpt: layers per segment with "full"
 };
 
 struct OptimConfig {

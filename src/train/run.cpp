@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "data/fashion_mnist.h"
+#include "data/text_corpus.h"
 #include "trace/trace_writer.h"
 #include "train/environment.h"
 #include "train/faults.h"
@@ -198,7 +199,18 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 }
 }  // namespace
 
-data::Dataset load_dataset(const Config& config) { return data::load_fashion_mnist(config.data.dir); }
+data::Dataset load_dataset(const Config& config) {
+  if (config.model.kind != "gpt") return data::load_fashion_mnist(config.data.dir);
+  data::TextCorpus corpus = data::load_text_corpus(config.data.dir, config.data.context, config.data.test_fraction);
+  data::Dataset d;
+  d.train = {corpus.train_inputs, corpus.train_targets};
+  d.test = {corpus.test_inputs, corpus.test_targets};
+  d.files = corpus.files;
+  d.vocab_size = corpus.vocab_size;
+  d.description = "text corpus " + config.data.dir + ", " + std::to_string(corpus.characters) + " characters, vocabulary " +
+                  std::to_string(corpus.vocab_size);
+  return d;
+}
 
 std::string checkpoint_root(const std::string& run_dir) { return (stdfs::path(run_dir) / "checkpoints").string(); }
 std::string trace_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "trace.rtrace").string(); }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/gpt.h"
 #include "model/mlp.h"
 #include "rng/philox.h"
 #include "train/faults.h"
@@ -40,6 +41,19 @@ model::ModelHandle make_model(const Config& c, const data::Dataset& data) {
     auto mlp = std::make_shared<model::MlpImpl>(o);
     return {mlp, [mlp](const torch::Tensor& x) { return mlp->forward(x); }, mlp->describe(),
             [mlp](model::ModuleProbe* p) { mlp->set_probe(p); }};
+  }
+  if (c.model.kind == "gpt") {
+    model::GptOptions o;
+    o.vocab_size = data.vocab_size;
+    o.context = c.data.context;
+    o.d_model = c.model.d_model;
+    o.n_layers = c.model.n_layers;
+    o.n_heads = c.model.n_heads;
+    o.dropout = c.model.dropout;
+    o.checkpoint = c.model.checkpoint;
+    o.checkpoint_every = c.model.checkpoint_every;
+    auto gpt = std::make_shared<model::GptImpl>(o);
+    return {gpt, [gpt](const torch::Tensor& x) { return gpt->forward(x); }, gpt->describe(), nullptr};
   }
   RETRACE_FAIL(ConfigError, "bad value for model.kind: \"", c.model.kind, "\"");
 }

@@ -75,7 +75,16 @@ struct BisectArgs {
   bool json = false;
 };
 
+struct MemoryArgs {
+  std::string config_path = "configs/char-gpt.toml";
+  std::vector<std::string> sets;
+  int64_t world_size = 8;
+  int rounds = 2;
+  int steps = 3;
+};
+
 struct CliArgs {
+  MemoryArgs memory;
   ReplayArgs replay;
   DiffArgs diff;
   GoldenArgs golden;

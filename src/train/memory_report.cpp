@@ -1,0 +1,140 @@
+#include "train/memory_report.h"
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "model/gpt.h"
+#include "rng/rng_state.h"
+#include "train/environment.h"
+#include "train/run.h"
+
+namespace retrace::train {
+namespace {
+
+struct ChildResult {
+  double step_ms = 0;
+  double growth_mib = 0;
+  double peak_mib = 0;
+  int ok = 0;
+};
+
+double maxrss_mib() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+model::GptOptions gpt_options(const Config& c, int64_t vocab, const std::string& policy, int64_t k) {
+  model::GptOptions o;
+  o.vocab_size = vocab;
+  o.context = c.data.context;
+  o.d_model = c.model.d_model;
+  o.n_layers = c.model.n_layers;
+  o.n_heads = c.model.n_heads;
+  o.dropout = c.model.dropout;
+  o.checkpoint = policy;
+  o.checkpoint_every = k;
+  return o;
+}
+
+ChildResult measure_child(Config c, const data::Dataset& data, const std::string& policy, int64_t k, int steps) {
+  resolve_threads(c.runtime);
+  apply_environment(c.runtime);
+  rng::seed_all(static_cast<uint64_t>(c.seed));
+  model::Gpt gpt(gpt_options(c, data.vocab_size, policy, k));
+  gpt->train();
+  const int64_t b = std::min<int64_t>(c.data.batch_size, data.train.size());
+  torch::Tensor x = data.train.inputs.slice(0, 0, b), y = data.train.targets.slice(0, 0, b);
+  std::vector<double> times;
+  // Peak RSS only grows: its rise from before the first (warm-up) step is what one step needs.
+  const double before = maxrss_mib();
+  for (int i = 0; i <= steps; ++i) {
+    for (auto& p : gpt->parameters()) p.mutable_grad() = torch::Tensor();
+    auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor logits = gpt->forward(x);
+    torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1})).backward();
+    if (i > 0)
+      times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ChildResult r;
+  r.peak_mib = maxrss_mib();
+  r.growth_mib = r.peak_mib - before;
+  r.step_ms = median(times);
+  r.ok = 1;
+  return r;
+}
+}  // namespace
+
+std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps) {
+  RETRACE_CHECK(config.model.kind == "gpt", ConfigError,
+                "retrace memory plans a GPT config (model.kind = \"gpt\"); try --config configs/char-gpt.toml");
+  data::Dataset data = load_dataset(config);
+  std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
+                                        {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
+  rng::seed_all(static_cast<uint64_t>(config.seed));
+  const int64_t params = model::count_parameters(*model::Gpt(gpt_options(config, data.vocab_size, "none", 4)));
+  const int64_t dtype_bytes = config.amp.mode == "off" ? 4 : 2;
+  for (auto& m : out)
+    m.estimate = model::estimate_memory(params, config.data.batch_size, config.data.context, config.model.d_model,
+                                        config.model.n_layers, config.model.n_heads, dtype_bytes, m.policy, m.k,
+                                        world_size);
+  if (rounds <= 0) return out;
+
+  std::vector<std::vector<ChildResult>> results(out.size());
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      int fds[2];
+      RETRACE_CHECK(pipe(fds) == 0, IoError, "pipe failed");
+      pid_t pid = fork();
+      RETRACE_CHECK(pid >= 0, IoError, "fork failed");
+      if (pid == 0) {
+        close(fds[0]);
+        ChildResult r;
+        try {
+          r = measure_child(config, data, out[i].policy, out[i].k, steps);
+        } catch (const std::exception&) {
+          r.ok = 0;
+        }
+        ssize_t n = write(fds[1], &r, sizeof r);
+        _exit(n == static_cast<ssize_t>(sizeof r) ? 0 : 1);
+      }
+      close(fds[1]);
+      ChildResult r;
+      ssize_t n = read(fds[0], &r, sizeof r);
+      close(fds[0]);
+      int status = 0;
+      waitpid(pid, &status, 0);
+      RETRACE_CHECK(n == static_cast<ssize_t>(sizeof r) && r.ok, InvariantError, "measuring policy ", out[i].name,
+                    " failed in its child process");
+      results[i].push_back(r);
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> ms, growth, peak;
+    for (const auto& r : results[i]) {
+      ms.push_back(r.step_ms);
+      growth.push_back(r.growth_mib);
+      peak.push_back(r.peak_mib);
+    }
+    out[i].step_ms = median(ms);
+    out[i].rss_growth_mib = median(growth);
+    out[i].peak_rss_mib = median(peak);
+    out[i].measured = true;
+  }
+  return out;
+}
+
+}  // namespace retrace::train

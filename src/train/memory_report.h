@@ -1,0 +1,34 @@
+// `retrace memory`: the training-memory plan of a GPT config under each activation-checkpoint
+// policy, from the estimator (model/memory_plan.h) and measured on a real step.
+//
+// Measurement: each policy runs in a fresh child process (fork), so one policy's allocations cannot
+// hide another's: the child applies the run's thread layout, builds the model and one batch, runs a
+// warm-up step and `steps` timed steps (forward + backward), and reports the growth of its peak RSS
+// over the timed steps and the median step time. Rounds interleave the policies; the report takes
+// medians. glibc malloc keeps freed memory mapped and hides part of the saving; tcmalloc (linked
+// into the retrace binary when present) shows it (MACHINE-FACTS.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/memory_plan.h"
+#include "train/config.h"
+
+namespace retrace::train {
+
+struct PolicyMeasurement {
+  std::string name;    // "none", "full k=4", "sqrt", "selective"
+  std::string policy;
+  int64_t k = 4;
+  model::MemoryEstimate estimate;
+  double step_ms = 0;          // median over rounds
+  double rss_growth_mib = 0;   // median over rounds
+  double peak_rss_mib = 0;
+  bool measured = false;
+};
+
+// Estimates (and, when rounds > 0, measures) every policy for config's GPT shape.
+std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps);
+
+}  // namespace retrace::train

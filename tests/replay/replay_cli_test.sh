@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Replay, diff, golden and bisect through the CLI, including the cases that must fail.
+set -u
+RETRACE=${1:?usage: replay_cli_test.sh path/to/retrace golden_dir}
+GOLDEN=${2:?golden dir}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+expect() {  # expect NAME CODE PATTERN -- command...
+  local name=$1 code=$2 pattern=$3; shift 4
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [[ $rc -ne $code ]]; then echo "FAIL $name: exit $rc, expected $code"; echo "$out" | tail -8; fails=$((fails+1)); return; fi
+  if ! grep -qE -- "$pattern" <<<"$out"; then echo "FAIL $name: output lacks /$pattern/"; echo "$out" | tail -8; fails=$((fails+1)); return; fi
+  echo "ok   $name (exit $rc)"; passes=$((passes+1))
+}
+common=(--set train.eval_each_epoch=false --set checkpoint.every_steps=25 --plain)
+
+"$RETRACE" record --steps 70 --out "$tmp/a" "${common[@]}" >/dev/null || { echo "record failed"; exit 1; }
+"$RETRACE" record --steps 70 --out "$tmp/b" "${common[@]}" --inject perturb-param@57:layers.0.weight >/dev/null
+"$RETRACE" record --steps 70 --out "$tmp/c" "${common[@]}" >/dev/null
+"$RETRACE" record --steps 70 --out "$tmp/f" "${common[@]}" --inject nan-loss@5,inf-grad@9,spike@40 --set amp.mode=bf16 --set amp.scaler=on >/dev/null
+
+expect replay-verified 0 "REPLAY VERIFIED" -- "$RETRACE" replay "$tmp/a" --quiet
+expect replay-faults-and-rollback 0 "REPLAY VERIFIED" -- "$RETRACE" replay "$tmp/f" --quiet
+expect replay-from-checkpoint 0 "REPLAY VERIFIED" -- "$RETRACE" replay "$tmp/a" --quiet --from-checkpoint 50 --steps 51:60
+expect replay-missing-checkpoint 3 "no checkpoint for step 33" -- "$RETRACE" replay "$tmp/a" --quiet --from-checkpoint 33
+# (A replay that diverges is tested in tests/replay/replay_test.cpp with a spliced trace.)
+
+expect diff-identical 0 "verdict" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/c/trace.rtrace"
+expect diff-differs 1 "57" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/b/trace.rtrace" --html "$tmp/r.html"
+grep -q "<svg" "$tmp/r.html" && ! grep -qE "https?://" "$tmp/r.html" && { echo "ok   diff-html self-contained"; passes=$((passes+1)); } || { echo "FAIL diff-html"; fails=$((fails+1)); }
+
+expect bisect-perturbed 1 "first divergence: step 57, rank 0, module layers.0 \(Linear\), phase state: weight" -- "$RETRACE" bisect "$tmp/a" "$tmp/b"
+expect bisect-identical 0 "do not diverge" -- "$RETRACE" bisect "$tmp/a" "$tmp/c"
+
+# Bad input.
+head -c 60 "$tmp/a/trace.rtrace" > "$tmp/cut.rtrace"
+expect truncated-trace 3 "no header frame|cut|truncated" -- "$RETRACE" replay "$tmp/cut.rtrace" --quiet
+python3 - "$tmp/a/trace.rtrace" "$tmp/newer.rtrace" <<'PY'
+import sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+b[6] = 9  # file format version
+open(sys.argv[2], 'wb').write(b)
+PY
+expect newer-format 3 "version" -- "$RETRACE" inspect "$tmp/newer.rtrace"
+"$RETRACE" record --steps 5 --out "$tmp/other" --set model.hidden=[64] --plain >/dev/null
+expect different-models 2 "different models" -- "$RETRACE" bisect "$tmp/a" "$tmp/other"
+expect diff-different-models 1 "param" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/other/trace.rtrace"
+
+# Golden: passes as recorded, and fails with the first divergent step when the run changes.
+expect golden-check 0 "golden: 4 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
+expect golden-perturbed 1 "first divergent step 57, field param_digest" -- \
+  "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/g" --inject perturb-param@57:layers.0.weight
+expect golden-lr 1 "first divergent step 1, field" -- \
+  "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/g" --set optim.lr=0.002
+expect golden-unknown 4 "no golden named nope" -- "$RETRACE" golden check nope --dir "$GOLDEN"
+
+echo "replay_cli: $passes passed, $fails failed"
+[[ $fails -eq 0 ]]
