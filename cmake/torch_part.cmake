@@ -33,6 +33,8 @@ add_library(retrace_lib STATIC
   src/train/trainer.cpp
   src/train/run.cpp
   src/train/memory_report.cpp
+  src/dist/process_group.cpp
+  src/dist/launcher.cpp
   src/ckpt/train_state.cpp
 )
 target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace retrace_ckptfmt ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})

@@ -19,8 +19,8 @@
 // failure is printed, and RapidCheck's closing "Some of your RapidCheck properties had failures"
 // line with a reproduce string refers to it; the exit status is what counts.
 //
-// Relative difference, as used below: per tensor, max|a - b| / max|b| (the reference's largest
-// magnitude), so near-zero elements are judged on the tensor's scale, not their own.
+// Relative difference, as used below: max|a - b| / max|b| over all parameters (or gradients) of
+// the model together, so near-zero elements are judged on the model's scale, not their own.
 #include <rapidcheck.h>
 #include <torch/torch.h>
 
@@ -168,18 +168,20 @@ std::vector<torch::Tensor> accumulate_mean_of_means(std::shared_ptr<model::MlpIm
   return grads_of(*m);
 }
 
-double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  const double diff = (a - b).abs().max().item<double>();
-  const double scale = b.abs().max().item<double>();
-  if (scale == 0) return diff == 0 ? 0.0 : INFINITY;
-  return diff / scale;
-}
-
+// max|a - b| / max|b| over all tensors together. Per tensor would judge a small tensor whose
+// entries cancel (an output bias's gradient is a sum of terms of both signs) on its own tiny scale:
+// float32 summation error of ~N * 6e-8 of the terms then reads as up to 5e-6 "relative" (measured
+// in a 2000-case run), too close to 1e-5 for a test that must not flake.
 double max_rel_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   RC_ASSERT(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, rel_diff(a[i], b[i]));
-  return worst;
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].numel() == 0) continue;
+    diff = std::max(diff, (a[i] - b[i]).abs().max().item<double>());
+    scale = std::max(scale, b[i].abs().max().item<double>());
+  }
+  if (scale == 0) return diff == 0 ? 0.0 : INFINITY;
+  return diff / scale;
 }
 
 struct Seen {
@@ -578,7 +580,7 @@ int main() {
     }
   });
 
-  std::cout << "\nproperty 1, largest relative difference seen (max|a-b| / max|b| per tensor):\n"
+  std::cout << "\nproperty 1, largest relative difference seen (max|a-b| / max|b| over the model):\n"
             << "  float32: gradients " << seen_f32.grad << ", after one AdamW step " << seen_f32.adamw
             << ", after one SGD(momentum) step " << seen_f32.sgd << "  (tolerance 1e-5)\n"
             << "  float64: gradients " << seen_f64.grad << ", after one AdamW step " << seen_f64.adamw

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <sstream>
+
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/shard.h"
 #include "ckpt/verify.h"
@@ -81,9 +83,14 @@ std::string config_hash(const std::string& config_toml) {
 }
 
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
-                            uint32_t keep_last, const std::map<std::string, std::string>& extra) {
+                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
+                            const ShardSync* sync) {
   const uint64_t step = trainer.step();
-  const std::string dir = prepare_checkpoint_dir(root, step);
+  const uint32_t rank = trainer.rank(), world = trainer.world_size();
+  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs a ShardSync");
+  std::string dir = root + "/" + step_dir_name(step);
+  if (rank == 0) dir = prepare_checkpoint_dir(root, step);
+  if (sync) sync->barrier();
 
   // Keep contiguous CPU copies alive while the writer reads them.
   std::vector<torch::Tensor> keep;
@@ -100,7 +107,7 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   views.push_back({"rng/state", "U8", {static_cast<int64_t>(rng.size())}, rng.data(), rng.size()});
 
   const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
-  auto meta = shard_metadata(step, /*rank=*/0, /*world_size=*/1);
+  auto meta = shard_metadata(step, rank, world);
   meta["epoch"] = std::to_string(trainer.cursor().epoch);
   meta["batch_in_epoch"] = std::to_string(trainer.cursor().batch_in_epoch);
   meta["samples_seen"] = std::to_string(trainer.samples_seen());
@@ -111,23 +118,47 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   for (const auto& [k, v] : trainer.policy_state()) meta["x." + k] = v;
   for (const auto& [k, v] : extra) meta["x." + k] = v;
 
-  const std::string shard_path = dir + "/" + shard_file_name(0);
+  const std::string shard_path = dir + "/" + shard_file_name(rank);
   ShardFileInfo info = write_shard(shard_path, meta, views);
 
+  std::vector<ShardEntry> shards = {{rank, info.file, info.size, info.sha256}};
+  if (sync) {
+    // Phase one: every shard is durable (write_shard fsyncs); gather what each rank wrote.
+    shards.clear();
+    const auto all = sync->allgather(info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256);
+    for (uint32_t r = 0; r < all.size(); ++r) {
+      std::istringstream in(all[r]);
+      ShardEntry e;
+      e.rank = r;
+      std::string size;
+      std::getline(in, e.file);
+      std::getline(in, size);
+      std::getline(in, e.sha256);
+      e.size = std::stoull(size);
+      shards.push_back(e);
+    }
+  }
+  if (rank != 0) {
+    if (sync) sync->barrier();
+    return dir;
+  }
   Manifest m;
   m.step = step;
-  m.world_size = 1;
+  m.world_size = world;
   m.config_hash = cfg_hash;
   m.versions = versions();
   m.rng_format_version = rng::kRngFormatVersion;
   m.trace_position = pos.bytes;
   m.trace_chain_hex = pos.chain.hex();
-  m.shards.push_back({0, info.file, info.size, info.sha256});
-  return commit_checkpoint(root, m, keep_last);
+  m.shards = shards;
+  // Phase two: the manifest is the commit point.
+  std::string committed = commit_checkpoint(root, m, keep_last);
+  if (sync) sync->barrier();
+  return committed;
 }
 
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
-  Manifest m = verify_checkpoint(dir, /*expected_world_size=*/1);
+  Manifest m = verify_checkpoint(dir, trainer.world_size());
   const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
                 " was made with another config (config hash ", m.config_hash.substr(0, 12),
@@ -136,7 +167,7 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ",
                 rng::kRngFormatVersion);
-  ShardData shard = load_shard(dir, m, 0, /*check_digest=*/false);  // verify_checkpoint hashed it
+  ShardData shard = load_shard(dir, m, trainer.rank(), /*check_digest=*/false);  // verify_checkpoint hashed it
   const std::string& where = shard.source;
 
   NamedTensors model, optim;

@@ -63,6 +63,12 @@ std::vector<int64_t> Sampler::batch(const Cursor& cursor) {
                               cached_.begin() + static_cast<std::ptrdiff_t>(hi));
 }
 
+uint64_t Sampler::global_batch_samples(const Cursor& cursor) const {
+  const uint64_t global = batch_size_ * world_size_;
+  const uint64_t begin = cursor.batch_in_epoch * global;
+  return std::min<uint64_t>(global, num_samples_ - begin);
+}
+
 Cursor Sampler::next(const Cursor& cursor) const {
   if (cursor.batch_in_epoch + 1 < batches_per_epoch_) return {cursor.epoch, cursor.batch_in_epoch + 1};
   return {cursor.epoch + 1, 0};

@@ -65,6 +65,7 @@ json header_json(const TraceHeader& h) {
   for (const Fault& f : h.faults) faults.push_back({{"kind", f.kind}, {"step", f.step}, {"arg", f.arg}});
   j["faults"] = faults;
   j["total_steps"] = h.total_steps;
+  j["effective_batch"] = h.effective_batch;
   j["world_size"] = h.world_size;
   j["created_utc"] = h.created_utc;
   return j;
@@ -95,6 +96,8 @@ json step_json(const StepRecord& r) {
   j["rank_grad_digests"] = grads;
   j["content_digest"] = r.content_digest.hex();
   j["chain_digest"] = r.chain_digest.hex();
+  j["allreduce_calls"] = r.allreduce_calls;
+  j["allreduce_bytes"] = r.allreduce_bytes;
   j["timings"] = {{"data_ms", r.timings.data_ms},
                   {"forward_ms", r.timings.forward_ms},
                   {"backward_ms", r.timings.backward_ms},
@@ -151,7 +154,7 @@ void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::os
   out << "step,epoch,batch_in_epoch,batch_size,sample_digest,loss,loss_bits,grad_norm_pre,"
          "grad_norm_post,lr,loss_scale,outcome,skip_reason,param_digest,optim_digest,rng_digest,"
          "micro_batch_sizes,micro_losses,rank_grad_digests,content_digest,chain_digest,data_ms,"
-         "forward_ms,backward_ms,optimizer_ms,trace_ms\n";
+         "forward_ms,backward_ms,optimizer_ms,trace_ms,allreduce_calls,allreduce_bytes\n";
   for (const StepRecord& r : reader.steps(first, last)) {
     out << r.step << ',' << r.epoch << ',' << r.batch_in_epoch << ',' << r.batch_size << ','
         << r.sample_digest.hex() << ',' << number(r.loss) << ',' << r.loss_bits << ','
@@ -165,7 +168,7 @@ void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::os
         << r.content_digest.hex() << ',' << r.chain_digest.hex() << ','
         << number(r.timings.data_ms) << ',' << number(r.timings.forward_ms) << ','
         << number(r.timings.backward_ms) << ',' << number(r.timings.optimizer_ms) << ','
-        << number(r.timings.trace_ms) << '\n';
+        << number(r.timings.trace_ms) << ',' << r.allreduce_calls << ',' << r.allreduce_bytes << '\n';
   }
 }
 
@@ -189,7 +192,8 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
       << "created      " << h.created_utc << '\n'
       << "model        " << h.model_description << '\n'
       << "params       " << h.params.size() << " tensors, " << numbers << " numbers\n"
-      << "total steps  " << h.total_steps << '\n';
+      << "total steps  " << h.total_steps << '\n'
+      << "eff. batch   " << h.effective_batch << " (micro batch x accum steps x world size)\n";
   out << "fingerprint\n";
   for (const KeyValue& kv : h.fingerprint) out << "  " << kv.key << '=' << kv.value << '\n';
   out << "data files\n";

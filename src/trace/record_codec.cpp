@@ -87,6 +87,7 @@ void serialize_header(const TraceHeader& h, std::string& out) {
   }
   b.setTotalSteps(h.total_steps);
   b.setWorldSize(h.world_size);
+  b.setEffectiveBatch(h.effective_batch);
   b.setCreatedUtc(text(h.created_utc));
   flatten(builder, out);
 }
@@ -124,6 +125,8 @@ void serialize_step(const StepRecord& r, std::string& out) {
   t.setBackwardMs(r.timings.backward_ms);
   t.setOptimizerMs(r.timings.optimizer_ms);
   t.setTraceMs(r.timings.trace_ms);
+  b.setAllreduceCalls(r.allreduce_calls);
+  b.setAllreduceBytes(r.allreduce_bytes);
   flatten(builder, out);
 }
 
@@ -168,6 +171,7 @@ TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::strin
     for (auto f : b.getFaults()) h.faults.push_back({str(f.getKind()), f.getStep(), str(f.getArg())});
     h.total_steps = b.getTotalSteps();
     h.world_size = b.getWorldSize();
+    h.effective_batch = b.getEffectiveBatch();
     h.created_utc = str(b.getCreatedUtc());
     return h;
   });
@@ -207,6 +211,8 @@ StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& 
     r.timings.backward_ms = t.getBackwardMs();
     r.timings.optimizer_ms = t.getOptimizerMs();
     r.timings.trace_ms = t.getTraceMs();
+    r.allreduce_calls = b.getAllreduceCalls();
+    r.allreduce_bytes = b.getAllreduceBytes();
     return r;
   });
 }

@@ -51,6 +51,7 @@ struct TraceHeader {
   std::vector<Fault> faults;
   uint64_t total_steps = 0;
   uint32_t world_size = 1;
+  uint64_t effective_batch = 0;  // data.batch_size x train.accum_steps x world size
   std::string created_utc;  // ISO 8601; informational, not compared
 };
 
@@ -84,6 +85,10 @@ struct StepRecord {
   Digest128 content_digest;
   Digest128 chain_digest;
   Timings timings;
+  // Collectives of this step under data parallelism (gradient buckets and the loss): like the
+  // timings, informational and outside the content digest.
+  uint32_t allreduce_calls = 0;
+  uint64_t allreduce_bytes = 0;
 };
 
 struct EvalRecord {

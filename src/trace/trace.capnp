@@ -49,6 +49,7 @@ struct Header {
   totalSteps @10 :UInt64;
   worldSize @11 :UInt32;
   createdUtc @12 :Text;
+  effectiveBatch @13 :UInt64;  # samples per optimizer step: micro batch x accum steps x world size
 }
 
 enum Outcome {
@@ -87,6 +88,9 @@ struct Step {
   contentDigest @19 :Digest128;
   chainDigest @20 :Digest128;
   timings @21 :Timings;
+  # Collectives of the step (data parallelism): informational, not in the content digest.
+  allreduceCalls @22 :UInt32;
+  allreduceBytes @23 :UInt64;
 }
 
 struct Eval {

@@ -133,6 +133,11 @@ std::vector<Field> fields() {
                at(&C::runtime, &RuntimeConfig::interop_threads)});
   f.push_back({"runtime.deterministic", Kind::kBool, "deterministic algorithms only", {}, 0, 0, false,
                false, at(&C::runtime, &RuntimeConfig::deterministic)});
+  f.push_back({"runtime.collective_timeout_s", Kind::kFloat,
+               "data parallelism: seconds to wait for the other ranks before failing", {}, 0, 86400, true, false,
+               at(&C::runtime, &RuntimeConfig::collective_timeout_s)});
+  f.push_back({"runtime.bucket_mb", Kind::kFloat, "data parallelism: gradient all-reduce bucket size in MiB", {}, 0,
+               1e6, true, false, at(&C::runtime, &RuntimeConfig::bucket_mb)});
   f.push_back({"trace.enabled", Kind::kBool, "write the step trace", {}, 0, 0, false, false,
                at(&C::trace, &TraceConfig::enabled)});
   f.push_back({"trace.digests", Kind::kBool, "digest parameters, optimizer and RNG state every step", {},

@@ -84,6 +84,8 @@ struct RuntimeConfig {
   int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto
   int64_t interop_threads = 1;
   bool deterministic = true;
+  double collective_timeout_s = 120;  // data parallelism: rendezvous and collective timeout
+  double bucket_mb = 25;              // data parallelism: gradient all-reduce bucket size
 };
 
 struct TraceConfig {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -20,6 +21,8 @@
 #include "core/file_util.h"
 #include "data/fashion_mnist.h"
 #include "data/text_corpus.h"
+#include "core/tensor_digest.h"
+#include "dist/process_group.h"
 #include "trace/trace_writer.h"
 #include "train/environment.h"
 #include "train/faults.h"
@@ -110,7 +113,35 @@ void roll_back(Trainer& trainer, const trace::StepRecord& spike, const std::stri
 // The loop shared by record and resume: step, trace, evaluate at epoch ends, checkpoint.
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
               const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-              RunSummary& summary) {
+              RunSummary& summary, dist::ProcessGroup* pg) {
+  // Data parallelism: after the last micro-batch's backward only, record this rank's local
+  // gradient digest (gathered to every rank, so rank 0 can trace them all), then sum the
+  // gradients over the ranks in buckets; the loss is summed before backward so that skip and
+  // spike decisions are the same on every rank.
+  dist::CollectiveStats stats;
+  std::vector<Digest128> rank_digests;
+  std::optional<ckpt::ShardSync> sync;
+  if (pg) {
+    const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
+    trainer.set_after_last_backward([&trainer, pg, &stats, &rank_digests, bucket_bytes] {
+      NamedTensors grads;
+      for (const auto& item : trainer.module().named_parameters()) grads.emplace_back(item.key(), item.value().grad());
+      Digest128 mine = digest_named(grads);
+      std::string bytes(16, '\0');
+      std::memcpy(bytes.data(), &mine.hi, 8);
+      std::memcpy(bytes.data() + 8, &mine.lo, 8);
+      rank_digests.clear();
+      for (const auto& b : pg->allgather(bytes)) {
+        Digest128 d;
+        std::memcpy(&d.hi, b.data(), 8);
+        std::memcpy(&d.lo, b.data() + 8, 8);
+        rank_digests.push_back(d);
+      }
+      pg->allreduce_grads(trainer.module().parameters(), bucket_bytes, stats);
+    });
+    trainer.set_reduce_loss([pg, &stats](float v) { return pg->allreduce_sum(v, stats); });
+    sync = ckpt::ShardSync{[pg](const std::string& b) { return pg->allgather(b); }, [pg] { pg->barrier(); }};
+  }
   const auto start = Clock::now();
   auto last_ckpt = start;
   double last_write_ms = 0;
@@ -121,7 +152,12 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 
   while (trainer.step() < trainer.total_steps()) {
     const uint64_t epoch_before = trainer.cursor().epoch;
+    stats = {};
+    rank_digests.clear();
     trace::StepRecord rec = trainer.run_step(digests);
+    rec.rank_grad_digests = rank_digests;
+    rec.allreduce_calls = stats.calls;
+    rec.allreduce_bytes = stats.bytes;
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;
@@ -146,7 +182,9 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       roll_back(trainer, rec, run_dir, writer, cb);
       continue;
     }
-    if (trainer.fault_due("crash", rec.step)) {
+    std::string crash_rank;
+    if (trainer.fault_due("crash", rec.step, &crash_rank) &&
+        (crash_rank.empty() || crash_rank == std::to_string(trainer.rank()))) {
       const std::string id = "crash@" + std::to_string(rec.step);
       mark_fired_on_disk(run_dir, id);
       emit(writer, cb, rec.step, "fault", "injected crash after step " + std::to_string(rec.step) + ": SIGKILL");
@@ -166,11 +204,16 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     }
 
     const auto& ck = config.checkpoint;
+    bool time_due = ck.every_seconds > 0 &&
+                    std::chrono::duration<double>(Clock::now() - last_ckpt).count() >= ck.every_seconds;
+    // Clocks differ between ranks: rank 0's decides, or the ranks would part ways in the save.
+    if (pg && ck.every_seconds > 0) {
+      dist::CollectiveStats ignored;
+      time_due = pg->allreduce_sum(trainer.rank() == 0 && time_due ? 1.0f : 0.0f, ignored) > 0;
+    }
     const bool due =
         (interrupt && control.checkpoint_on_interrupt) || control.checkpoint_at.count(s) ||
-        (ck.every_steps > 0 && s % static_cast<uint64_t>(ck.every_steps) == 0) ||
-        (ck.every_seconds > 0 &&
-         std::chrono::duration<double>(Clock::now() - last_ckpt).count() >= ck.every_seconds) ||
+        (ck.every_steps > 0 && s % static_cast<uint64_t>(ck.every_steps) == 0) || time_due ||
         (last && ck.at_end);
     if (due) {
       ckpt::TracePosition pos;
@@ -180,10 +223,10 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
         pos.chain = writer->last_chain();
       }
       std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
-                                              static_cast<uint32_t>(ck.keep_last), {});
+                                              static_cast<uint32_t>(ck.keep_last), {}, sync ? &*sync : nullptr);
       summary.checkpoints += 1;
       last_ckpt = Clock::now();
-      if (cb.on_message) cb.on_message("checkpoint " + dir);
+      if (cb.on_message && trainer.rank() == 0) cb.on_message("checkpoint " + dir);
     }
     if (interrupt) {
       summary.interrupted = true;
@@ -222,36 +265,44 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 
   // Everything that can fail on bad input happens before the run directory is touched.
   data::Dataset data = load_dataset(config);
-  Trainer trainer(config, data);
-  prepare_run_dir(options.out_dir, options.force);
-  fs::write_file_atomic((stdfs::path(options.out_dir) / "config.toml").string(), config_text);
+  dist::ProcessGroup* pg = options.process_group;
+  const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
+  Trainer trainer(config, data, rank, world);
+  if (rank == 0) {
+    prepare_run_dir(options.out_dir, options.force);
+    fs::write_file_atomic((stdfs::path(options.out_dir) / "config.toml").string(), config_text);
+  }
+  if (pg) pg->barrier();
 
   RunSummary summary;
   summary.run_dir = options.out_dir;
   summary.trace_path = trace_path(options.out_dir);
 
   std::optional<trace::TraceWriter> writer;
-  if (config.trace.enabled) {
+  if (config.trace.enabled && rank == 0) {
     trace::TraceHeader h;
     h.retrace_version = retrace_version();
     h.config_toml = config_text;
     h.config_hash = ckpt::config_hash(config_text);
     h.seed = static_cast<uint64_t>(config.seed);
-    h.fingerprint = fingerprint(config.runtime, 1);
+    h.fingerprint = fingerprint(config.runtime, world);
     h.model_description = trainer.model().description;
     h.faults = parse_faults(config.faults.inject);
     h.params = trainer.param_info();
     h.data_files = data.files;
     h.total_steps = trainer.total_steps();
-    h.world_size = 1;
+    h.world_size = world;
+    h.effective_batch = static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps) * world;
     h.created_utc = utc_now();
     writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level)));
   }
-  run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary);
+  run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary, pg);
   return summary;
 }
 
-RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb) {
+RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
+                  dist::ProcessGroup* pg) {
+  const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   const std::string cfg_path = (stdfs::path(run_dir) / "config.toml").string();
   RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no config.toml in it",
                 " (is it a run directory made by `retrace record`?)");
@@ -260,15 +311,21 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   apply_environment(config.runtime);
 
   std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), 1, &skipped);
+  auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), world, &skipped);
   for (const auto& [dir, why] : skipped)
-    if (cb.on_message) cb.on_message("skipped checkpoint " + dir + ": " + why);
+    if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);
   RETRACE_CHECK(pick.has_value(), IntegrityError, "no complete checkpoint in ",
                 checkpoint_root(run_dir), skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
                 "; start again with `retrace record --force`");
+  if (pg) {
+    // Every rank must continue from the same checkpoint: rank 0's pick wins.
+    const auto picks = pg->allgather(pick->dir);
+    RETRACE_CHECK(picks[0] == pick->dir, IntegrityError, "rank ", rank, " picked ", pick->dir, " but rank 0 picked ",
+                  picks[0], "; are the ranks looking at the same run directory?");
+  }
 
   data::Dataset data = load_dataset(config);
-  Trainer trainer(config, data);
+  Trainer trainer(config, data, rank, world);
   ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
   load_fired(run_dir, trainer);
 
@@ -277,7 +334,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   summary.trace_path = trace_path(run_dir);
   summary.resumed_from = pick->dir;
   std::optional<trace::TraceWriter> writer;
-  if (config.trace.enabled) {
+  if (config.trace.enabled && rank == 0) {
     const std::string side = (stdfs::path(run_dir) / "trace.set-aside.rtrace").string();
     const uint64_t before = stdfs::file_size(summary.trace_path);
     writer.emplace(trace::TraceWriter::resume(summary.trace_path, restored.position.bytes,
@@ -290,7 +347,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     writer->append_event({trainer.step(), "resume", msg});
     if (cb.on_message) cb.on_message(msg);
   }
-  run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary);
+  run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg);
   return summary;
 }
 

@@ -17,6 +17,10 @@
 #include "trace/records.h"
 #include "train/config.h"
 
+namespace retrace::dist {
+class ProcessGroup;
+}
+
 namespace retrace::train {
 
 struct RunCallbacks {
@@ -41,6 +45,7 @@ struct RecordOptions {
   std::string out_dir = "run";
   bool force = false;  // replace an existing run directory
   LoopControl control;
+  dist::ProcessGroup* process_group = nullptr;  // data parallelism: this process is one rank
 };
 
 struct RunSummary {
@@ -70,7 +75,8 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 // Continues the run in run_dir from its newest checkpoint that verifies (falling back past torn or
 // corrupt ones, each reported through on_message), truncating the trace to the checkpoint's
 // position after setting the frames beyond it aside, and appending a "resume" event.
-RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks);
+RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks,
+                  dist::ProcessGroup* process_group = nullptr);
 
 // Loads the data set the config names (Fashion-MNIST IDX files, or a text corpus for model.kind gpt).
 data::Dataset load_dataset(const Config& config);

@@ -78,17 +78,25 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     r.micro_losses.push_back(static_cast<double>(loss_value) * static_cast<double>(count) /
                              static_cast<double>(mb.targets.numel()));
     r.forward_ms += ms_since(t);
-    if (!std::isfinite(loss_value)) {
+    if (!policy.reduce_loss && !std::isfinite(loss_value)) {
       r.loss = total.item<float>();
       r.skipped = true;
       r.skip_reason = "non_finite_loss";  // the scaler is not updated on this path
       return r;
     }
-    if (last && policy.spike && policy.spike->is_spike(total.item<float>())) {
+    if (last) {
       r.loss = total.item<float>();
-      r.skipped = true;
-      r.skip_reason = "loss_spike";
-      return r;
+      if (policy.reduce_loss) r.loss = policy.reduce_loss(r.loss);
+      if (!std::isfinite(r.loss)) {
+        r.skipped = true;
+        r.skip_reason = "non_finite_loss";
+        return r;
+      }
+      if (policy.spike && policy.spike->is_spike(r.loss)) {
+        r.skipped = true;
+        r.skip_reason = "loss_spike";
+        return r;
+      }
     }
     t = Clock::now();
     if (policy.probe) policy.probe->set_phase("backward");
@@ -97,7 +105,6 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     if (last && policy.after_last_backward) policy.after_last_backward();
     r.backward_ms += ms_since(t);
   }
-  r.loss = total.item<float>();
   if (policy.probe) policy.probe->after_backward(model);
 
   auto t = Clock::now();

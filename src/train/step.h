@@ -43,6 +43,10 @@ struct StepPolicy {
   // Total loss items (samples or tokens) of the effective batch over all ranks; 0: this rank's.
   int64_t global_count = 0;
   std::function<void()> after_last_backward;
+  // Data parallelism: the sum over ranks of this rank's effective-batch loss (each already divided
+  // by the global count). When set, non-finite and spike checks use the global value, so that
+  // every rank takes the same decision.
+  std::function<float(float)> reduce_loss;
   StepProbe* probe = nullptr;  // bisection only
 };
 

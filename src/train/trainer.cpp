@@ -195,7 +195,11 @@ trace::StepRecord Trainer::run_step(bool with_digests) {
   policy.autocast_dtype = autocast_dtype(config_);
   policy.scaler = &scaler_;
   policy.spike = &spike_guard_;
-  policy.global_count = global_count_;
+  // Under data parallelism each rank divides by the loss items of the whole global batch, so the
+  // summed gradients are the large-batch mean.
+  if (world_size_ > 1)
+    policy.global_count = static_cast<int64_t>(sampler_.global_batch_samples(cursor_)) * (y.numel() / std::max<int64_t>(1, y.size(0)));
+  policy.reduce_loss = reduce_loss_;
   policy.after_last_backward = after_last_backward_;
   policy.probe = probe_;
   StepResult r = train_step(*model_.module, model_.forward, *optimizer_, micro, policy, faults_for(rec.step));

@@ -88,8 +88,8 @@ class Trainer {
     probe_ = probe;
     if (model_.set_probe) model_.set_probe(probe);
   }
-  // Global loss items per effective step across ranks (0: this rank's own count).
-  void set_global_count(int64_t count) { global_count_ = count; }
+  // Data parallelism: the sum of a loss over the ranks (see StepPolicy::reduce_loss).
+  void set_reduce_loss(std::function<float(float)> reduce) { reduce_loss_ = std::move(reduce); }
 
  private:
   StepFaults faults_for(uint64_t step);
@@ -110,7 +110,7 @@ class Trainer {
   std::set<std::pair<uint64_t, uint64_t>> skip_batches_;  // (epoch, batch_in_epoch)
   std::vector<std::pair<std::string, std::string>> events_;
   std::function<void()> after_last_backward_;
-  int64_t global_count_ = 0;
+  std::function<float(float)> reduce_loss_;
   StepProbe* probe_ = nullptr;
   uint64_t total_steps_;
   uint64_t step_ = 0;

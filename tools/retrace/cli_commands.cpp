@@ -11,6 +11,8 @@
 
 #include "ckpt/verify.h"
 #include "core/error.h"
+#include "dist/launcher.h"
+#include "dist/process_group.h"
 #include "core/file_util.h"
 #include "replay/bisect.h"
 #include "replay/diff.h"
@@ -110,30 +112,105 @@ void print_summary(const train::RunSummary& s) {
                 static_cast<ull>(s.last_step), s.run_dir.c_str());
 }
 
-int run_record(const RecordArgs& a) {
+// This process's rank when the rendezvous variables are set (a launcher started it), else nullopt.
+std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag) {
+  auto env = dist::env_from_environment();
+  if (!env) return nullptr;
+  RETRACE_CHECK(world_flag <= 1 || static_cast<uint32_t>(world_flag) == env->world_size, ConfigError,
+                "--world-size ", world_flag, " but WORLD_SIZE=", env->world_size, " in the environment");
+  if (env->world_size == 1) return nullptr;
+  return std::make_unique<dist::ProcessGroup>(
+      *env, std::chrono::milliseconds(static_cast<int64_t>(config.runtime.collective_timeout_s * 1000)));
+}
+
+// Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
+std::vector<std::string> with_flag(std::vector<std::string> argv, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i)
+    if (argv[i] == flag) {
+      argv[i + 1] = value;
+      return argv;
+    }
+  argv.push_back(flag);
+  argv.push_back(value);
+  return argv;
+}
+
+std::vector<std::string> without_flag(std::vector<std::string> argv, const std::string& flag) {
+  std::vector<std::string> out;
+  for (const auto& a : argv)
+    if (a != flag) out.push_back(a);
+  return out;
+}
+
+void print_resume_check(const replay::CompareReport& rep, bool verified) {
+  std::printf("\nresume check: %llu steps compared (%llu only uninterrupted, %llu only resumed)\n",
+              static_cast<ull>(rep.compared), static_cast<ull>(rep.only_in_a), static_cast<ull>(rep.only_in_b));
+  std::printf("max loss difference: %.3g (step %llu); final loss difference %.3g\n", rep.max_loss_diff,
+              static_cast<ull>(rep.max_loss_diff_step), rep.final_loss_diff);
+  if (rep.first_diff)
+    std::printf("bitwise: no; first difference at step %llu, field %s: %s vs %s\n",
+                static_cast<ull>(rep.first_diff->step), rep.first_diff->field.c_str(), rep.first_diff->a.c_str(),
+                rep.first_diff->b.c_str());
+  else
+    std::printf("bitwise: yes (every field and digest equal, including the hash chain)\n");
+  std::printf("%s\n", verified ? "RESUME VERIFIED" : "RESUME FAILED");
+}
+
+// --world-size N --verify-resume: three launches (uninterrupted, interrupted, resumed), then compare.
+int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& argv, uint64_t interrupt_at) {
+  fs::make_writable_dir(a.out);
+  const std::string un = (std::filesystem::path(a.out) / "uninterrupted").string();
+  const std::string re = (std::filesystem::path(a.out) / "resumed").string();
+  std::vector<std::string> base = without_flag(without_flag(argv, "--verify-resume"), "--force");
+  base.push_back("--force");
+  std::vector<std::string> first = with_flag(base, "--out", un);
+  for (size_t i = 0; i < first.size(); ++i)  // the uninterrupted run neither stops nor saves at K
+    if ((first[i] == "--interrupt-at" || first[i] == "--checkpoint-at") && i + 1 < first.size()) {
+      first.erase(first.begin() + static_cast<long>(i), first.begin() + static_cast<long>(i) + 2);
+      --i;
+    }
+  std::printf("== uninterrupted %u-rank run -> %s\n", static_cast<unsigned>(a.world_size), un.c_str());
+  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), first)) return rc;
+  std::vector<std::string> second = with_flag(with_flag(base, "--out", re), "--interrupt-at", std::to_string(interrupt_at));
+  std::printf("== %u-rank run interrupted after step %llu -> %s\n", static_cast<unsigned>(a.world_size),
+              static_cast<ull>(interrupt_at), re.c_str());
+  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), second)) return rc;
+  std::printf("== resume %s on %u ranks\n", re.c_str(), static_cast<unsigned>(a.world_size));
+  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size),
+                                  {"resume", re, "--plain", "--world-size", std::to_string(a.world_size)}))
+    return rc;
+  auto sa = trace::TraceReader::open(train::trace_path(un)).steps();
+  auto sb = trace::TraceReader::open(train::trace_path(re)).steps();
+  replay::CompareReport rep = replay::compare_steps(sa, sb, replay::CompareMode::kBitwise);
+  const bool ok = rep.only_in_a == 0 && rep.only_in_b == 0 && rep.compared > 0 && rep.max_loss_diff < 1e-4;
+  print_resume_check(rep, ok);
+  return ok ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
+}
+
+int run_record(const RecordArgs& a, const std::vector<std::string>& argv) {
   train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
   if (a.print_config) {
     std::printf("%s", train::to_toml(config).c_str());
     return 0;
   }
-  auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
+  uint64_t interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  if (a.verify_resume && interrupt_at == 0 && !a.checkpoint_at.empty())
+    interrupt_at = static_cast<uint64_t>(a.checkpoint_at.front());
+  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
+  if (!pg && a.world_size > 1) {
+    if (a.verify_resume) {
+      RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
+      return verify_resume_launched(a, argv, interrupt_at);
+    }
+    return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);  // ranks print plain rows: a pipe
+  }
+  const bool quiet = pg && pg->rank() != 0;
+  auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
   if (a.verify_resume) {
-    RETRACE_CHECK(a.interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP");
-    replay::ResumeCheck r = replay::check_resume(config, a.out, static_cast<uint64_t>(a.interrupt_at),
-                                                 callbacks_for(printer));
+    RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
+    replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer));
     printer->clear();
-    const auto& rep = r.bitwise;
-    std::printf("\nresume check: %llu steps compared (%llu only uninterrupted, %llu only resumed)\n",
-                static_cast<ull>(rep.compared), static_cast<ull>(rep.only_in_a), static_cast<ull>(rep.only_in_b));
-    std::printf("max loss difference: %.3g (step %llu); final loss difference %.3g\n", rep.max_loss_diff,
-                static_cast<ull>(rep.max_loss_diff_step), rep.final_loss_diff);
-    if (rep.first_diff)
-      std::printf("bitwise: no; first difference at step %llu, field %s: %s vs %s\n",
-                  static_cast<ull>(rep.first_diff->step), rep.first_diff->field.c_str(), rep.first_diff->a.c_str(),
-                  rep.first_diff->b.c_str());
-    else
-      std::printf("bitwise: yes (every field and digest equal, including the hash chain)\n");
-    std::printf("%s\n", r.verified ? "RESUME VERIFIED" : "RESUME FAILED");
+    print_resume_check(r.bitwise, r.verified);
     return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
   }
   train::RecordOptions opts;
@@ -144,19 +221,24 @@ int run_record(const RecordArgs& a) {
     RETRACE_CHECK(s > 0, ConfigError, "--checkpoint-at expects step numbers >= 1, got ", s);
     opts.control.checkpoint_at.insert(static_cast<uint64_t>(s));
   }
-  train::RunSummary s = train::record(config, opts, callbacks_for(printer));
+  opts.process_group = pg.get();
+  train::RunSummary s = train::record(config, opts, quiet ? train::RunCallbacks{} : callbacks_for(printer));
   printer->clear();
-  print_summary(s);
+  if (!quiet) print_summary(s);
   return 0;
 }
 
-int run_resume(const ResumeArgs& a) {
-  auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
+int run_resume(const ResumeArgs& a, const std::vector<std::string>& argv) {
+  train::Config config;
+  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
+  if (!pg && a.world_size > 1) return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);
+  const bool quiet = pg && pg->rank() != 0;
+  auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
   train::LoopControl control;
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
-  train::RunSummary s = train::resume(a.run, control, callbacks_for(printer));
+  train::RunSummary s = train::resume(a.run, control, quiet ? train::RunCallbacks{} : callbacks_for(printer), pg.get());
   printer->clear();
-  print_summary(s);
+  if (!quiet) print_summary(s);
   return 0;
 }
 
@@ -394,6 +476,9 @@ void register_commands(CLI::App& app, CliArgs& args) {
   rec->add_option("--interrupt-at", r.interrupt_at,
                   "stop right after this step and its checkpoint, as if killed (resume with `retrace resume`)");
   rec->add_option("--checkpoint-at", r.checkpoint_at, "also checkpoint after these steps (repeatable)");
+  rec->add_option("--world-size", r.world_size,
+                  "data parallelism: start N rank processes on loopback (Gloo), or check WORLD_SIZE when a "
+                  "launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT");
   rec->add_flag("--verify-resume", r.verify_resume,
                 "with --interrupt-at: run uninterrupted (OUT/uninterrupted) and interrupted then resumed "
                 "(OUT/resumed), compare, print RESUME VERIFIED");
@@ -401,13 +486,15 @@ void register_commands(CLI::App& app, CliArgs& args) {
               "  retrace record --config configs/fashion-mlp.toml --set optim.name=sgd --set optim.lr=0.05 --out run-sgd\n"
               "  retrace record --total-steps 24 --interrupt-at 10 --out run24 && retrace resume run24\n"
               "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n"
-              "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n\nConfig keys:\n" +
+              "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n"
+              "  retrace record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out dp4\n\nConfig keys:\n" +
               train::describe_keys());
 
   auto* res = app.add_subcommand("resume", "continue a run from its newest checkpoint that verifies");
   res->add_option("run", args.resume.run, "run directory")->required();
   res->add_flag("--plain", args.resume.plain, "print one row per step even on a terminal");
   res->add_option("--interrupt-at", args.resume.interrupt_at, "stop after this step and its checkpoint");
+  res->add_option("--world-size", args.resume.world_size, "data parallelism: ranks to resume on (as recorded)");
   res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24");
 
   auto* ins = app.add_subcommand("inspect", "print a trace's header and step table");
@@ -480,9 +567,9 @@ void register_commands(CLI::App& app, CliArgs& args) {
   gu->footer("Example:\n  retrace golden update fashion-mlp-100 --reason \"schedule now decays to 5 %\"");
 }
 
-int run_selected(CLI::App& app, const CliArgs& args) {
-  if (app.got_subcommand("record")) return run_record(args.record);
-  if (app.got_subcommand("resume")) return run_resume(args.resume);
+int run_selected(CLI::App& app, const CliArgs& args, const std::vector<std::string>& argv) {
+  if (app.got_subcommand("record")) return run_record(args.record, argv);
+  if (app.got_subcommand("resume")) return run_resume(args.resume, argv);
   if (app.got_subcommand("inspect")) return run_inspect(args.inspect);
   if (app.got_subcommand("verify")) return run_verify(args.verify);
   if (app.got_subcommand("replay")) return run_replay(args.replay);

@@ -22,12 +22,14 @@ struct RecordArgs {
   std::vector<int64_t> checkpoint_at;
   bool verify_resume = false;
   std::string inject;
+  int64_t world_size = 1;
 };
 
 struct ResumeArgs {
   std::string run;
   bool plain = false;
   int64_t interrupt_at = 0;
+  int64_t world_size = 1;
 };
 
 struct InspectArgs {
@@ -96,6 +98,7 @@ struct CliArgs {
 };
 
 void register_commands(CLI::App& app, CliArgs& args);
-int run_selected(CLI::App& app, const CliArgs& args);
+// `argv` is the whole command line, which the local launcher hands to every rank.
+int run_selected(CLI::App& app, const CliArgs& args, const std::vector<std::string>& argv);
 
 }  // namespace retrace::cli

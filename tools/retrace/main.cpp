@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli_commands.h"
 #include "core/error.h"
@@ -20,7 +22,7 @@ int main(int argc, char** argv) {
   retrace::cli::register_commands(app, args);
   try {
     app.parse(argc, argv);
-    return retrace::cli::run_selected(app, args);
+    return retrace::cli::run_selected(app, args, std::vector<std::string>(argv + 1, argv + argc));
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : static_cast<int>(retrace::ExitCode::kUsage);

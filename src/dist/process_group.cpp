@@ -1,0 +1,149 @@
+#include "dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace retrace::dist {
+namespace {
+uint64_t env_u64(const char* name, uint64_t fallback, bool required) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    RETRACE_CHECK(!required, ConfigError, "environment variable ", name,
+                  " is not set; data-parallel ranks need RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                  "(or start them with `retrace record --world-size N`)");
+    return fallback;
+  }
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  RETRACE_CHECK(end && *end == '\0', ConfigError, "environment variable ", name, "=\"", v, "\" is not a number");
+  return x;
+}
+// Collectives fail when another rank died or the timeout passed: an environment problem with a
+// message that says which rank saw it, not an internal error.
+template <typename Fn>
+auto collective(const char* what, uint32_t rank, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const retrace::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    RETRACE_FAIL(IoError, "rank ", rank, ": ", what, " failed: ", e.what(),
+                 "; another rank probably stopped or the collective timeout (runtime.collective_timeout_s) passed");
+  }
+}
+}  // namespace
+
+std::optional<DistEnv> env_from_environment() {
+  if (!std::getenv("WORLD_SIZE")) return std::nullopt;
+  DistEnv e;
+  e.world_size = static_cast<uint32_t>(env_u64("WORLD_SIZE", 1, true));
+  e.rank = static_cast<uint32_t>(env_u64("RANK", 0, true));
+  e.local_rank = static_cast<uint32_t>(env_u64("LOCAL_RANK", e.rank, false));
+  if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
+  e.master_port = static_cast<uint16_t>(env_u64("MASTER_PORT", 29500, false));
+  RETRACE_CHECK(e.world_size >= 1 && e.rank < e.world_size, ConfigError, "RANK=", e.rank,
+                " is not below WORLD_SIZE=", e.world_size);
+  return e;
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+};
+
+ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : env_(env), impl_(new Impl) {
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = env.master_port;
+    so.isServer = env.rank == 0;
+    so.numWorkers = env.world_size;
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    const bool loopback = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
+    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->threads = 1;
+    impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, static_cast<int>(env.rank),
+                                                             static_cast<int>(env.world_size), opts);
+  } catch (const std::exception& e) {
+    RETRACE_FAIL(IoError, "rank ", env.rank, " of ", env.world_size, " could not join the process group at ",
+                 env.master_addr, ":", env.master_port, ": ", e.what(),
+                 "; check that every rank started and that the address and port are reachable");
+  }
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes,
+                                   CollectiveStats& stats) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  size_t i = 0;
+  while (i < grads.size()) {
+    std::vector<torch::Tensor> bucket;
+    uint64_t bytes = 0;
+    while (i < grads.size() && (bucket.empty() || bytes + grads[i].nbytes() <= bucket_bytes)) {
+      bytes += grads[i].nbytes();
+      bucket.push_back(grads[i++]);
+    }
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& g : bucket) flat_parts.push_back(g.reshape({-1}));
+    std::vector<torch::Tensor> flat = {torch::cat(flat_parts)};
+    collective("gradient all-reduce", env_.rank, [&] { return impl_->pg->allreduce(flat, c10d::AllreduceOptions{})->wait(); });
+    int64_t offset = 0;
+    torch::NoGradGuard no_grad;
+    for (auto& g : bucket) {
+      g.copy_(flat[0].slice(0, offset, offset + g.numel()).view_as(g));
+      offset += g.numel();
+    }
+    stats.calls += 1;
+    stats.bytes += bytes;
+  }
+}
+
+float ProcessGroup::allreduce_sum(float value, CollectiveStats& stats) {
+  std::vector<torch::Tensor> t = {torch::full({1}, value, torch::kFloat32)};
+  collective("loss all-reduce", env_.rank, [&] { return impl_->pg->allreduce(t, c10d::AllreduceOptions{})->wait(); });
+  stats.calls += 1;
+  stats.bytes += 4;
+  return t[0].item<float>();
+}
+
+std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
+  // Sizes first, then the bytes padded to the largest.
+  std::vector<torch::Tensor> in = {torch::full({1}, static_cast<int64_t>(mine.size()), torch::kInt64)};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty({1}, torch::kInt64));
+  collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out, in)->wait(); });
+  int64_t max_size = 1;
+  std::vector<int64_t> sizes;
+  for (const auto& t : out[0]) {
+    sizes.push_back(t.item<int64_t>());
+    max_size = std::max(max_size, sizes.back());
+  }
+  torch::Tensor mine_t = torch::zeros({max_size}, torch::kUInt8);
+  std::memcpy(mine_t.data_ptr(), mine.data(), mine.size());
+  std::vector<torch::Tensor> in2 = {mine_t};
+  std::vector<std::vector<torch::Tensor>> out2(1);
+  for (uint32_t r = 0; r < env_.world_size; ++r) out2[0].push_back(torch::empty({max_size}, torch::kUInt8));
+  collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out2, in2)->wait(); });
+  std::vector<std::string> result;
+  for (uint32_t r = 0; r < env_.world_size; ++r)
+    result.emplace_back(static_cast<const char*>(out2[0][r].data_ptr()), static_cast<size_t>(sizes[r]));
+  return result;
+}
+
+void ProcessGroup::barrier() {
+  collective("barrier", env_.rank, [&] { return impl_->pg->barrier()->wait(); });
+}
+
+}  // namespace retrace::dist

@@ -1,0 +1,66 @@
+// Ranks and their collectives, on c10d (DESIGN.md "Beyond one machine"): ranks rendezvous through
+// c10d's TCPStore from RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, so launchers
+// that set those (torchrun-style, Slurm, Kubernetes) work across hosts; collectives are Gloo's on
+// CPU (NCCL on CUDA where LibTorch has it). We write no transport of our own.
+//
+// Determinism: Gloo's ring all-reduce adds the ranks' contributions in an order fixed by the world
+// size and the bucket layout, so for a fixed world size the reduced gradients are the same bits
+// on every run. Across world sizes the order (and so the rounding) differs: equal within float
+// rounding, not bitwise (README, "Data parallelism").
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace retrace::dist {
+
+struct DistEnv {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  uint16_t master_port = 29500;
+};
+
+// Reads the rendezvous variables; nullopt when WORLD_SIZE is unset. ConfigError naming the
+// variable when one is malformed or RANK >= WORLD_SIZE.
+std::optional<DistEnv> env_from_environment();
+
+struct CollectiveStats {
+  uint32_t calls = 0;
+  uint64_t bytes = 0;
+};
+
+class ProcessGroup {
+ public:
+  // Connects to the other ranks (blocks until all have joined or `timeout` passes: IoError).
+  ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  uint32_t rank() const { return env_.rank; }
+  uint32_t world_size() const { return env_.world_size; }
+
+  // Sums every defined gradient over the ranks, in place, flattening them into buckets of at most
+  // bucket_bytes in parameter order. Adds to stats.
+  void allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes, CollectiveStats& stats);
+  // Sum of a scalar over the ranks (float32, like the losses it carries).
+  float allreduce_sum(float value, CollectiveStats& stats);
+  // Every rank's bytes, indexed by rank.
+  std::vector<std::string> allgather(const std::string& mine);
+  void barrier();
+
+ private:
+  DistEnv env_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace retrace::dist
