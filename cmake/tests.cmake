@@ -40,3 +40,10 @@ set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)
 add_test(NAME replay_cli COMMAND bash ${CMAKE_SOURCE_DIR}/tests/replay/replay_cli_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR}/golden)
 set_tests_properties(replay_cli PROPERTIES TIMEOUT 900)
+
+# Data parallelism through the real binary's launcher (Gloo ranks on loopback).
+retrace_gtest(dist_test tests/dist/dist_test.cpp)
+target_link_libraries(dist_test PRIVATE retrace_replay)
+target_precompile_headers(dist_test REUSE_FROM retrace_lib)
+target_compile_definitions(dist_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
+add_dependencies(dist_test retrace)

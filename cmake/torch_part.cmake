@@ -49,6 +49,7 @@ add_library(retrace_replay STATIC
   replay/replay.cpp
   replay/golden.cpp
   replay/bisect.cpp
+  replay/accum_grid.cpp
 )
 target_include_directories(retrace_replay PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_lib tomlplusplus::tomlplusplus)

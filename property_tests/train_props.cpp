@@ -386,7 +386,9 @@ int main() {
     const uint32_t world = *rc::gen::inRange<uint32_t>(1, 5);
     const bool keep = *rc::gen::arbitrary<bool>();
     const auto last = keep ? data::LastBatch::kKeep : data::LastBatch::kDrop;
-    const bool constructible = keep ? n >= world : n >= batch * world;
+    const uint64_t rest = n % (batch * world);
+    // keep: every rank needs a sample of the last partial batch (see sampler.h).
+    const bool constructible = keep ? n >= world && (rest == 0 || rest >= world) : n >= batch * world;
     if (!constructible) {
       RC_ASSERT_THROWS_AS(data::Sampler(seed, n, batch, last, 0, world), ConfigError);
       return;

@@ -27,8 +27,10 @@ Sampler::Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastB
                   " (data.batch_size x world size); lower data.batch_size or set data.last_batch = \"keep\"");
   } else {
     batches_per_epoch_ = (num_samples + global - 1) / global;
-    RETRACE_CHECK(num_samples >= world_size, ConfigError, "the data set has ", num_samples,
-                  " samples, fewer than the world size ", world_size);
+    const uint64_t rest = num_samples % global;
+    RETRACE_CHECK(rest == 0 || rest >= world_size, ConfigError, "data.last_batch = \"keep\" leaves a last batch of ",
+                  rest, " samples for ", world_size, " ranks, so some ranks would have none; use \"drop\" or a "
+                  "batch size that leaves at least one sample per rank");
   }
 }
 

@@ -8,7 +8,8 @@
 //   kDrop: the remainder is not used in that epoch (a different remainder each epoch, since the
 //          order changes). Every step has exactly batch_size samples per rank. The default.
 //   kKeep: one smaller final global batch of m samples; rank r takes samples
-//          [r*m/W, (r+1)*m/W) of it (integer division), so ranks may differ by one sample.
+//          [r*m/W, (r+1)*m/W) of it (integer division), so ranks may differ by one sample. A last
+//          batch with fewer samples than ranks is refused (ConfigError): a rank would have none.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,8 @@ struct Cursor {
 
 class Sampler {
  public:
-  // Throws ConfigError if batch_size or world_size is 0, rank >= world_size, or the data set is
-  // smaller than one global batch under kDrop.
+  // Throws ConfigError if batch_size or world_size is 0, rank >= world_size, the data set is
+  // smaller than one global batch under kDrop, or kKeep leaves a rank without samples.
   Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch,
           uint32_t rank = 0, uint32_t world_size = 1);
 

@@ -84,6 +84,7 @@ ProcessGroup::~ProcessGroup() = default;
 
 void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes,
                                    CollectiveStats& stats) {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
@@ -108,13 +109,16 @@ void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uin
     stats.calls += 1;
     stats.bytes += bytes;
   }
+  stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 float ProcessGroup::allreduce_sum(float value, CollectiveStats& stats) {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> t = {torch::full({1}, value, torch::kFloat32)};
   collective("loss all-reduce", env_.rank, [&] { return impl_->pg->allreduce(t, c10d::AllreduceOptions{})->wait(); });
   stats.calls += 1;
   stats.bytes += 4;
+  stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return t[0].item<float>();
 }
 

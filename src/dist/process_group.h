@@ -35,6 +35,7 @@ std::optional<DistEnv> env_from_environment();
 struct CollectiveStats {
   uint32_t calls = 0;
   uint64_t bytes = 0;
+  double ms = 0;
 };
 
 class ProcessGroup {

@@ -102,7 +102,8 @@ json step_json(const StepRecord& r) {
                   {"forward_ms", r.timings.forward_ms},
                   {"backward_ms", r.timings.backward_ms},
                   {"optimizer_ms", r.timings.optimizer_ms},
-                  {"trace_ms", r.timings.trace_ms}};
+                  {"trace_ms", r.timings.trace_ms},
+                  {"allreduce_ms", r.timings.allreduce_ms}};
   return j;
 }
 
@@ -154,7 +155,7 @@ void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::os
   out << "step,epoch,batch_in_epoch,batch_size,sample_digest,loss,loss_bits,grad_norm_pre,"
          "grad_norm_post,lr,loss_scale,outcome,skip_reason,param_digest,optim_digest,rng_digest,"
          "micro_batch_sizes,micro_losses,rank_grad_digests,content_digest,chain_digest,data_ms,"
-         "forward_ms,backward_ms,optimizer_ms,trace_ms,allreduce_calls,allreduce_bytes\n";
+         "forward_ms,backward_ms,optimizer_ms,trace_ms,allreduce_ms,allreduce_calls,allreduce_bytes\n";
   for (const StepRecord& r : reader.steps(first, last)) {
     out << r.step << ',' << r.epoch << ',' << r.batch_in_epoch << ',' << r.batch_size << ','
         << r.sample_digest.hex() << ',' << number(r.loss) << ',' << r.loss_bits << ','
@@ -168,7 +169,7 @@ void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::os
         << r.content_digest.hex() << ',' << r.chain_digest.hex() << ','
         << number(r.timings.data_ms) << ',' << number(r.timings.forward_ms) << ','
         << number(r.timings.backward_ms) << ',' << number(r.timings.optimizer_ms) << ','
-        << number(r.timings.trace_ms) << ',' << r.allreduce_calls << ',' << r.allreduce_bytes << '\n';
+        << number(r.timings.trace_ms) << ',' << number(r.timings.allreduce_ms) << ',' << r.allreduce_calls << ',' << r.allreduce_bytes << '\n';
   }
 }
 

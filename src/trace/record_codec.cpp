@@ -125,6 +125,7 @@ void serialize_step(const StepRecord& r, std::string& out) {
   t.setBackwardMs(r.timings.backward_ms);
   t.setOptimizerMs(r.timings.optimizer_ms);
   t.setTraceMs(r.timings.trace_ms);
+  t.setAllreduceMs(r.timings.allreduce_ms);
   b.setAllreduceCalls(r.allreduce_calls);
   b.setAllreduceBytes(r.allreduce_bytes);
   flatten(builder, out);
@@ -211,6 +212,7 @@ StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& 
     r.timings.backward_ms = t.getBackwardMs();
     r.timings.optimizer_ms = t.getOptimizerMs();
     r.timings.trace_ms = t.getTraceMs();
+    r.timings.allreduce_ms = t.getAllreduceMs();
     r.allreduce_calls = b.getAllreduceCalls();
     r.allreduce_bytes = b.getAllreduceBytes();
     return r;

@@ -58,6 +58,7 @@ struct TraceHeader {
 // Wall time of one step, split by phase, in milliseconds. Never part of any digest.
 struct Timings {
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;
+  double allreduce_ms = 0;  // part of backward_ms: data-parallel collectives
 };
 
 struct StepRecord {

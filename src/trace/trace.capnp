@@ -63,6 +63,7 @@ struct Timings {
   backwardMs @2 :Float64;
   optimizerMs @3 :Float64;
   traceMs @4 :Float64;
+  allreduceMs @5 :Float64;  # part of backwardMs: the data-parallel collectives
 }
 
 struct Step {

@@ -158,6 +158,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     rec.rank_grad_digests = rank_digests;
     rec.allreduce_calls = stats.calls;
     rec.allreduce_bytes = stats.bytes;
+    rec.timings.allreduce_ms = stats.ms;
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;

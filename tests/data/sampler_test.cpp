@@ -43,12 +43,12 @@ TEST(Sampler, RankShardsPartitionEachEpoch) {
   for (LastBatch lb : {LastBatch::kDrop, LastBatch::kKeep}) {
     const uint32_t world = 4;
     std::vector<Sampler> ranks;
-    for (uint32_t r = 0; r < world; ++r) ranks.emplace_back(9, 1003, 10, lb, r, world);
+    for (uint32_t r = 0; r < world; ++r) ranks.emplace_back(9, 1005, 10, lb, r, world);
     std::multiset<int64_t> seen;
     for (uint64_t b = 0; b < ranks[0].batches_per_epoch(); ++b)
       for (auto& s : ranks)
         for (int64_t i : s.batch({0, b})) seen.insert(i);
-    const size_t expected = lb == LastBatch::kDrop ? 1000 : 1003;
+    const size_t expected = lb == LastBatch::kDrop ? 1000 : 1005;
     EXPECT_EQ(seen.size(), expected);
     EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), expected) << "shards overlap";
   }
@@ -65,6 +65,9 @@ TEST(Sampler, RejectsImpossibleSettings) {
   EXPECT_THROW(Sampler(1, 10, 0, LastBatch::kDrop), ConfigError);
   EXPECT_THROW(Sampler(1, 10, 32, LastBatch::kDrop), ConfigError);
   EXPECT_THROW(Sampler(1, 10, 2, LastBatch::kDrop, 2, 2), ConfigError);
+  // keep: 17 samples in global batches of 16 leave 1 sample for 4 ranks.
+  EXPECT_THROW(Sampler(1, 17, 4, LastBatch::kKeep, 0, 4), ConfigError);
+  EXPECT_NO_THROW(Sampler(1, 20, 4, LastBatch::kKeep, 0, 4));
 }
 
 }  // namespace

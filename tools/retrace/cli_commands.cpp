@@ -14,6 +14,7 @@
 #include "dist/launcher.h"
 #include "dist/process_group.h"
 #include "core/file_util.h"
+#include "replay/accum_grid.h"
 #include "replay/bisect.h"
 #include "replay/diff.h"
 #include "replay/golden.h"
@@ -191,6 +192,23 @@ int run_record(const RecordArgs& a, const std::vector<std::string>& argv) {
   train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
   if (a.print_config) {
     std::printf("%s", train::to_toml(config).c_str());
+    return 0;
+  }
+  if (!a.accum_grid.empty()) {
+    auto rows = replay::accum_grid(config, a.accum_grid, a.out);
+    std::printf("accumulation grid: effective batch %lld, %llu steps each (runs in %s/accum-N)\n",
+                static_cast<long long>(config.data.batch_size * config.train.accum_steps),
+                static_cast<ull>(rows.front().compared), a.out.c_str());
+    std::printf("%6s %8s %12s %22s %14s %12s %14s\n", "accum", "micro", "final loss", "max |loss - accum 1|",
+                "ms / step", "x accum 1", "peak RSS MiB");
+    for (const auto& r : rows)
+      std::printf("%6lld %8lld %12.6f %22.3g %14.2f %12.2f %14.1f\n", static_cast<long long>(r.accum_steps),
+                  static_cast<long long>(r.micro_batch), r.final_loss, r.max_loss_diff, r.median_step_ms,
+                  r.median_step_ms / rows.front().median_step_ms, r.peak_rss_mib);
+    if (config.model.dropout > 0)
+      std::printf("note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
+                  "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone\n",
+                  config.model.dropout);
     return 0;
   }
   uint64_t interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
@@ -476,6 +494,10 @@ void register_commands(CLI::App& app, CliArgs& args) {
   rec->add_option("--interrupt-at", r.interrupt_at,
                   "stop right after this step and its checkpoint, as if killed (resume with `retrace resume`)");
   rec->add_option("--checkpoint-at", r.checkpoint_at, "also checkpoint after these steps (repeatable)");
+  rec->add_option("--accum-grid", r.accum_grid,
+                  "train the same effective batch with each number of micro-batches (e.g. 1,2,4,8,16) and "
+                  "print final loss, max loss difference, time per step and peak memory")
+      ->delimiter(',');
   rec->add_option("--world-size", r.world_size,
                   "data parallelism: start N rank processes on loopback (Gloo), or check WORLD_SIZE when a "
                   "launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT");
@@ -487,7 +509,8 @@ void register_commands(CLI::App& app, CliArgs& args) {
               "  retrace record --total-steps 24 --interrupt-at 10 --out run24 && retrace resume run24\n"
               "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n"
               "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n"
-              "  retrace record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out dp4\n\nConfig keys:\n" +
+              "  retrace record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out dp4\n"
+              "  retrace record --accum-grid 1,2,4,8,16 --steps 200 --out grid\n\nConfig keys:\n" +
               train::describe_keys());
 
   auto* res = app.add_subcommand("resume", "continue a run from its newest checkpoint that verifies");

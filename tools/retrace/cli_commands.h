@@ -23,6 +23,7 @@ struct RecordArgs {
   bool verify_resume = false;
   std::string inject;
   int64_t world_size = 1;
+  std::vector<int64_t> accum_grid;
 };
 
 struct ResumeArgs {

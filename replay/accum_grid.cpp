@@ -1,0 +1,87 @@
+#include "replay/accum_grid.h"
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "replay/compare.h"
+#include "trace/trace_reader.h"
+#include "train/run.h"
+
+namespace retrace::replay {
+
+std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vector<int64_t>& grid,
+                                     const std::string& out_dir) {
+  RETRACE_CHECK(!grid.empty(), ConfigError, "--accum-grid needs at least one setting, e.g. 1,2,4,8,16");
+  const int64_t effective = config.data.batch_size * config.train.accum_steps;
+  for (int64_t a : grid)
+    RETRACE_CHECK(a >= 1 && effective % a == 0, ConfigError, "--accum-grid: ", a,
+                  " micro-batches do not divide the effective batch of ", effective,
+                  " (data.batch_size x train.accum_steps); choose divisors of it");
+  fs::make_writable_dir(out_dir);
+  std::vector<AccumGridRow> rows;
+  for (int64_t a : grid) {
+    AccumGridRow row;
+    row.accum_steps = a;
+    row.micro_batch = effective / a;
+    row.run_dir = (std::filesystem::path(out_dir) / ("accum-" + std::to_string(a))).string();
+    train::Config c = config;
+    c.data.batch_size = row.micro_batch;
+    c.train.accum_steps = a;
+    // A fresh process per setting: its peak RSS is the setting's own.
+    int fds[2];
+    RETRACE_CHECK(::pipe(fds) == 0, IoError, "pipe failed");
+    std::fflush(stdout);
+    pid_t pid = ::fork();
+    RETRACE_CHECK(pid >= 0, IoError, "fork failed");
+    if (pid == 0) {
+      ::close(fds[0]);
+      double peak = -1;
+      try {
+        train::RecordOptions o;
+        o.out_dir = row.run_dir;
+        o.force = true;
+        train::record(c, o, {});
+        struct rusage u {};
+        getrusage(RUSAGE_SELF, &u);
+        peak = static_cast<double>(u.ru_maxrss) / 1024.0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "accum %lld: %s\n", static_cast<long long>(a), e.what());
+      }
+      ssize_t n = ::write(fds[1], &peak, sizeof peak);
+      ::_exit(n == static_cast<ssize_t>(sizeof peak) && peak >= 0 ? 0 : 1);
+    }
+    ::close(fds[1]);
+    double peak = -1;
+    ssize_t n = ::read(fds[0], &peak, sizeof peak);
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    RETRACE_CHECK(n == static_cast<ssize_t>(sizeof peak) && peak >= 0, InvariantError, "the run with accum_steps ", a,
+                  " failed (see its message above)");
+    row.peak_rss_mib = peak;
+    rows.push_back(row);
+  }
+  auto base = trace::TraceReader::open(train::trace_path(rows.front().run_dir)).steps();
+  for (auto& row : rows) {
+    auto steps = trace::TraceReader::open(train::trace_path(row.run_dir)).steps();
+    CompareReport rep = compare_steps(base, steps, CompareMode::kTolerance, 1e-3);
+    row.max_loss_diff = rep.max_loss_diff;
+    row.compared = rep.compared;
+    row.final_loss = steps.empty() ? 0 : steps.back().loss;
+    std::vector<double> ms;
+    for (const auto& s : steps)
+      ms.push_back(s.timings.data_ms + s.timings.forward_ms + s.timings.backward_ms + s.timings.optimizer_ms +
+                   s.timings.trace_ms);
+    std::sort(ms.begin(), ms.end());
+    row.median_step_ms = ms.empty() ? 0 : ms[ms.size() / 2];
+  }
+  return rows;
+}
+
+}  // namespace retrace::replay
