@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ccache
   libtorch-dev                 # LibTorch 1.13 (CPU): the tensor library we train with
+  libgloo-dev                  # Gloo headers: c10d's CPU process group for data parallelism
   libopenblas0-pthread         # an optimized BLAS; Debian's libtorch uses whatever libblas.so.3 is
   libcapnp-dev capnproto       # Cap'n Proto: the trace's record schema, compiled at build time
   libzstd-dev                  # zstd: trace frame compression
