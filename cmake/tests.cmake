@@ -25,6 +25,13 @@ retrace_gtest(torch_test
 target_link_libraries(torch_test PRIVATE retrace_replay)
 target_precompile_headers(torch_test REUSE_FROM retrace_lib)
 
+# Tests that need the real binary (a process that kills itself) or several end-to-end runs.
+retrace_gtest(robust_step_test tests/train/robust_step_test.cpp)
+target_link_libraries(robust_step_test PRIVATE retrace_replay)
+target_precompile_headers(robust_step_test REUSE_FROM retrace_lib)
+target_compile_definitions(robust_step_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
+add_dependencies(robust_step_test retrace)
+
 # RapidCheck properties of the step, RNG state, sampler, checkpoints and resume. Bounded by default
 # (max_success=30); RC_PARAMS overrides, e.g. RC_PARAMS="max_success=2000" for a long run.
 add_executable(train_props property_tests/train_props.cpp)

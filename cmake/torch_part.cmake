@@ -40,6 +40,12 @@ add_library(retrace_lib STATIC
 target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace retrace_ckptfmt ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
 target_compile_options(retrace_lib PUBLIC ${TORCH_CXX_FLAGS})
 target_precompile_headers(retrace_lib PRIVATE <torch/torch.h>)
+# NCCL for data parallelism on CUDA: only against a LibTorch built with CUDA and c10d NCCL (the
+# GPU machines' LibTorch 2.x); Debian's CPU LibTorch has neither, so the CPU build never needs it.
+option(RETRACE_WITH_NCCL "Build the NCCL process group (needs LibTorch with CUDA and NCCL)" OFF)
+if(RETRACE_WITH_NCCL)
+  target_compile_definitions(retrace_lib PUBLIC RETRACE_WITH_NCCL USE_C10D_NCCL)
+endif()
 
 # Replay, diff, golden checks and bisection: above the trainer, below the CLI. The torch-free
 # part (step comparison, diff, reports) is retrace_diff.
@@ -57,6 +63,19 @@ target_precompile_headers(retrace_replay REUSE_FROM retrace_lib)
 
 add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
 target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)
+
+# Allocator: tcmalloc for the retrace binary when Debian's libtcmalloc-minimal4 is installed
+# (MACHINE-FACTS: glibc malloc takes ~20k page faults per GPT step). -DRETRACE_TCMALLOC=OFF
+# switches it off; the fingerprint records which allocator ran. `retrace_glibc` is the same
+# binary without it, built on demand for the allocator benchmark.
+option(RETRACE_TCMALLOC "Link the retrace binary with tcmalloc when available" ON)
+find_library(TCMALLOC_MINIMAL NAMES tcmalloc_minimal libtcmalloc_minimal.so.4)
+add_executable(retrace_glibc EXCLUDE_FROM_ALL tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
+target_link_libraries(retrace_glibc PRIVATE retrace_replay CLI11::CLI11)
+if(RETRACE_TCMALLOC AND TCMALLOC_MINIMAL)
+  message(STATUS "retrace links tcmalloc: ${TCMALLOC_MINIMAL}")
+  target_link_libraries(retrace PRIVATE -Wl,--no-as-needed ${TCMALLOC_MINIMAL} -Wl,--as-needed)
+endif()
 
 add_executable(record_bench tools/bench/record_bench.cpp)
 target_link_libraries(record_bench PRIVATE retrace_lib)

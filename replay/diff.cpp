@@ -274,6 +274,14 @@ std::map<std::string, std::string> flatten_config(const std::string& toml_text) 
   return out;
 }
 
+void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn) {
+  const std::pair<const char*, const std::vector<ValueDiff>*> parts[] = {
+      {"config", &h.config}, {"environment", &h.fingerprint}, {"model", &h.model},
+      {"data", &h.data_files}, {"fault", &h.faults}, {"header", &h.other}};
+  for (const auto& [part, list] : parts)
+    for (const auto& d : *list) fn(part, d);
+}
+
 HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b) {
   HeaderDiff d;
   d.config = diff_maps(flatten_config(a.config_toml), flatten_config(b.config_toml));
@@ -417,15 +425,9 @@ std::string render_text(const DiffReport& r) {
     section("header differences");
     TextTable t("  ");
     t.row({"part", "key", "a", "b"});
-    auto add = [&](const char* part, const std::vector<ValueDiff>& v) {
-      for (const auto& d : v) t.row({part, d.key, side(d.a), side(d.b)});
-    };
-    add("config", r.header.config);
-    add("environment", r.header.fingerprint);
-    add("model", r.header.model);
-    add("data", r.header.data_files);
-    add("fault", r.header.faults);
-    add("header", r.header.other);
+    for_each_header_diff(r.header, [&](const char* part, const ValueDiff& d) {
+      t.row({part, d.key, side(d.a), side(d.b)});
+    });
     t.render(out);
   }
 

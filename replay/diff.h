@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -108,6 +109,9 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
 
 // The header part alone (exposed for tests and for `inspect`-like uses).
 HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b);
+// Visits every header difference with its part ("config", "environment", "model", "data", "fault",
+// "header"), in that order: the one order both renderings use.
+void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn);
 
 // Parses a resolved config (lines "key = value" under "[section]" lines, '#' comments) into
 // dotted keys; values are kept as written, trimmed. Lines that are neither are ignored.

@@ -469,16 +469,9 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     out << "<p class=\"note\">none (config, environment, model, data files and faults are equal)</p>\n";
   } else {
     out << "<table><tr><th>part</th><th>key</th><th>a</th><th>b</th></tr>\n";
-    auto add = [&](const char* part, const std::vector<ValueDiff>& v) {
-      for (const auto& d : v)
-        out << "<tr>" << td(part) << td(d.key, "v") << cell(d.a) << cell(d.b) << "</tr>\n";
-    };
-    add("config", r.header.config);
-    add("environment", r.header.fingerprint);
-    add("model", r.header.model);
-    add("data", r.header.data_files);
-    add("fault", r.header.faults);
-    add("header", r.header.other);
+    for_each_header_diff(r.header, [&](const char* part, const ValueDiff& d) {
+      out << "<tr>" << td(part) << td(d.key, "v") << cell(d.a) << cell(d.b) << "</tr>\n";
+    });
     out << "</table>\n";
   }
 

@@ -2,6 +2,9 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(RETRACE_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -57,7 +60,13 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
 };
 
-ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout) : env_(env), impl_(new Impl) {
+ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout, bool cuda)
+    : env_(env), impl_(new Impl) {
+#if !defined(RETRACE_WITH_NCCL)
+  RETRACE_CHECK(!cuda, ConfigError, "data parallelism on CUDA needs NCCL, and this retrace was built without it "
+                "(configure with -DRETRACE_WITH_NCCL=ON against a LibTorch with CUDA); on CPU ranks use Gloo");
+#endif
+  if (cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   try {
     c10d::TCPStoreOptions so;
     so.port = env.master_port;
@@ -66,6 +75,15 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     so.waitWorkers = true;
     so.timeout = timeout;
     impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+#if defined(RETRACE_WITH_NCCL)
+    if (cuda) {
+      auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+      nccl_opts->timeout = timeout;
+      impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, static_cast<int>(env.rank),
+                                                               static_cast<int>(env.world_size), nccl_opts);
+      return;
+    }
+#endif
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     const bool loopback = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
     opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
@@ -114,7 +132,7 @@ void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uin
 
 float ProcessGroup::allreduce_sum(float value, CollectiveStats& stats) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<torch::Tensor> t = {torch::full({1}, value, torch::kFloat32)};
+  std::vector<torch::Tensor> t = {torch::full({1}, value, torch::TensorOptions(torch::kFloat32).device(device_))};
   collective("loss all-reduce", env_.rank, [&] { return impl_->pg->allreduce(t, c10d::AllreduceOptions{})->wait(); });
   stats.calls += 1;
   stats.bytes += 4;
@@ -124,9 +142,11 @@ float ProcessGroup::allreduce_sum(float value, CollectiveStats& stats) {
 
 std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   // Sizes first, then the bytes padded to the largest.
-  std::vector<torch::Tensor> in = {torch::full({1}, static_cast<int64_t>(mine.size()), torch::kInt64)};
+  const auto i64 = torch::TensorOptions(torch::kInt64).device(device_);
+  const auto u8 = torch::TensorOptions(torch::kUInt8).device(device_);
+  std::vector<torch::Tensor> in = {torch::full({1}, static_cast<int64_t>(mine.size()), i64)};
   std::vector<std::vector<torch::Tensor>> out(1);
-  for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty({1}, torch::kInt64));
+  for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty({1}, i64));
   collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out, in)->wait(); });
   int64_t max_size = 1;
   std::vector<int64_t> sizes;
@@ -136,13 +156,15 @@ std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   }
   torch::Tensor mine_t = torch::zeros({max_size}, torch::kUInt8);
   std::memcpy(mine_t.data_ptr(), mine.data(), mine.size());
-  std::vector<torch::Tensor> in2 = {mine_t};
+  std::vector<torch::Tensor> in2 = {mine_t.to(device_)};
   std::vector<std::vector<torch::Tensor>> out2(1);
-  for (uint32_t r = 0; r < env_.world_size; ++r) out2[0].push_back(torch::empty({max_size}, torch::kUInt8));
+  for (uint32_t r = 0; r < env_.world_size; ++r) out2[0].push_back(torch::empty({max_size}, u8));
   collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out2, in2)->wait(); });
   std::vector<std::string> result;
-  for (uint32_t r = 0; r < env_.world_size; ++r)
-    result.emplace_back(static_cast<const char*>(out2[0][r].data_ptr()), static_cast<size_t>(sizes[r]));
+  for (uint32_t r = 0; r < env_.world_size; ++r) {
+    torch::Tensor host = out2[0][r].to(torch::kCPU);
+    result.emplace_back(static_cast<const char*>(host.data_ptr()), static_cast<size_t>(sizes[r]));
+  }
   return result;
 }
 

@@ -41,7 +41,9 @@ struct CollectiveStats {
 class ProcessGroup {
  public:
   // Connects to the other ranks (blocks until all have joined or `timeout` passes: IoError).
-  ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout);
+  // cuda: NCCL on device LOCAL_RANK (only in builds with RETRACE_WITH_NCCL, else ConfigError);
+  // otherwise Gloo.
+  ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout, bool cuda = false);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -60,6 +62,7 @@ class ProcessGroup {
 
  private:
   DistEnv env_;
+  torch::Device device_ = torch::kCPU;  // where collective buffers live
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

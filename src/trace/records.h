@@ -76,7 +76,8 @@ struct StepRecord {
   Outcome outcome = Outcome::kStep;
   std::string skip_reason;  // "" for STEP, e.g. "non_finite_loss"
   Digest128 param_digest;   // all parameters and buffers, canonical (sorted by name) order
-  Digest128 optim_digest;   // optimizer state in the same order
+  Digest128 optim_digest;   // optimizer state in the same order, every trace.optimizer_digest_every
+                            // steps (zero in between)
   Digest128 rng_digest;     // serialized RngState after the step
   std::vector<uint32_t> micro_batch_sizes;
   std::vector<double> micro_losses;

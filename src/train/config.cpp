@@ -142,6 +142,9 @@ std::vector<Field> fields() {
                at(&C::trace, &TraceConfig::enabled)});
   f.push_back({"trace.digests", Kind::kBool, "digest parameters, optimizer and RNG state every step", {},
                0, 0, false, false, at(&C::trace, &TraceConfig::digests)});
+  f.push_back({"trace.optimizer_digest_every", Kind::kInt,
+               "digest the optimizer state every N steps (parameters and RNG are digested every step)", {}, 1, 1e9,
+               false, false, at(&C::trace, &TraceConfig::optimizer_digest_every)});
   f.push_back({"trace.zstd_level", Kind::kInt, "zstd level of trace frames", {}, 1, 19, false, false,
                at(&C::trace, &TraceConfig::zstd_level)});
   f.push_back({"checkpoint.every_steps", Kind::kInt, "save a checkpoint every N steps (0: off)", {}, 0,

@@ -91,6 +91,7 @@ struct RuntimeConfig {
 struct TraceConfig {
   bool enabled = true;
   bool digests = true;
+  int64_t optimizer_digest_every = 10;  // steps between optimizer-state digests (1: every step)
   int64_t zstd_level = 3;
 };
 

@@ -124,17 +124,4 @@ std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t 
   return f;
 }
 
-std::vector<std::string> fingerprint_differences(const std::vector<trace::KeyValue>& a,
-                                                 const std::vector<trace::KeyValue>& b) {
-  std::map<std::string, std::string> ma, mb;
-  for (const auto& kv : a) ma[kv.key] = kv.value;
-  for (const auto& kv : b) mb[kv.key] = kv.value;
-  std::vector<std::string> diff;
-  for (const auto& [k, v] : ma)
-    if (k.rfind("info.", 0) != 0 && (!mb.count(k) || mb[k] != v)) diff.push_back(k);
-  for (const auto& [k, v] : mb)
-    if (k.rfind("info.", 0) != 0 && !ma.count(k)) diff.push_back(k);
-  return diff;
-}
-
 }  // namespace retrace::train

@@ -28,11 +28,8 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime);
 void apply_environment(const RuntimeConfig& runtime);
 
 // Key/value fingerprint. Keys starting with "info." are informational and never make two
-// fingerprints unequal for comparison purposes (see comparable_equal).
+// fingerprints unequal for comparison purposes (see replay::fingerprint_diffs).
 std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size);
-// The keys (not starting with "info.") whose values differ, including keys present on one side.
-std::vector<std::string> fingerprint_differences(const std::vector<trace::KeyValue>& a,
-                                                 const std::vector<trace::KeyValue>& b);
 
 std::string retrace_version();
 

@@ -62,7 +62,7 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module&
     if (like.defined())
       RETRACE_CHECK(it->second.sizes() == like.sizes(), FormatError, "optimizer state entry ", key,
                     " has shape ", it->second.sizes(), ", expected ", like.sizes());
-    return it->second.clone();
+    return like.defined() ? it->second.to(like.device()).clone() : it->second.clone();
   };
   for (const auto& item : model.named_parameters()) {
     const std::string& n = item.key();

@@ -57,6 +57,7 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const LossScaler& scaler() const { return scaler_; }
   uint32_t rank() const { return rank_; }
+  torch::Device device() const;  // runtime.device: CPU, or CUDA device LOCAL_RANK
   uint32_t world_size() const { return world_size_; }
 
   NamedTensors model_state() const;  // parameters and buffers, by name

@@ -53,6 +53,19 @@ TEST(Config, BadValuesNameKeyAndRange) {
   EXPECT_NE(e.find("model.dropout"), std::string::npos) << e;
   e = error_of("seed = \n");
   EXPECT_NE(e.find("cannot parse test.toml at line 1"), std::string::npos) << e;
+  e = error_of("", {"amp.growth_factor=1.0"});
+  EXPECT_NE(e.find("amp.growth_factor"), std::string::npos) << e;
+  e = error_of("", {"amp.backoff_factor=1.5"});
+  EXPECT_NE(e.find("amp.backoff_factor"), std::string::npos) << e;
+  e = error_of("", {"amp.backoff_factor=0"});
+  EXPECT_NE(e.find("amp.backoff_factor"), std::string::npos) << e;
+  e = error_of("", {"amp.mode=fp16"});
+  EXPECT_NE(e.find("amp.mode"), std::string::npos) << e;
+  EXPECT_NE(e.find("bf16"), std::string::npos) << e;
+  e = error_of("", {"faults.inject=\"nan-loss@x\""});
+  EXPECT_NE(e.find("nan-loss@x"), std::string::npos) << e;
+  e = error_of("", {"faults.inject=\"melt@3\""});
+  EXPECT_NE(e.find("unknown kind"), std::string::npos) << e;
   e = error_of("", {"noequals"});
   EXPECT_NE(e.find("key=value"), std::string::npos) << e;
 }

@@ -121,7 +121,8 @@ std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int6
                 "--world-size ", world_flag, " but WORLD_SIZE=", env->world_size, " in the environment");
   if (env->world_size == 1) return nullptr;
   return std::make_unique<dist::ProcessGroup>(
-      *env, std::chrono::milliseconds(static_cast<int64_t>(config.runtime.collective_timeout_s * 1000)));
+      *env, std::chrono::milliseconds(static_cast<int64_t>(config.runtime.collective_timeout_s * 1000)),
+      config.runtime.device == "cuda");
 }
 
 // Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
