@@ -13,6 +13,7 @@ retrace_gtest(base_test
   tests/rng/philox_test.cpp
   tests/data/sampler_test.cpp
   tests/train/config_test.cpp
+  tests/train/guards_test.cpp
 )
 target_link_libraries(base_test PRIVATE retrace_base)
 
