@@ -1,5 +1,5 @@
 // Our specified shuffle: Fisher-Yates (Durstenfeld) in place, from the last index down to 1,
-// swapping values[i] with values[j] where j = stream.next_below(i + 1). Unlike std::shuffle, the
+// swapping values[i] with values[j] where j = stream.next_below(i + 1). Unlike the standard library's shuffle, the
 // result is the same with every compiler and standard library.
 #pragma once
 

@@ -5,20 +5,7 @@ set -u
 RETRACE=${1:?usage: cli_errors_test.sh path/to/retrace}
 tmp=$(mktemp -d)
 trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
-fails=0; passes=0
-
-expect() {  # expect NAME CODE PATTERN -- command...
-  local name=$1 code=$2 pattern=$3; shift 4
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [[ $rc -ne $code ]]; then
-    echo "FAIL $name: exit $rc, expected $code"; echo "$out" | tail -5; fails=$((fails+1)); return
-  fi
-  if ! grep -qE -- "$pattern" <<<"$out"; then
-    echo "FAIL $name: output lacks /$pattern/"; echo "$out" | tail -5; fails=$((fails+1)); return
-  fi
-  echo "ok   $name (exit $rc)"; passes=$((passes+1))
-}
+source "$(dirname "$0")/../testing/expect.sh"
 
 expect missing-dataset 4 "data set file missing: /nonexistent/.*train-images" -- \
   "$RETRACE" record --steps 2 --out "$tmp/r1" --set data.dir=/nonexistent

@@ -2,6 +2,7 @@
 // loopback (RETRACE_BIN is the path of the built binary).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -18,13 +19,20 @@
 namespace retrace {
 namespace {
 
+// Runs the binary with its output in a log file of its own (ctest runs tests in parallel in one
+// working directory, so a shared name would mix their outputs).
 int run(const std::string& args, std::string* output = nullptr) {
-  std::string cmd = std::string(RETRACE_BIN) + " " + args + " > out.log 2>&1";
+  static int counter = 0;
+  const std::string log = (std::filesystem::temp_directory_path() /
+                           ("retrace-dist-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter) + ".log"))
+                              .string();
+  std::string cmd = std::string(RETRACE_BIN) + " " + args + " > " + log + " 2>&1";
   int status = std::system(cmd.c_str());
   if (output) {
-    std::ifstream in("out.log");
+    std::ifstream in(log);
     output->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
+  std::filesystem::remove(log);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -5,15 +5,7 @@ RETRACE=${1:?usage: replay_cli_test.sh path/to/retrace golden_dir}
 GOLDEN=${2:?golden dir}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fails=0; passes=0
-expect() {  # expect NAME CODE PATTERN -- command...
-  local name=$1 code=$2 pattern=$3; shift 4
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [[ $rc -ne $code ]]; then echo "FAIL $name: exit $rc, expected $code"; echo "$out" | tail -8; fails=$((fails+1)); return; fi
-  if ! grep -qE -- "$pattern" <<<"$out"; then echo "FAIL $name: output lacks /$pattern/"; echo "$out" | tail -8; fails=$((fails+1)); return; fi
-  echo "ok   $name (exit $rc)"; passes=$((passes+1))
-}
+source "$(dirname "$0")/../testing/expect.sh"
 common=(--set train.eval_each_epoch=false --set checkpoint.every_steps=25 --plain)
 
 "$RETRACE" record --steps 70 --out "$tmp/a" "${common[@]}" >/dev/null || { echo "record failed"; exit 1; }
