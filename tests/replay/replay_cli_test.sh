@@ -29,12 +29,8 @@ expect bisect-identical 0 "do not diverge" -- "$RETRACE" bisect "$tmp/a" "$tmp/c
 # Bad input.
 head -c 60 "$tmp/a/trace.rtrace" > "$tmp/cut.rtrace"
 expect truncated-trace 3 "no header frame|cut|truncated" -- "$RETRACE" replay "$tmp/cut.rtrace" --quiet
-python3 - "$tmp/a/trace.rtrace" "$tmp/newer.rtrace" <<'PY'
-import sys
-b = bytearray(open(sys.argv[1], 'rb').read())
-b[6] = 9  # file format version
-open(sys.argv[2], 'wb').write(b)
-PY
+cp "$tmp/a/trace.rtrace" "$tmp/newer.rtrace"
+printf '\x09' | dd of="$tmp/newer.rtrace" bs=1 seek=6 conv=notrunc status=none   # file format version
 expect newer-format 3 "version" -- "$RETRACE" inspect "$tmp/newer.rtrace"
 "$RETRACE" record --steps 5 --out "$tmp/other" --set model.hidden=[64] --plain >/dev/null
 expect different-models 2 "different models" -- "$RETRACE" bisect "$tmp/a" "$tmp/other"
