@@ -1,12 +1,10 @@
 #include "replay/accum_grid.h"
 
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
+#include "core/child_process.h"
 #include "core/error.h"
 #include "core/file_util.h"
 #include "replay/compare.h"
@@ -34,37 +32,15 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     c.data.batch_size = row.micro_batch;
     c.train.accum_steps = a;
     // A fresh process per setting: its peak RSS is the setting's own.
-    int fds[2];
-    RETRACE_CHECK(::pipe(fds) == 0, IoError, "pipe failed");
-    std::fflush(stdout);
-    pid_t pid = ::fork();
-    RETRACE_CHECK(pid >= 0, IoError, "fork failed");
-    if (pid == 0) {
-      ::close(fds[0]);
-      double peak = -1;
-      try {
-        train::RecordOptions o;
-        o.out_dir = row.run_dir;
-        o.force = true;
-        train::record(c, o, {});
-        struct rusage u {};
-        getrusage(RUSAGE_SELF, &u);
-        peak = static_cast<double>(u.ru_maxrss) / 1024.0;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "accum %lld: %s\n", static_cast<long long>(a), e.what());
-      }
-      ssize_t n = ::write(fds[1], &peak, sizeof peak);
-      ::_exit(n == static_cast<ssize_t>(sizeof peak) && peak >= 0 ? 0 : 1);
-    }
-    ::close(fds[1]);
-    double peak = -1;
-    ssize_t n = ::read(fds[0], &peak, sizeof peak);
-    ::close(fds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    RETRACE_CHECK(n == static_cast<ssize_t>(sizeof peak) && peak >= 0, InvariantError, "the run with accum_steps ", a,
-                  " failed (see its message above)");
-    row.peak_rss_mib = peak;
+    std::optional<double> peak = run_in_child<double>([&] {
+      train::RecordOptions o;
+      o.out_dir = row.run_dir;
+      o.force = true;
+      train::record(c, o, {});
+      return peak_rss_mib();
+    });
+    RETRACE_CHECK(peak.has_value(), InvariantError, "the run with accum_steps ", a, " failed (see its message above)");
+    row.peak_rss_mib = *peak;
     rows.push_back(row);
   }
   auto base = trace::TraceReader::open(train::trace_path(rows.front().run_dir)).steps();

@@ -274,6 +274,10 @@ std::map<std::string, std::string> flatten_config(const std::string& toml_text) 
   return out;
 }
 
+std::vector<ValueDiff> diff_fingerprints(const std::vector<trace::KeyValue>& a, const std::vector<trace::KeyValue>& b) {
+  return diff_maps(fingerprint_map(a), fingerprint_map(b));
+}
+
 void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn) {
   const std::pair<const char*, const std::vector<ValueDiff>*> parts[] = {
       {"config", &h.config}, {"environment", &h.fingerprint}, {"model", &h.model},
@@ -285,7 +289,7 @@ void for_each_header_diff(const HeaderDiff& h, const std::function<void(const ch
 HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b) {
   HeaderDiff d;
   d.config = diff_maps(flatten_config(a.config_toml), flatten_config(b.config_toml));
-  d.fingerprint = diff_maps(fingerprint_map(a.fingerprint), fingerprint_map(b.fingerprint));
+  d.fingerprint = diff_fingerprints(a.fingerprint, b.fingerprint);
 
   std::map<std::string, std::string> ma, mb;
   if (a.model_description != b.model_description)

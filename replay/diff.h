@@ -109,6 +109,9 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
 
 // The header part alone (exposed for tests and for `inspect`-like uses).
 HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b);
+// The fingerprint part of diff_headers: keys whose values differ or exist on one side, by key,
+// ignoring the informational "info.*" keys.
+std::vector<ValueDiff> diff_fingerprints(const std::vector<trace::KeyValue>& a, const std::vector<trace::KeyValue>& b);
 // Visits every header difference with its part ("config", "environment", "model", "data", "fault",
 // "header"), in that order: the one order both renderings use.
 void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn);

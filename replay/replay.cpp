@@ -8,6 +8,7 @@
 #include "ckpt/manifest.h"
 #include "core/error.h"
 #include "core/file_util.h"
+#include "replay/diff.h"
 #include "trace/framing.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -18,15 +19,9 @@ namespace stdfs = std::filesystem;
 
 std::vector<std::string> fingerprint_diffs(const std::vector<trace::KeyValue>& a,
                                            const std::vector<trace::KeyValue>& b) {
-  std::map<std::string, std::string> ma, mb;
-  for (const auto& kv : a) ma[kv.key] = kv.value;
-  for (const auto& kv : b) mb[kv.key] = kv.value;
-  std::vector<std::string> out;
-  for (const auto& [k, v] : ma)
-    if (k.rfind("info.", 0) != 0 && (!mb.count(k) || mb[k] != v)) out.push_back(k);
-  for (const auto& [k, v] : mb)
-    if (k.rfind("info.", 0) != 0 && !ma.count(k)) out.push_back(k);
-  return out;
+  std::vector<std::string> keys;
+  for (const auto& d : diff_fingerprints(a, b)) keys.push_back(d.key);
+  return keys;
 }
 
 ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,

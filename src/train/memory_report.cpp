@@ -1,14 +1,11 @@
 #include "train/memory_report.h"
 
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 
+#include "core/child_process.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "model/gpt.h"
@@ -23,14 +20,7 @@ struct ChildResult {
   double step_ms = 0;
   double growth_mib = 0;
   double peak_mib = 0;
-  int ok = 0;
 };
-
-double maxrss_mib() {
-  struct rusage u {};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -60,7 +50,7 @@ ChildResult measure_child(Config c, const data::Dataset& data, const std::string
   torch::Tensor x = data.train.inputs.slice(0, 0, b), y = data.train.targets.slice(0, 0, b);
   std::vector<double> times;
   // Peak RSS only grows: its rise from before the first (warm-up) step is what one step needs.
-  const double before = maxrss_mib();
+  const double before = peak_rss_mib();
   for (int i = 0; i <= steps; ++i) {
     for (auto& p : gpt->parameters()) p.mutable_grad() = torch::Tensor();
     auto t0 = std::chrono::steady_clock::now();
@@ -70,10 +60,9 @@ ChildResult measure_child(Config c, const data::Dataset& data, const std::string
       times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   ChildResult r;
-  r.peak_mib = maxrss_mib();
+  r.peak_mib = peak_rss_mib();
   r.growth_mib = r.peak_mib - before;
   r.step_ms = median(times);
-  r.ok = 1;
   return r;
 }
 }  // namespace
@@ -96,30 +85,11 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   std::vector<std::vector<ChildResult>> results(out.size());
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < out.size(); ++i) {
-      int fds[2];
-      RETRACE_CHECK(pipe(fds) == 0, IoError, "pipe failed");
-      pid_t pid = fork();
-      RETRACE_CHECK(pid >= 0, IoError, "fork failed");
-      if (pid == 0) {
-        close(fds[0]);
-        ChildResult r;
-        try {
-          r = measure_child(config, data, out[i].policy, out[i].k, steps);
-        } catch (const std::exception&) {
-          r.ok = 0;
-        }
-        ssize_t n = write(fds[1], &r, sizeof r);
-        _exit(n == static_cast<ssize_t>(sizeof r) ? 0 : 1);
-      }
-      close(fds[1]);
-      ChildResult r;
-      ssize_t n = read(fds[0], &r, sizeof r);
-      close(fds[0]);
-      int status = 0;
-      waitpid(pid, &status, 0);
-      RETRACE_CHECK(n == static_cast<ssize_t>(sizeof r) && r.ok, InvariantError, "measuring policy ", out[i].name,
-                    " failed in its child process");
-      results[i].push_back(r);
+      auto r = run_in_child<ChildResult>(
+          [&] { return measure_child(config, data, out[i].policy, out[i].k, steps); });
+      RETRACE_CHECK(r.has_value(), InvariantError, "measuring policy ", out[i].name,
+                    " failed in its child process (see its message above)");
+      results[i].push_back(*r);
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {

@@ -1,40 +1,21 @@
 // Data parallelism end to end: the real `retrace` binary's local launcher starting Gloo ranks on
 // loopback (RETRACE_BIN is the path of the built binary).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <torch/torch.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "ckpt/shard.h"
 #include "replay/compare.h"
+#include "testing/run_binary.h"
 #include "testing/temp_dir.h"
 #include "trace/trace_reader.h"
 
 namespace retrace {
 namespace {
 
-// Runs the binary with its output in a log file of its own (ctest runs tests in parallel in one
-// working directory, so a shared name would mix their outputs).
-int run(const std::string& args, std::string* output = nullptr) {
-  static int counter = 0;
-  const std::string log = (std::filesystem::temp_directory_path() /
-                           ("retrace-dist-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter) + ".log"))
-                              .string();
-  std::string cmd = std::string(RETRACE_BIN) + " " + args + " > " + log + " 2>&1";
-  int status = std::system(cmd.c_str());
-  if (output) {
-    std::ifstream in(log);
-    output->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  std::filesystem::remove(log);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using testing::run_binary;
 
 std::vector<trace::StepRecord> steps_of(const std::string& run_dir) {
   return trace::TraceReader::open(run_dir + "/trace.rtrace").steps();
@@ -44,8 +25,8 @@ const std::string kCommon = " --plain --set train.eval_each_epoch=false --set da
 
 TEST(Dist, TwoRanksSyncOnlyOnTheLastMicroBatch) {
   testing::TempDir tmp;
-  ASSERT_EQ(run("record --world-size 2 --steps 6 --out " + tmp.file("a1") + kCommon), 0);
-  ASSERT_EQ(run("record --world-size 2 --steps 6 --out " + tmp.file("a4") + kCommon +
+  ASSERT_EQ(run_binary("record --world-size 2 --steps 6 --out " + tmp.file("a1") + kCommon), 0);
+  ASSERT_EQ(run_binary("record --world-size 2 --steps 6 --out " + tmp.file("a4") + kCommon +
                 "--set train.accum_steps=4 --set data.batch_size=32"), 0);
   auto s1 = steps_of(tmp.file("a1")), s4 = steps_of(tmp.file("a4"));
   ASSERT_EQ(s1.size(), 6u);
@@ -68,8 +49,8 @@ TEST(Dist, TwoRanksSyncOnlyOnTheLastMicroBatch) {
 TEST(Dist, FourRanksOfEightEqualOneRankOfThirtyTwo) {
   testing::TempDir tmp;
   const std::string cfg = kCommon + "--set model.dropout=0 --set checkpoint.every_steps=10 --steps 10 ";
-  ASSERT_EQ(run("record --world-size 4 --out " + tmp.file("w4") + cfg + "--set data.batch_size=8"), 0);
-  ASSERT_EQ(run("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
+  ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("w4") + cfg + "--set data.batch_size=8"), 0);
+  ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
   auto a = steps_of(tmp.file("w4")), b = steps_of(tmp.file("w1"));
   ASSERT_EQ(a.size(), 10u);
   // Rank 0 traces the digest of its own quarter of the batch; the cursor walks the same global
@@ -98,20 +79,20 @@ TEST(Dist, FourRanksOfEightEqualOneRankOfThirtyTwo) {
 TEST(Dist, FourRankResumeVerifiedAndWorldSizeMismatch) {
   testing::TempDir tmp;
   std::string out;
-  ASSERT_EQ(run("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out " + tmp.file("demo") + kCommon, &out), 0) << out;
+  ASSERT_EQ(run_binary("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out " + tmp.file("demo") + kCommon, &out), 0) << out;
   EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
   EXPECT_NE(out.find("bitwise: yes"), std::string::npos) << out;
-  EXPECT_EQ(run("resume " + tmp.file("demo/resumed") + " --world-size 2 --plain", &out), 3) << out;
+  EXPECT_EQ(run_binary("resume " + tmp.file("demo/resumed") + " --world-size 2 --plain", &out), 3) << out;
   EXPECT_NE(out.find("world_size mismatch: expected 2, found 4"), std::string::npos) << out;
 }
 
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {
   testing::TempDir tmp;
   const std::string cfg = kCommon + "--steps 20 --set checkpoint.every_steps=10 --set runtime.collective_timeout_s=30 ";
-  ASSERT_EQ(run("record --world-size 4 --out " + tmp.file("ref") + cfg), 0);
+  ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("ref") + cfg), 0);
   std::string out;
   auto t0 = std::chrono::steady_clock::now();
-  int rc = run("record --world-size 4 --out " + tmp.file("k") + cfg + "--inject crash@15:2", &out);
+  int rc = run_binary("record --world-size 4 --out " + tmp.file("k") + cfg + "--inject crash@15:2", &out);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("rank 2 was killed by signal 9"), std::string::npos) << out;
@@ -119,9 +100,9 @@ TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {
   // No torn checkpoint: every step directory with a manifest verifies.
   for (const auto& e : std::filesystem::directory_iterator(tmp.file("k/checkpoints"))) {
     if (!e.is_directory() || !std::filesystem::exists(e.path() / "manifest.json")) continue;
-    EXPECT_EQ(run("verify " + e.path().string()), 0) << e.path();
+    EXPECT_EQ(run_binary("verify " + e.path().string()), 0) << e.path();
   }
-  ASSERT_EQ(run("resume " + tmp.file("k") + " --world-size 4 --plain", &out), 0) << out;
+  ASSERT_EQ(run_binary("resume " + tmp.file("k") + " --world-size 4 --plain", &out), 0) << out;
   EXPECT_NE(out.find("resumed from"), std::string::npos);
   auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("k")), replay::CompareMode::kBitwise);
   EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field : "lengths");

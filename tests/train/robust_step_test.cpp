@@ -5,11 +5,11 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
-#include <cstdlib>
 #include <map>
 
 #include "replay/compare.h"
 #include "replay/resume_check.h"
+#include "testing/run_binary.h"
 #include "testing/temp_dir.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -18,10 +18,7 @@
 namespace retrace {
 namespace {
 
-int run_binary(const std::string& args) {
-  int status = std::system((std::string(RETRACE_BIN) + " " + args + " > /dev/null 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using testing::run_binary;
 
 std::vector<trace::StepRecord> steps_of(const std::string& run_dir) {
   return trace::TraceReader::open(train::trace_path(run_dir)).steps();
