@@ -22,6 +22,8 @@ retrace_gtest(torch_test
   tests/train/record_test.cpp
   tests/replay/replay_test.cpp
   tests/train/step_test.cpp
+  tests/train/optimizer_test.cpp
+  tests/model/dropout_test.cpp
 )
 target_link_libraries(torch_test PRIVATE retrace_replay)
 target_precompile_headers(torch_test REUSE_FROM retrace_lib)

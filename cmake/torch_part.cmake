@@ -12,13 +12,18 @@ add_library(retrace_base STATIC
   src/train/config.cpp
   src/train/faults.cpp
   src/train/guards.cpp
+  src/train/adamw_kernel.cpp
 )
+# The fused AdamW must round exactly like LibTorch's kernels: no contraction the source does not
+# spell, and a sqrt without errno so the loop vectorizes (see adamw_kernel.h).
+set_source_files_properties(src/train/adamw_kernel.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
 target_link_libraries(retrace_base PUBLIC retrace_core tomlplusplus::tomlplusplus ZLIB::ZLIB)
 
 add_library(retrace_lib STATIC
   src/core/tensor_digest.cpp
   src/rng/rng_state.cpp
   src/data/fashion_mnist.cpp
+  src/model/dropout.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp

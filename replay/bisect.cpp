@@ -33,7 +33,7 @@ std::string run_dir_of(const std::string& p) {
 
 // Re-executes step `s` of the run whose trace header is `h`, from its newest checkpoint before s.
 Probed probe_step(const std::string& run_dir, const trace::TraceHeader& h, uint64_t s, const std::string& label) {
-  train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {});
+  train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
   train::resolve_threads(cfg.runtime);
   train::apply_environment(cfg.runtime);
   data::Dataset data = train::load_dataset(cfg);

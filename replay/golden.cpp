@@ -81,7 +81,7 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
                   return s;
                 }());
   GoldenSpec spec = read_spec(golden_dir, name);
-  train::Config config = train::load_config((dir / "config.toml").string(), overrides);
+  train::Config config = train::load_config((dir / "config.toml").string(), overrides, train::ConfigSource::kRecorded);
   GoldenResult r;
   r.name = name;
   r.scratch_dir = (stdfs::path(scratch_root) / name).string();
@@ -103,7 +103,7 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   RETRACE_CHECK(!reason.empty(), ConfigError, "golden update needs --reason \"why the golden trace changes\"");
   const stdfs::path dir = stdfs::path(golden_dir) / name;
   const bool exists = stdfs::exists(dir / "config.toml");
-  train::Config config = exists ? train::load_config((dir / "config.toml").string(), overrides)
+  train::Config config = exists ? train::load_config((dir / "config.toml").string(), overrides, train::ConfigSource::kRecorded)
                                 : train::parse_config("", "built-in default", overrides);
   GoldenSpec spec;
   if (stdfs::exists(dir / "golden.toml")) spec = read_spec(golden_dir, name);

@@ -40,7 +40,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   trace::TraceReader recorded = trace::TraceReader::open(res.recorded_trace);
   if (auto w = recorded.tail_warning(); w && cb.on_message) cb.on_message("warning: " + *w);
   const trace::TraceHeader& h = recorded.header();
-  train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {});
+  train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
 
   res.replay_dir = options.scratch_dir.empty() ? (stdfs::path(run_dir) / "replay").string() : options.scratch_dir;
   train::LoopControl control;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
+#include "model/dropout.h"
 
 namespace retrace::model {
 
@@ -30,8 +31,8 @@ void validate(const GptOptions& o) {
                 o.checkpoint_every, " (need >= 1 layers per segment)");
 }
 
-BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout)
-    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout) {
+BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, std::string dropout_impl)
+    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout), dropout_impl_(std::move(dropout_impl)) {
   // One statement per layer, in a fixed order: each draws its initial weights in turn.
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   qkv_ = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model)));
@@ -53,7 +54,7 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
   torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
   att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
   att = torch::softmax(att, /*dim=*/-1);
-  att = F::dropout(att, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  att = dropout(att, dropout_, is_training(), dropout_impl_);
   torch::Tensor y = torch::matmul(att, v);  // [B, h, T, dh]
   return y.transpose(1, 2).contiguous().view({b, t, d_model_});
 }
@@ -66,10 +67,10 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attenti
   } else {
     y = attention_core(qkv);
   }
-  y = F::dropout(proj_->forward(y), F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
   torch::Tensor h = x + y;
   torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));
-  m = F::dropout(fc_out_->forward(m), F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
   return h + m;
 }
 
@@ -80,7 +81,7 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
   wpe_ = register_module("wpe", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.context, d)));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < options_.n_layers; ++i) {
-    Block block(d, options_.n_heads, options_.dropout);
+    Block block(d, options_.n_heads, options_.dropout, options_.dropout_impl);
     blocks_->push_back(block);
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
@@ -114,7 +115,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
                 " is outside 1..model.context = ", options_.context);
   torch::Tensor pos = torch::arange(t, idx.options());
   torch::Tensor x = wte_->forward(idx) + wpe_->forward(pos);
-  x = F::dropout(x, F::DropoutFuncOptions().p(options_.dropout).training(is_training()));
+  x = dropout(x, options_.dropout, is_training(), options_.dropout_impl);
 
   const bool active = is_training() && torch::GradMode::is_enabled();
   const int64_t n = options_.n_layers;

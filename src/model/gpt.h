@@ -44,6 +44,7 @@ struct GptOptions {
   int64_t n_layers = 8;
   int64_t n_heads = 4;     // must divide d_model
   double dropout = 0.1;    // embeddings, attention weights, attention and MLP outputs
+  std::string dropout_impl = "philox";  // philox | torch (model/dropout.h)
   std::string checkpoint = "none";  // none | full | sqrt | selective
   int64_t checkpoint_every = 4;     // layers per segment with "full"
 };
@@ -53,7 +54,7 @@ void validate(const GptOptions& options);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t d_model, int64_t n_heads, double dropout);
+  BlockImpl(int64_t d_model, int64_t n_heads, double dropout, std::string dropout_impl = "philox");
   // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
   // through checkpoint() (the selective policy).
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
@@ -64,6 +65,7 @@ class BlockImpl : public torch::nn::Module {
   int64_t d_model_;
   int64_t n_heads_;
   double dropout_;
+  std::string dropout_impl_;
   torch::nn::LayerNorm ln_1_{nullptr};
   torch::nn::Linear qkv_{nullptr};
   torch::nn::Linear proj_{nullptr};

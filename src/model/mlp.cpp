@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/dropout.h"
 
 namespace retrace::model {
 
@@ -40,7 +41,7 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
       RETRACE_FAIL(ConfigError, "bad value for model.activation: \"", options_.activation,
                    "\" is not one of \"relu\", \"gelu\", \"tanh\"");
     }
-    if (options_.dropout > 0) x = F::dropout(x, F::DropoutFuncOptions().p(options_.dropout).training(is_training()));
+    if (options_.dropout > 0) x = dropout(x, options_.dropout, is_training(), options_.dropout_impl);
   }
   return x;
 }

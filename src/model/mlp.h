@@ -21,6 +21,7 @@ struct MlpOptions {
   int64_t outputs = 10;
   std::string activation = "relu";  // relu | gelu | tanh
   double dropout = 0.1;
+  std::string dropout_impl = "philox";  // philox | torch (model/dropout.h)
 };
 
 class MlpImpl : public torch::nn::Module {

@@ -35,6 +35,14 @@ class PhiloxStream {
   uint64_t position_ = 0;  // index of the next 64-bit value
 };
 
+// A dropout mask from one Philox4x32-10 key: element i is 0 when word i % 4 of block i / 4 (the
+// block for counter {i/4 low 32 bits, i/4 high 32 bits, 0, 0}) is below drop_threshold, and
+// keep_scale otherwise. Words are uniform on [0, 2^32), so an element is dropped with probability
+// drop_threshold / 2^32 (see dropout_threshold). Integer-only: the same on every CPU and build.
+void dropout_mask(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t n);
+// floor(p * 2^32) for 0 <= p < 1.
+uint32_t dropout_threshold(double p);
+
 // Mixes coordinates (seed, purpose, epoch, rank, ...) into one 64-bit key (splitmix64 finalizer
 // applied in sequence). Specified here so keys are the same everywhere.
 uint64_t mix_key(uint64_t a, uint64_t b);

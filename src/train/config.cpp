@@ -24,6 +24,11 @@ struct Field {
   double min = -INFINITY, max = INFINITY;  // numeric bounds, inclusive unless open
   bool min_open = false, max_open = false;
   std::function<void*(Config&)> ref;
+  // For a key added after configs were first recorded: the value that reproduces what retrace did
+  // before the key existed, as TOML text the way to_toml writes it (strings in single quotes). A
+  // recorded config without the key reads as this value, and to_toml leaves the key out while it
+  // holds it, so older runs keep their text and config hash.
+  std::string legacy = {};
 };
 
 template <typename S, typename M>
@@ -56,6 +61,10 @@ std::vector<Field> fields() {
                0, 0, false, false, at(&C::model, &ModelConfig::activation)});
   f.push_back({"model.dropout", Kind::kFloat, "dropout probability after each hidden layer", {}, 0, 1,
                false, true, at(&C::model, &ModelConfig::dropout)});
+  f.push_back({"model.dropout_impl", Kind::kChoice,
+               "how dropout masks are drawn on CPU: philox (one draw of torch's CPU generator keys a Philox4x32 "
+               "mask, about 10x faster) or torch (LibTorch's bernoulli, one generator call per element)",
+               {"philox", "torch"}, 0, 0, false, false, at(&C::model, &ModelConfig::dropout_impl), "'torch'"});
   f.push_back({"model.d_model", Kind::kInt, "gpt: width", {}, 1, 1 << 16, false, false,
                at(&C::model, &ModelConfig::d_model)});
   f.push_back({"model.n_layers", Kind::kInt, "gpt: transformer blocks", {}, 1, 1024, false, false,
@@ -82,6 +91,9 @@ std::vector<Field> fields() {
                at(&C::optim, &OptimConfig::beta2)});
   f.push_back({"optim.eps", Kind::kFloat, "adamw epsilon", {}, 0, 1, true, false,
                at(&C::optim, &OptimConfig::eps)});
+  f.push_back({"optim.fused", Kind::kBool,
+               "adamw: update each CPU float32 parameter in one pass (same bits as LibTorch's AdamW)", {}, 0, 0,
+               false, false, at(&C::optim, &OptimConfig::fused), "false"});
   f.push_back({"schedule.kind", Kind::kChoice, "learning-rate schedule after warmup",
                {"cosine", "constant"}, 0, 0, false, false, at(&C::schedule, &ScheduleConfig::kind)});
   f.push_back({"schedule.warmup_steps", Kind::kInt, "linear warmup steps", {}, 0, 1e12, false, false,
@@ -321,9 +333,12 @@ std::string number(double v) {
 }  // namespace
 
 Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, ConfigSource source) {
   const auto fs = fields();
   Config c;
+  if (source == ConfigSource::kRecorded)
+    for (const auto& f : fs)
+      if (!f.legacy.empty()) assign(f, c, *toml::parse("v = " + f.legacy).get("v"), "legacy value");
   toml::table root;
   try {
     root = toml::parse(toml_text, origin);
@@ -353,7 +368,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, ConfigSource source) {
   std::string text;
   try {
     text = fs::read_file(path, 1 << 20);
@@ -361,7 +376,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     RETRACE_FAIL(ConfigError, "cannot read config file ", path,
                  "; pass an existing file with --config (built-in configs are in configs/)");
   }
-  return parse_config(text, path, overrides);
+  return parse_config(text, path, overrides, source);
 }
 
 std::string to_toml(const Config& cfg) {
@@ -376,23 +391,24 @@ std::string to_toml(const Config& cfg) {
       out << "\n[" << sec << "]\n";
       section = sec;
     }
-    out << name << " = ";
+    std::ostringstream value;
     void* p = f.ref(c);
     switch (f.kind) {
-      case Kind::kInt: out << *static_cast<int64_t*>(p); break;
-      case Kind::kFloat: out << number(*static_cast<double*>(p)); break;
-      case Kind::kBool: out << (*static_cast<bool*>(p) ? "true" : "false"); break;
+      case Kind::kInt: value << *static_cast<int64_t*>(p); break;
+      case Kind::kFloat: value << number(*static_cast<double*>(p)); break;
+      case Kind::kBool: value << (*static_cast<bool*>(p) ? "true" : "false"); break;
       case Kind::kString:
-      case Kind::kChoice: out << toml_string(*static_cast<std::string*>(p)); break;
+      case Kind::kChoice: value << toml_string(*static_cast<std::string*>(p)); break;
       case Kind::kIntList: {
-        out << "[";
+        value << "[";
         const auto& v = *static_cast<std::vector<int64_t>*>(p);
-        for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-        out << "]";
+        for (size_t i = 0; i < v.size(); ++i) value << (i ? ", " : "") << v[i];
+        value << "]";
         break;
       }
     }
-    out << "\n";
+    if (!f.legacy.empty() && value.str() == f.legacy) continue;
+    out << name << " = " << value.str() << "\n";
   }
   return out.str();
 }

@@ -25,6 +25,7 @@ struct ModelConfig {
   std::vector<int64_t> hidden = {512, 256};  // mlp
   std::string activation = "relu";  // mlp: relu | gelu | tanh
   double dropout = 0.1;
+  std::string dropout_impl = "philox";  // philox | torch (how CPU dropout masks are drawn)
   int64_t d_model = 128;     // gpt
   int64_t n_layers = 8;      // gpt
   int64_t n_heads = 4;       // gpt
@@ -41,6 +42,7 @@ struct OptimConfig {
   double beta1 = 0.9;     // adamw
   double beta2 = 0.999;   // adamw
   double eps = 1e-8;      // adamw
+  bool fused = true;      // adamw: one pass per parameter on CPU float32 (same bits as LibTorch's)
 };
 
 struct ScheduleConfig {
@@ -117,13 +119,22 @@ struct Config {
   CheckpointConfig checkpoint;
 };
 
+// Where a config's text comes from. kUser: a file or text a person wrote; a missing key takes the
+// current default. kRecorded: text retrace wrote (RUN/config.toml, a trace header, a golden run);
+// a missing key that was added later takes the value that reproduces retrace before that key
+// existed (e.g. model.dropout_impl = "torch"), so older runs replay and resume unchanged.
+enum class ConfigSource { kUser, kRecorded };
+
 // Parses TOML text (`origin` names it in errors) on top of the defaults, then applies overrides
 // ("key=value", dotted keys, values in TOML syntax or bare strings), then validates.
 Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides);
+                    const std::vector<std::string>& overrides, ConfigSource source = ConfigSource::kUser);
 // Reads and parses a config file; IoError if it cannot be read.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides);
-// The resolved config as TOML, every key present, in a fixed order (stable across runs).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   ConfigSource source = ConfigSource::kUser);
+// The resolved config as TOML in a fixed order (stable across runs): every key, except a key added
+// later while it holds its legacy value (see ConfigSource), which is left out so that the text,
+// and the config hash in checkpoints, stay what older binaries wrote.
 std::string to_toml(const Config& c);
 // One line per key: name, type, default, choices, meaning.
 std::string describe_keys();

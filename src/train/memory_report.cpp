@@ -35,6 +35,7 @@ model::GptOptions gpt_options(const Config& c, int64_t vocab, const std::string&
   o.n_layers = c.model.n_layers;
   o.n_heads = c.model.n_heads;
   o.dropout = c.model.dropout;
+  o.dropout_impl = c.model.dropout_impl;
   o.checkpoint = policy;
   o.checkpoint_every = k;
   return o;

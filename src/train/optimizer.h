@@ -15,6 +15,9 @@ namespace retrace::train {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                                         torch::nn::Module& model);
 void set_lr(torch::optim::Optimizer& opt, double lr);
+// How many steps the fused AdamW took in one pass (-1: opt is not the fused AdamW). Steps it handed
+// to LibTorch's code (tensors it does not fuse) are not counted.
+int64_t fused_adamw_steps(const torch::optim::Optimizer& opt);
 
 // The optimizer state as named tensors "<param>/<field>" (e.g. "layers.0.weight/exp_avg",
 // ".../step" as an int64 scalar). Parameters without state yet are absent. Order: by name.

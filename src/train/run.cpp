@@ -307,7 +307,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   const std::string cfg_path = (stdfs::path(run_dir) / "config.toml").string();
   RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no config.toml in it",
                 " (is it a run directory made by `retrace record`?)");
-  Config config = load_config(cfg_path, {});
+  Config config = load_config(cfg_path, {}, ConfigSource::kRecorded);
   resolve_threads(config.runtime);
   apply_environment(config.runtime);
 

@@ -39,6 +39,7 @@ model::ModelHandle make_model(const Config& c, const data::Dataset& data) {
     o.hidden = c.model.hidden;
     o.activation = c.model.activation;
     o.dropout = c.model.dropout;
+    o.dropout_impl = c.model.dropout_impl;
     auto mlp = std::make_shared<model::MlpImpl>(o);
     return {mlp, [mlp](const torch::Tensor& x) { return mlp->forward(x); }, mlp->describe(),
             [mlp](model::ModuleProbe* p) { mlp->set_probe(p); }};
@@ -51,6 +52,7 @@ model::ModelHandle make_model(const Config& c, const data::Dataset& data) {
     o.n_layers = c.model.n_layers;
     o.n_heads = c.model.n_heads;
     o.dropout = c.model.dropout;
+    o.dropout_impl = c.model.dropout_impl;
     o.checkpoint = c.model.checkpoint;
     o.checkpoint_every = c.model.checkpoint_every;
     auto gpt = std::make_shared<model::GptImpl>(o);

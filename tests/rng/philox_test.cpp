@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "rng/shuffle.h"
 
@@ -39,6 +40,34 @@ TEST(Philox, NextBelowStaysInRangeAndCoversIt) {
     counts[v]++;
   }
   for (int c : counts) EXPECT_GT(c, 800);
+}
+
+TEST(Philox, DropoutMaskIsTheSpecifiedFunctionOfKeyAndIndex) {
+  // Element i: word i % 4 of block i / 4, below the threshold means dropped. Sizes cover the
+  // vector loop (64 blocks at a time), its tail and the scalar tail.
+  const uint64_t key = 0x0123456789abcdefull;
+  const uint32_t threshold = dropout_threshold(0.25);
+  EXPECT_EQ(threshold, 1u << 30);
+  for (int64_t n : {0, 1, 3, 4, 5, 255, 256, 257, 259, 1000, 65536 + 7}) {
+    std::vector<float> out(static_cast<size_t>(n), -1.0f);
+    dropout_mask(key, threshold, 4.0f / 3.0f, out.data(), n);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t b = static_cast<uint64_t>(i / 4);
+      const auto w = philox4x32_10({static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), 0, 0}, key);
+      const float expected = w[i % 4] < threshold ? 0.0f : 4.0f / 3.0f;
+      mismatches += out[static_cast<size_t>(i)] != expected;
+    }
+    EXPECT_EQ(mismatches, 0) << "n = " << n;
+  }
+  // The dropped fraction is p (binomial: 1M elements, p = 0.1, sd 3e-4; 0.003 is 10 sd).
+  std::vector<float> big(1 << 20);
+  dropout_mask(7, dropout_threshold(0.1), 1.0f, big.data(), static_cast<int64_t>(big.size()));
+  int64_t dropped = 0;
+  for (float x : big) dropped += x == 0.0f;
+  EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(big.size()), 0.1, 0.003);
+  EXPECT_EQ(dropout_threshold(0.0), 0u);
+  EXPECT_EQ(dropout_threshold(0.5), 1u << 31);
 }
 
 TEST(Shuffle, FisherYatesIsAPermutationAndSeeded) {

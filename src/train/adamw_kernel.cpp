@@ -1,0 +1,72 @@
+#include "train/adamw_kernel.h"
+
+#include <cmath>
+
+namespace retrace::train {
+
+AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                     int64_t step) {
+  // LibTorch computes these in double and hands them to float kernels as Scalars (cast to float).
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  AdamWCoefficients c{};
+  c.decay = static_cast<float>(1.0 - lr * weight_decay);
+  c.beta1 = static_cast<float>(beta1);
+  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  c.beta2 = static_cast<float>(beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  c.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = static_cast<float>(eps);
+  c.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  return c;
+}
+
+namespace {
+
+// The body is written once and compiled twice: for AVX2+FMA (vectorized, what LibTorch's own
+// kernels use on these CPUs) and for the x86-64 baseline (std::fma becomes a libm call there).
+#define RETRACE_ADAMW_BODY                                         \
+  for (int64_t i = 0; i < n; ++i) {                                \
+    const float gi = g[i];                                         \
+    const float pi = p[i] * c.decay;                               \
+    const float mi = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1); \
+    const float vi = std::fma(c.one_minus_beta2 * gi, gi, v[i] * c.beta2); \
+    const float denom = std::sqrt(vi) / c.sqrt_bias_correction2 + c.eps; \
+    p[i] = pi + (c.neg_step_size * mi) / denom;                    \
+    m[i] = mi;                                                     \
+    v[i] = vi;                                                     \
+  }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) void update_avx2(float* __restrict p, const float* __restrict g,
+                                                     float* __restrict m, float* __restrict v, int64_t n,
+                                                     const AdamWCoefficients c) {
+  RETRACE_ADAMW_BODY
+}
+bool has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#else
+bool has_avx2_fma() { return false; }
+#endif
+
+void update_generic(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                    int64_t n, const AdamWCoefficients c) {
+  RETRACE_ADAMW_BODY
+}
+#undef RETRACE_ADAMW_BODY
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
+                  bool allow_simd) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (allow_simd && has_avx2_fma()) return update_avx2(p, g, m, v, n, c);
+#endif
+  update_generic(p, g, m, v, n, c);
+}
+
+const char* adamw_kernel_isa() { return has_avx2_fma() ? "avx2+fma" : "generic"; }
+
+}  // namespace retrace::train

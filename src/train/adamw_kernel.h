@@ -1,0 +1,38 @@
+// One pass of AdamW over a float32 parameter, its gradient and its two moments, computing exactly
+// what LibTorch's torch::optim::AdamW computes with its seven tensor operations (same roundings,
+// same fused multiply-adds), so the fused optimizer and LibTorch's give the same bits. The test
+// `torch_test FusedAdamW.*` checks that against LibTorch on every build.
+//
+// Torch-free: the file is compiled with -ffp-contract=off (no fused multiply-add the source does
+// not spell) and -fno-math-errno (so sqrt vectorizes; the moment is never negative).
+#pragma once
+
+#include <cstdint>
+
+namespace retrace::train {
+
+// The scalars of one AdamW update, rounded to float the way LibTorch's kernels round them.
+struct AdamWCoefficients {
+  float decay;                  // 1 - lr * weight_decay
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float sqrt_bias_correction2;  // sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;          // -lr / (1 - beta1^step)
+};
+
+AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                     int64_t step);
+
+// p, g, m, v: n floats each, not overlapping. Per element, in this order:
+//   p *= decay; m = fma(g, 1-beta1, m*beta1); v = fma((1-beta2)*g, g, v*beta2);
+//   p = p + (neg_step_size * m) / (sqrt(v) / sqrt_bias_correction2 + eps)
+// allow_simd = false forces the baseline build of the loop (tests compare the two).
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
+                  bool allow_simd = true);
+
+// The instruction set adamw_update runs with on this CPU: "avx2+fma" or "generic". Both give the
+// same bits (a fused multiply-add is correctly rounded in hardware and in libm).
+const char* adamw_kernel_isa();
+
+}  // namespace retrace::train
