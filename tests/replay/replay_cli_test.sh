@@ -37,7 +37,7 @@ expect different-models 2 "different models" -- "$RETRACE" bisect "$tmp/a" "$tmp
 expect diff-different-models 1 "param" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/other/trace.rtrace"
 
 # Golden: passes as recorded, and fails with the first divergent step when the run changes.
-expect golden-check 0 "golden: 5 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
+expect golden-check 0 "golden: 7 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
 expect golden-perturbed 1 "first divergent step 57, field param_digest" -- \
   "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/g" --inject perturb-param@57:layers.0.weight
 expect golden-lr 1 "first divergent step 1, field" -- \
