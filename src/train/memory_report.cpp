@@ -12,6 +12,7 @@
 #include "rng/rng_state.h"
 #include "train/environment.h"
 #include "train/run.h"
+#include "train/trainer.h"
 
 namespace retrace::train {
 namespace {
@@ -27,15 +28,9 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-model::GptOptions gpt_options(const Config& c, int64_t vocab, const std::string& policy, int64_t k) {
-  model::GptOptions o;
-  o.vocab_size = vocab;
-  o.context = c.data.context;
-  o.d_model = c.model.d_model;
-  o.n_layers = c.model.n_layers;
-  o.n_heads = c.model.n_heads;
-  o.dropout = c.model.dropout;
-  o.dropout_impl = c.model.dropout_impl;
+// The config's GPT with another checkpointing policy.
+model::GptOptions gpt_options_with(const Config& c, int64_t vocab, const std::string& policy, int64_t k) {
+  model::GptOptions o = gpt_options(c, vocab);
   o.checkpoint = policy;
   o.checkpoint_every = k;
   return o;
@@ -45,7 +40,7 @@ ChildResult measure_child(Config c, const data::Dataset& data, const std::string
   resolve_threads(c.runtime);
   apply_environment(c.runtime);
   rng::seed_all(static_cast<uint64_t>(c.seed));
-  model::Gpt gpt(gpt_options(c, data.vocab_size, policy, k));
+  model::Gpt gpt(gpt_options_with(c, data.vocab_size, policy, k));
   gpt->train();
   const int64_t b = std::min<int64_t>(c.data.batch_size, data.train.size());
   torch::Tensor x = data.train.inputs.slice(0, 0, b), y = data.train.targets.slice(0, 0, b);
@@ -75,7 +70,7 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
                                         {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
   rng::seed_all(static_cast<uint64_t>(config.seed));
-  const int64_t params = model::count_parameters(*model::Gpt(gpt_options(config, data.vocab_size, "none", 4)));
+  const int64_t params = model::count_parameters(*model::Gpt(gpt_options_with(config, data.vocab_size, "none", 4)));
   const int64_t dtype_bytes = config.amp.mode == "off" ? 4 : 2;
   for (auto& m : out)
     m.estimate = model::estimate_memory(params, config.data.batch_size, config.data.context, config.model.d_model,

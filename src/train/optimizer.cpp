@@ -4,6 +4,7 @@
 #include <torch/optim/sgd.h>
 
 #include <map>
+#include <vector>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -22,31 +23,49 @@ class FusedAdamW final : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
 
   torch::Tensor step(LossClosure closure = nullptr) override {
-    if (closure || !fusable()) return torch::optim::AdamW::step(std::move(closure));
-    ++fused_steps_;
-    torch::NoGradGuard no_grad;
+    if (closure) return torch::optim::AdamW::step(std::move(closure));
+    // One pass finds every parameter's state and whether all of them can be fused; the update
+    // starts only when they can, so a hand-over to LibTorch never follows a partial update.
+    struct Item {
+      torch::Tensor p;
+      const torch::optim::AdamWOptions* options;
+      torch::optim::AdamWParamState* state;  // nullptr: first step of this parameter
+    };
+    std::vector<Item> items;
     for (auto& group : param_groups()) {
       const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+      if (o.amsgrad()) return torch::optim::AdamW::step();
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
-        auto* st = compat::find_param_state(*this, p);
-        if (!st) {
-          auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-          fresh->step(0);
-          fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-          fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-          st = fresh.get();
-          compat::set_param_state(*this, p, std::move(fresh));
-        }
-        auto& s = static_cast<torch::optim::AdamWParamState&>(*st);
-        s.step(s.step() + 1);
-        const AdamWCoefficients c = adamw_coefficients(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                                                       o.eps(), o.weight_decay(), s.step());
-        adamw_update(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
-                     s.exp_avg_sq().data_ptr<float>(), p.numel(), c);
-        // What an in-place tensor operation would do, so autograd's checks still see the writes.
-        for (const auto* t : {&p, &s.exp_avg(), &s.exp_avg_sq()}) t->unsafeGetTensorImpl()->bump_version();
+        if (!dense_f32_cpu(p, p.numel()) || !dense_f32_cpu(p.grad(), p.numel()) ||
+            p.data_ptr() == p.grad().data_ptr())
+          return torch::optim::AdamW::step();
+        auto* s = static_cast<torch::optim::AdamWParamState*>(compat::find_param_state(*this, p));
+        if (s && (!dense_f32_cpu(s->exp_avg(), p.numel()) || !dense_f32_cpu(s->exp_avg_sq(), p.numel())))
+          return torch::optim::AdamW::step();
+        items.push_back({p, &o, s});
       }
+    }
+    ++fused_steps_;
+    torch::NoGradGuard no_grad;
+    for (Item& it : items) {
+      if (!it.state) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(it.p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(it.p, torch::MemoryFormat::Preserve));
+        it.state = fresh.get();
+        compat::set_param_state(*this, it.p, std::move(fresh));
+      }
+      auto& s = *it.state;
+      const auto& o = *it.options;
+      s.step(s.step() + 1);
+      const AdamWCoefficients c = adamw_coefficients(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
+                                                     o.eps(), o.weight_decay(), s.step());
+      adamw_update(it.p.data_ptr<float>(), it.p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
+                   s.exp_avg_sq().data_ptr<float>(), it.p.numel(), c);
+      // What an in-place tensor operation would do, so autograd's checks still see the writes.
+      for (const auto* t : {&it.p, &s.exp_avg(), &s.exp_avg_sq()}) t->unsafeGetTensorImpl()->bump_version();
     }
     return {};
   }
@@ -57,21 +76,6 @@ class FusedAdamW final : public torch::optim::AdamW {
   static bool dense_f32_cpu(const torch::Tensor& t, int64_t numel) {
     return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kFloat32 &&
            t.is_contiguous() && t.numel() == numel;
-  }
-  bool fusable() {
-    for (auto& group : param_groups()) {
-      if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
-      for (auto& p : group.params()) {
-        if (!p.grad().defined()) continue;
-        if (!dense_f32_cpu(p, p.numel()) || !dense_f32_cpu(p.grad(), p.numel())) return false;
-        if (p.data_ptr() == p.grad().data_ptr()) return false;
-        if (auto* st = compat::find_param_state(*this, p)) {
-          auto& s = static_cast<torch::optim::AdamWParamState&>(*st);
-          if (!dense_f32_cpu(s.exp_avg(), p.numel()) || !dense_f32_cpu(s.exp_avg_sq(), p.numel())) return false;
-        }
-      }
-    }
-    return true;
   }
 };
 

@@ -45,20 +45,24 @@ model::ModelHandle make_model(const Config& c, const data::Dataset& data) {
             [mlp](model::ModuleProbe* p) { mlp->set_probe(p); }};
   }
   if (c.model.kind == "gpt") {
-    model::GptOptions o;
-    o.vocab_size = data.vocab_size;
-    o.context = c.data.context;
-    o.d_model = c.model.d_model;
-    o.n_layers = c.model.n_layers;
-    o.n_heads = c.model.n_heads;
-    o.dropout = c.model.dropout;
-    o.dropout_impl = c.model.dropout_impl;
-    o.checkpoint = c.model.checkpoint;
-    o.checkpoint_every = c.model.checkpoint_every;
-    auto gpt = std::make_shared<model::GptImpl>(o);
+    auto gpt = std::make_shared<model::GptImpl>(gpt_options(c, data.vocab_size));
     return {gpt, [gpt](const torch::Tensor& x) { return gpt->forward(x); }, gpt->describe(), nullptr};
   }
   RETRACE_FAIL(ConfigError, "bad value for model.kind: \"", c.model.kind, "\"");
+}
+
+model::GptOptions gpt_options(const Config& c, int64_t vocab_size) {
+  model::GptOptions o;
+  o.vocab_size = vocab_size;
+  o.context = c.data.context;
+  o.d_model = c.model.d_model;
+  o.n_layers = c.model.n_layers;
+  o.n_heads = c.model.n_heads;
+  o.dropout = c.model.dropout;
+  o.dropout_impl = c.model.dropout_impl;
+  o.checkpoint = c.model.checkpoint;
+  o.checkpoint_every = c.model.checkpoint_every;
+  return o;
 }
 
 uint64_t total_steps_for(const Config& c, uint64_t batches_per_epoch) {

@@ -16,6 +16,7 @@
 #include "core/tensor_digest.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "model/gpt.h"
 #include "model/model.h"
 #include "rng/rng_state.h"
 #include "trace/records.h"
@@ -31,6 +32,8 @@ namespace retrace::train {
 // Builds the model the config names, drawing its initial weights from torch's CPU generator
 // (seeded by the caller).
 model::ModelHandle make_model(const Config& config, const data::Dataset& data);
+// The GPT's options as the config gives them (model.kind = "gpt"), for a vocabulary of vocab_size.
+model::GptOptions gpt_options(const Config& config, int64_t vocab_size);
 
 class Trainer {
  public:
