@@ -1,10 +1,11 @@
 # Test executables of the torch part and the torch-free base. The trace and checkpoint-format
 # tests are defined beside their libraries (src/trace, src/ckpt).
+# Their main (tests/testing/numerics_main.cpp) runs them under portable numerics, as retrace runs.
 function(retrace_gtest name)
-  add_executable(${name} ${ARGN})
+  add_executable(${name} ${ARGN} ${CMAKE_SOURCE_DIR}/tests/testing/numerics_main.cpp)
   target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   target_compile_definitions(${name} PRIVATE RETRACE_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
-  target_link_libraries(${name} PRIVATE GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE GTest::gtest retrace_base)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
 endfunction()
 

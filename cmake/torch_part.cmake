@@ -10,6 +10,7 @@ add_library(retrace_base STATIC
   src/data/sampler.cpp
   src/data/idx.cpp
   src/train/config.cpp
+  src/train/numerics.cpp
   src/train/faults.cpp
   src/train/guards.cpp
   src/train/adamw_kernel.cpp

@@ -31,9 +31,12 @@ std::string run_dir_of(const std::string& p) {
   return stdfs::is_directory(p) ? p : stdfs::path(p).parent_path().string();
 }
 
-// Re-executes step `s` of the run whose trace header is `h`, from its newest checkpoint before s.
-Probed probe_step(const std::string& run_dir, const trace::TraceHeader& h, uint64_t s, const std::string& label) {
+// Re-executes step `s` of the run whose trace header is `h`, from its newest checkpoint before s,
+// under numerics profile `numerics` (one process runs one profile).
+Probed probe_step(const std::string& run_dir, const trace::TraceHeader& h, uint64_t s, const std::string& label,
+                  const std::string& numerics) {
   train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
+  cfg.runtime.numerics = numerics;
   train::resolve_threads(cfg.runtime);
   train::apply_environment(cfg.runtime);
   data::Dataset data = train::load_dataset(cfg);
@@ -155,8 +158,17 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const train
                                    std::to_string(rep.search_probes) + " chain comparisons over " + std::to_string(n) +
                                    " steps); re-executing it in both runs");
 
-  Probed pa = probe_step(dir_a, ha, hi, "run A");
-  Probed pb = probe_step(dir_b, hb, hi, "run B");
+  // Both runs re-execute in this process, under run A's numerics profile.
+  const auto numerics_of = [](const trace::TraceHeader& h) {
+    return train::parse_config(h.config_toml, "trace header", {}, train::ConfigSource::kRecorded).runtime.numerics;
+  };
+  const std::string numerics = numerics_of(ha);
+  if (numerics_of(hb) != numerics)
+    rep.notes.push_back("run B was recorded with runtime.numerics = \"" + numerics_of(hb) + "\" and is re-executed "
+                        "under run A's \"" + numerics + "\": a difference that the numerics alone make does not "
+                        "show in the re-execution");
+  Probed pa = probe_step(dir_a, ha, hi, "run A", numerics);
+  Probed pb = probe_step(dir_b, hb, hi, "run B", numerics);
   rep.replay_start_a = pa.start;
   rep.replay_start_b = pb.start;
   rep.notes.insert(rep.notes.end(), pa.notes.begin(), pa.notes.end());

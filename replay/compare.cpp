@@ -1,5 +1,6 @@
 #include "replay/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -41,8 +42,13 @@ std::map<uint64_t, const trace::StepRecord*> by_step(const std::vector<trace::St
 }
 }  // namespace
 
+double ToleranceRule::allowed(uint64_t step, double loss_a) const {
+  if (horizon == 0 || step <= horizon) return abs;
+  return std::max(abs, late_rel * std::fabs(loss_a));
+}
+
 std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::StepRecord& b,
-                                   CompareMode mode, double tolerance) {
+                                   CompareMode mode, const ToleranceRule& tolerance) {
   std::vector<FieldDiff> d;
   auto check = [&](const char* field, bool same, const std::string& va, const std::string& vb) {
     if (!same) d.push_back({a.step, field, va, vb});
@@ -63,7 +69,10 @@ std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::Step
     RETRACE_CMP_DBL(loss_scale);
   } else {
     const double diff = std::fabs(a.loss - b.loss);
-    check("loss", diff <= tolerance || (std::isnan(a.loss) && std::isnan(b.loss)), num(a.loss), num(b.loss));
+    check("loss", diff <= tolerance.allowed(a.step, a.loss) || (std::isnan(a.loss) && std::isnan(b.loss)),
+          num(a.loss), num(b.loss));
+    // The schedule is a function of the step alone: no kernel changes it.
+    RETRACE_CMP_DBL(lr);
   }
   check("outcome", a.outcome == b.outcome, a.outcome == trace::Outcome::kStep ? "STEP" : "SKIP",
         b.outcome == trace::Outcome::kStep ? "STEP" : "SKIP");
@@ -88,7 +97,8 @@ std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::Step
 }
 
 CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
-                            const std::vector<trace::StepRecord>& b, CompareMode mode, double tolerance) {
+                            const std::vector<trace::StepRecord>& b, CompareMode mode,
+                            const ToleranceRule& tolerance) {
   CompareReport rep;
   auto ma = by_step(a), mb = by_step(b);
   for (const auto& [step, ra] : ma) {

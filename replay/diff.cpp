@@ -51,11 +51,10 @@ std::vector<ValueDiff> diff_maps(const std::map<std::string, std::string>& a,
   return out;
 }
 
-// The environment keys that bitwise comparison depends on; "info.*" keys are informational.
 std::map<std::string, std::string> fingerprint_map(const std::vector<trace::KeyValue>& kvs) {
   std::map<std::string, std::string> m;
   for (const auto& kv : kvs)
-    if (kv.key.rfind("info.", 0) != 0) m[kv.key] = kv.value;
+    if (is_numerics_key(kv.key)) m[kv.key] = kv.value;
   return m;
 }
 
@@ -274,6 +273,21 @@ std::map<std::string, std::string> flatten_config(const std::string& toml_text) 
   return out;
 }
 
+// The numerics fields are what bitwise comparison depends on. "info.*" keys are informational; so
+// are the keys that traces of retrace before the numerics profile recorded without the prefix
+// although they change no bits: the allocator, the CUDA device count of a CPU run, and the raw
+// environment variables (their effect is recorded in blas_core and aten_cpu_capability).
+bool is_numerics_key(const std::string& key) {
+  return key.rfind("info.", 0) != 0 && key.rfind("env.", 0) != 0 && key != "allocator" && key != "cuda_device_count";
+}
+
+std::vector<trace::KeyValue> numerics_fields(const std::vector<trace::KeyValue>& fingerprint) {
+  std::vector<trace::KeyValue> out;
+  for (const auto& kv : fingerprint)
+    if (is_numerics_key(kv.key)) out.push_back(kv);
+  return out;
+}
+
 std::vector<ValueDiff> diff_fingerprints(const std::vector<trace::KeyValue>& a, const std::vector<trace::KeyValue>& b) {
   return diff_maps(fingerprint_map(a), fingerprint_map(b));
 }
@@ -349,7 +363,7 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
   for (uint64_t s : common) {
     const StepRecord& ra = *ma.at(s);
     const StepRecord& rb = *mb.at(s);
-    for (auto& f : diff_record(ra, rb, CompareMode::kBitwise, 0.0))
+    for (auto& f : diff_record(ra, rb, CompareMode::kBitwise, ToleranceRule{0.0}))
       r.first_by_field.emplace(f.field, std::move(f));  // keeps the first (earliest) entry
     if (ra.outcome != rb.outcome)
       r.skips.push_back({s, ra.outcome, rb.outcome, ra.skip_reason, rb.skip_reason});

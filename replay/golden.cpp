@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "replay/diff.h"
 #include "replay/replay.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -18,6 +19,8 @@ namespace {
 
 struct GoldenSpec {
   int64_t interrupt_at = 0;
+  ToleranceRule tolerance = kCrossNumericsRule;
+  std::string tolerance_text;  // the [tolerance] table, verbatim TOML, when the file has one
   std::string history;  // the [[history]] tables, verbatim TOML
 };
 
@@ -25,9 +28,12 @@ std::string spec_path(const std::string& dir, const std::string& name) {
   return (stdfs::path(dir) / name / "golden.toml").string();
 }
 
-GoldenSpec read_spec(const std::string& dir, const std::string& name) {
+// `autocast`: the golden trains under BF16/FP16 autocast, whose roundings differ more between
+// kernels (unit roundoff 2^-8 instead of 2^-24), so the default absolute tolerance is 10x wider.
+GoldenSpec read_spec(const std::string& dir, const std::string& name, bool autocast = false) {
   const std::string path = spec_path(dir, name);
   GoldenSpec s;
+  if (autocast) s.tolerance.abs = kCrossNumericsAutocastAbs;
   toml::table t;
   try {
     t = toml::parse_file(path);
@@ -35,9 +41,17 @@ GoldenSpec read_spec(const std::string& dir, const std::string& name) {
     RETRACE_FAIL(FormatError, "cannot parse ", path, ": ", e.description());
   }
   s.interrupt_at = t["interrupt_at"].value_or<int64_t>(0);
+  s.tolerance.abs = t["tolerance"]["abs"].value_or(s.tolerance.abs);
+  s.tolerance.horizon = static_cast<uint64_t>(
+      t["tolerance"]["horizon"].value_or(static_cast<int64_t>(s.tolerance.horizon)));
+  s.tolerance.late_rel = t["tolerance"]["late_rel"].value_or(s.tolerance.late_rel);
+  RETRACE_CHECK(s.tolerance.abs >= 0 && s.tolerance.late_rel >= 0, ConfigError, "bad [tolerance] in ", path,
+                ": abs and late_rel must be >= 0");
   std::string text = fs::read_file(path, 1 << 20);
   auto pos = text.find("[[history]]");
   if (pos != std::string::npos) s.history = text.substr(pos);
+  if (auto tol = text.find("[tolerance]"); tol != std::string::npos && tol < pos)
+    s.tolerance_text = text.substr(tol, pos - tol);
   return s;
 }
 
@@ -80,8 +94,8 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
                   for (const auto& n : list_goldens(golden_dir)) s += (s.empty() ? "" : ", ") + n;
                   return s;
                 }());
-  GoldenSpec spec = read_spec(golden_dir, name);
   train::Config config = train::load_config((dir / "config.toml").string(), overrides, train::ConfigSource::kRecorded);
+  GoldenSpec spec = read_spec(golden_dir, name, config.amp.mode != "off");
   GoldenResult r;
   r.name = name;
   r.scratch_dir = (stdfs::path(scratch_root) / name).string();
@@ -91,8 +105,10 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
   trace::TraceReader golden = trace::TraceReader::open((dir / "trace.rtrace").string());
   trace::TraceReader now = trace::TraceReader::open(train::trace_path(r.scratch_dir));
   r.fingerprint_diffs = fingerprint_diffs(golden.header().fingerprint, now.header().fingerprint);
+  r.numerics = numerics_fields(now.header().fingerprint);
   r.mode = r.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
-  r.report = compare_steps(golden.steps(), now.steps(), r.mode, 1e-4);
+  r.tolerance = spec.tolerance;
+  r.report = compare_steps(golden.steps(), now.steps(), r.mode, r.tolerance);
   r.passed = r.report.equal() && r.report.compared > 0;
   return r;
 }
@@ -117,6 +133,7 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   std::ostringstream meta;
   meta << "# How `retrace golden check " << name << "` re-runs this golden trace; see golden/README.md.\n"
        << "interrupt_at = " << spec.interrupt_at << "\n\n"
+       << spec.tolerance_text
        << spec.history << (spec.history.empty() || spec.history.back() == '\n' ? "" : "\n")
        << "[[history]]\ndate = " << toml::value<std::string>(today()) << "\nreason = "
        << toml::value<std::string>(reason) << "\n";

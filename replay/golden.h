@@ -5,9 +5,14 @@
 //                             updates, each with its date and reason
 //   golden/NAME/trace.rtrace  the golden trace
 //
+//
 // check: re-run NAME into a scratch directory and compare step by step with the golden trace:
-// bitwise when the environment fingerprints match (keys "info.*" aside), else loss tolerance 1e-4
-// (the report says which fields differ). update: regenerate and append the reason to the history.
+// bitwise when the numerics fields of the two fingerprints are equal (information fields such as
+// the host never count), which under runtime.numerics = "portable" is every x86-64-v3 machine.
+// When they differ (native numerics, another LibTorch, a kernel set in the environment) the
+// check is kCrossNumericsRule, or golden.toml's [tolerance] table (abs, horizon, late_rel), and the
+// report names the numerics fields that differ. update: regenerate and append the reason to the
+// history.
 #pragma once
 
 #include <string>
@@ -18,11 +23,19 @@
 
 namespace retrace::replay {
 
+// The rule across numerics (golden/README.md has the measurements behind it): the first 20 steps
+// within 1e-4 (1e-3 for a golden under autocast), later steps within 2 % of the golden loss, and
+// the numerics-free fields exact.
+inline constexpr ToleranceRule kCrossNumericsRule{1e-4, 20, 0.02};
+inline constexpr double kCrossNumericsAutocastAbs = 1e-3;
+
 struct GoldenResult {
   std::string name;
   bool passed = false;
   CompareMode mode = CompareMode::kBitwise;
+  ToleranceRule tolerance;
   std::vector<std::string> fingerprint_diffs;
+  std::vector<trace::KeyValue> numerics;  // the numerics fields of the new run
   CompareReport report;
   std::string scratch_dir;
 };

@@ -18,6 +18,8 @@ enum class Outcome : uint8_t { kStep = 0, kSkip = 1 };
 struct KeyValue {
   std::string key;
   std::string value;
+  bool operator==(const KeyValue& o) const { return key == o.key && value == o.value; }
+  bool operator!=(const KeyValue& o) const { return !(*this == o); }
 };
 
 struct ParamInfo {

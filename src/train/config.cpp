@@ -137,9 +137,14 @@ std::vector<Field> fields() {
                false, false, at(&C::faults, &FaultConfig::inject)});
   f.push_back({"runtime.device", Kind::kChoice, "device to train on", {"cpu", "cuda"}, 0, 0, false, false,
                at(&C::runtime, &RuntimeConfig::device)});
-  f.push_back({"runtime.threads", Kind::kInt, "torch intra-op threads (0: auto from the core count)", {},
+  f.push_back({"runtime.numerics", Kind::kChoice,
+               "numerics profile: portable (pins the OpenBLAS kernel, ATen's CPU level, BF16 matmuls and thread "
+               "counts so every x86-64-v3 machine gives the same bits) or native (the machine's own kernels, "
+               "faster on some, bits of this machine only)",
+               {"portable", "native"}, 0, 0, false, false, at(&C::runtime, &RuntimeConfig::numerics), "'native'"});
+  f.push_back({"runtime.threads", Kind::kInt, "torch intra-op threads (0: auto, 1)", {},
                0, 1024, false, false, at(&C::runtime, &RuntimeConfig::threads)});
-  f.push_back({"runtime.blas_threads", Kind::kInt, "OpenBLAS threads (0: auto from the core count)", {}, 0,
+  f.push_back({"runtime.blas_threads", Kind::kInt, "OpenBLAS threads (0: auto; portable 2, native the core count up to 8)", {}, 0,
                1024, false, false, at(&C::runtime, &RuntimeConfig::blas_threads)});
   f.push_back({"runtime.interop_threads", Kind::kInt, "torch inter-op threads", {}, 1, 1024, false, false,
                at(&C::runtime, &RuntimeConfig::interop_threads)});

@@ -82,8 +82,9 @@ struct FaultConfig {
 
 struct RuntimeConfig {
   std::string device = "cpu";  // cpu | cuda
+  std::string numerics = "portable";  // portable | native (train/numerics.h)
   int64_t threads = 0;          // torch intra-op threads; 0 = auto (resolved and recorded)
-  int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto
+  int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto (portable: 2; native: the core count, at most 8)
   int64_t interop_threads = 1;
   bool deterministic = true;
   double collective_timeout_s = 120;  // data parallelism: rendezvous and collective timeout

@@ -1,5 +1,6 @@
 #include "train/environment.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <dlfcn.h>
@@ -7,13 +8,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
+#include <gnu/libc-version.h>
 #include <map>
 #include <thread>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "train/numerics.h"
 
 namespace retrace::train {
 namespace {
@@ -57,6 +61,11 @@ std::string cpu_capability() {
   return cfg.substr(pos + tag.size(), end == std::string::npos ? std::string::npos : end - pos - tag.size());
 }
 
+std::string blas_core() {
+  auto core = blas_symbol<GetStrFn>("openblas_get_corename");
+  return core ? core() : "";
+}
+
 std::string allocator() {
   // tcmalloc exports tc_malloc when linked or preloaded.
   return dlsym(RTLD_DEFAULT, "tc_malloc") ? "tcmalloc" : "glibc";
@@ -65,16 +74,62 @@ std::string allocator() {
 
 std::string retrace_version() { return "0.1.0"; }
 
+std::string numerics_summary(const RuntimeConfig& runtime) {
+  const Numerics n = parse_numerics(runtime.numerics);
+  std::string s = describe_numerics(n, plan_environment(n));
+  if (n == Numerics::kNative) s += "; OpenBLAS " + blas_core() + ", ATen " + cpu_capability();
+  return s + "; torch " + std::to_string(runtime.threads) + " + BLAS " + std::to_string(runtime.blas_threads) +
+         " threads";
+}
+
 ThreadLayout resolve_threads(RuntimeConfig& runtime) {
+  const Numerics n = parse_numerics(runtime.numerics);
   int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
-  if (runtime.threads == 0) runtime.threads = 1;
-  if (runtime.blas_threads == 0) runtime.blas_threads = std::min<int64_t>(cores, 8);
+  if (runtime.threads == 0) runtime.threads = n == Numerics::kPortable ? kPortableTorchThreads : 1;
+  if (runtime.blas_threads == 0)
+    runtime.blas_threads = n == Numerics::kPortable ? kPortableBlasThreads : std::min<int64_t>(cores, 8);
   return {runtime.threads, runtime.blas_threads, runtime.interop_threads};
 }
 
 void apply_environment(const RuntimeConfig& runtime) {
   RETRACE_CHECK(runtime.threads > 0 && runtime.blas_threads > 0, InvariantError,
                 "thread counts must be resolved before apply_environment");
+  const Numerics numerics = parse_numerics(runtime.numerics);
+  check_cpu(numerics, detect_cpu_features());
+  const EnvPlan plan = plan_environment(numerics);
+  if (!plan.ready()) {
+    std::string need;
+    for (const auto& [var, value] : plan.set) need += (need.empty() ? "" : " ") + var + "=" + value;
+    for (const auto& var : plan.unset) need += (need.empty() ? "unset " : " unset ") + var;
+    RETRACE_FAIL(IoError, "runtime.numerics = \"", numerics_name(numerics), "\" needs ", need,
+                 " in the environment when the process starts (OpenBLAS picks its kernel when it loads); the "
+                 "retrace command does this itself, a program that embeds retrace calls "
+                 "retrace::train::prepare_process() first thing in main");
+  }
+  if (numerics == Numerics::kPortable) {
+    // The pins must really be in force, not only in the environment: a BLAS that is not OpenBLAS,
+    // or an OpenBLAS that does not know the kernel name, would silently run something else.
+    for (const auto& pin : portable_pins()) {
+      const std::string want = pin.value;
+      if (const char* value = std::getenv(pin.variable); value && want != value) continue;  // the user's: recorded
+      std::string have;
+      if (std::string(pin.variable) == "OPENBLAS_CORETYPE") have = blas_core();
+      else if (std::string(pin.variable) == "ATEN_CPU_CAPABILITY") have = cpu_capability();
+      else continue;  // oneDNN reports its ISA only once a primitive runs; it is off below anyway
+      auto lower = [](std::string x) {
+        for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        return x;
+      };
+      RETRACE_CHECK(lower(have) == lower(want), IoError, "runtime.numerics = \"portable\" pins the ", pin.what,
+                    " to ", want, " but this process runs ", have.empty() ? "an unknown one" : have,
+                    " (is libblas.so.3 OpenBLAS? run tools/setup.sh); use --set runtime.numerics=native to train "
+                    "with what this machine has");
+    }
+  }
+  // BF16 matmuls go through oneDNN only on CPUs with AVX-512 (BW, VL, DQ), where oneDNN then picks
+  // its kernel by CPU features (AVX-512 BF16, AMX): a path chosen by the chip. Portable keeps them on
+  // ATen's own kernels, whose level is pinned.
+  at::globalContext().setUserEnabledMkldnn(numerics == Numerics::kNative);
   if (runtime.device == "cuda") {
     RETRACE_CHECK(torch::cuda::is_available(), IoError,
                   "runtime.device = \"cuda\" but this LibTorch has no usable CUDA device; "
@@ -95,27 +150,43 @@ void apply_environment(const RuntimeConfig& runtime) {
 }
 
 std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size) {
+  const Numerics numerics = parse_numerics(runtime.numerics);
+  const CpuFeatures cpu = detect_cpu_features();
+  std::string cpu_flags;
+  for (const auto& f : cpu.flags) cpu_flags += (cpu_flags.empty() ? "" : ",") + f;
   std::vector<trace::KeyValue> f;
   auto add = [&](std::string k, std::string v) { f.push_back({std::move(k), std::move(v)}); };
+  // Numerics fields: everything that changes bits. Two runs promise equal bits only when these
+  // are all equal (replay::fingerprint_diffs compares them and nothing else).
   add("retrace_version", retrace_version());
+  add("numerics", numerics_name(numerics));
   add("libtorch_version", compat::libtorch_version());
+  add("libc", std::string("glibc ") + gnu_get_libc_version());  // libm's exp/log variants
   add("aten_cpu_capability", cpu_capability());
-  add("env.ATEN_CPU_CAPABILITY", env_or("ATEN_CPU_CAPABILITY", ""));
   std::string blas = "unknown";
   if (auto cfg = blas_symbol<GetStrFn>("openblas_get_config")) blas = std::string("OpenBLAS ") + cfg();
   add("blas", blas);
-  if (auto core = blas_symbol<GetStrFn>("openblas_get_corename")) add("blas_core", core());
-  add("env.OPENBLAS_CORETYPE", env_or("OPENBLAS_CORETYPE", ""));
+  if (const std::string core = blas_core(); !core.empty()) add("blas_core", core);
   int blas_threads = -1;
   if (auto get = blas_symbol<GetIntFn>("openblas_get_num_threads")) blas_threads = get();
   add("blas_threads", std::to_string(blas_threads));
   add("torch_threads", std::to_string(at::get_num_threads()));
   add("interop_threads", std::to_string(at::get_num_interop_threads()));
   add("deterministic_algorithms", at::globalContext().deterministicAlgorithms() ? "true" : "false");
+  add("onednn", at::globalContext().userEnabledMkldnn() ? "on" : "off");
   add("device", runtime.device);
-  add("cuda_device_count", std::to_string(torch::cuda::device_count()));
   add("world_size", std::to_string(world_size));
-  add("allocator", allocator());
+  // Native numerics let the kernel libraries choose by CPU feature (oneDNN's BF16 path on AVX-512
+  // BF16 or AMX parts), so there the features are numerics; portable pins the path, so there they
+  // are information.
+  add(numerics == Numerics::kNative ? "cpu_features" : "info.cpu_features", cpu_flags);
+  // Information fields: never make two fingerprints unequal for comparison purposes.
+  add("info.cuda_device_count", std::to_string(torch::cuda::device_count()));
+  add("info.allocator", allocator());
+  for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
+                          "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS"})
+    add(std::string("info.env.") + var, env_or(var, ""));
+  add("info.env.set_by_retrace", env_or(kPinnedVariable, ""));
   add("info.cpu_model", cpu_model());
   add("info.cores", std::to_string(std::thread::hardware_concurrency()));
   char host[256] = {0};

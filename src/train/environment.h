@@ -27,9 +27,20 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime);
 // CUBLAS_WORKSPACE_CONFIG when unset so cuBLAS is deterministic on CUDA.
 void apply_environment(const RuntimeConfig& runtime);
 
-// Key/value fingerprint. Keys starting with "info." are informational and never make two
-// fingerprints unequal for comparison purposes (see replay::fingerprint_diffs).
+// Key/value fingerprint in two parts. Numerics fields (everything that changes bits: numerics
+// profile, LibTorch and libc versions, ATen capability, BLAS library, kernel and threads, torch
+// threads, deterministic flags, oneDNN on or off, device, world size, and under native numerics
+// the CPU features that steer kernel choice) and information fields, whose keys start with
+// "info." (host, CPU model and features, cores, allocator, the environment variables that were
+// set and which of them retrace set): those never make two fingerprints unequal for comparison
+// (replay::fingerprint_diffs).
+//
+// Under portable numerics: apply_environment refuses to start unless the pins are in force
+// (prepare_process), turns oneDNN off, and resolve_threads gives fixed thread counts.
 std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size);
+
+// One line for the run's output: the numerics profile, what it pins, what the environment set.
+std::string numerics_summary(const RuntimeConfig& runtime);
 
 std::string retrace_version();
 

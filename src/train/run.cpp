@@ -262,6 +262,8 @@ std::string trace_path(const std::string& run_dir) { return (stdfs::path(run_dir
 RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& cb) {
   resolve_threads(config.runtime);
   apply_environment(config.runtime);
+  const bool lead = !options.process_group || options.process_group->rank() == 0;
+  if (cb.on_message && lead) cb.on_message(numerics_summary(config.runtime));
   const std::string config_text = to_toml(config);
 
   // Everything that can fail on bad input happens before the run directory is touched.
@@ -310,6 +312,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   Config config = load_config(cfg_path, {}, ConfigSource::kRecorded);
   resolve_threads(config.runtime);
   apply_environment(config.runtime);
+  if (cb.on_message && rank == 0) cb.on_message(numerics_summary(config.runtime));
 
   std::vector<std::pair<std::string, std::string>> skipped;
   auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), world, &skipped);

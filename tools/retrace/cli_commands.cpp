@@ -41,6 +41,12 @@ train::Config resolve_config(const std::string& path, std::vector<std::string> s
   return train::load_config(path, sets);
 }
 
+std::vector<std::string> golden_sets(const GoldenArgs& g) {
+  std::vector<std::string> sets = g.sets;
+  if (!g.inject.empty()) sets.push_back("faults.inject=\"" + g.inject + "\"");
+  return sets;
+}
+
 // Prints one row per step when piped; a live progress line on a terminal (SKIP rows stay).
 class StepPrinter {
  public:
@@ -374,22 +380,34 @@ int run_diff(const DiffArgs& a) {
 int run_golden_check(const GoldenArgs& a) {
   std::vector<std::string> names = a.names.empty() ? replay::list_goldens(a.dir) : a.names;
   RETRACE_CHECK(!names.empty(), IoError, "no golden traces in ", a.dir);
-  std::vector<std::string> sets = a.sets;
-  if (!a.inject.empty()) sets.push_back("faults.inject=\"" + a.inject + "\"");
+  const std::vector<std::string> sets = golden_sets(a);
   const std::string scratch = a.scratch.empty()
                                   ? (std::filesystem::temp_directory_path() / "retrace-golden-check").string()
                                   : a.scratch;
   int failed = 0;
+  std::vector<trace::KeyValue> printed_numerics;
   for (const auto& n : names) {
     replay::GoldenResult r = replay::check_golden(a.dir, n, sets, scratch, {});
     const auto& rep = r.report;
+    if (r.numerics != printed_numerics) {  // once, and again whenever a golden runs under others
+      std::string line;
+      for (const auto& kv : r.numerics)
+        if (kv.key != "blas") line += (line.empty() ? "" : " ") + kv.key + "=" + kv.value;
+      std::printf("numerics fingerprint: %s\n", line.c_str());
+      printed_numerics = r.numerics;
+    }
+    char mode[128];
+    if (r.mode == replay::CompareMode::kBitwise)
+      std::snprintf(mode, sizeof mode, "bitwise");
+    else
+      std::snprintf(mode, sizeof mode, "tolerance %g for %llu steps, then %g %%", r.tolerance.abs,
+                    static_cast<ull>(r.tolerance.horizon), r.tolerance.late_rel * 100);
     std::printf("golden %-22s %s  %s, %llu steps compared, max loss difference %.3g", n.c_str(),
-                r.passed ? "PASS" : "FAIL", r.mode == replay::CompareMode::kBitwise ? "bitwise" : "tolerance 1e-4",
-                static_cast<ull>(rep.compared), rep.max_loss_diff);
+                r.passed ? "PASS" : "FAIL", mode, static_cast<ull>(rep.compared), rep.max_loss_diff);
     if (!r.fingerprint_diffs.empty()) {
       std::string d;
       for (const auto& k : r.fingerprint_diffs) d += (d.empty() ? "" : ", ") + k;
-      std::printf(" (not bitwise: fingerprint fields differ: %s)", d.c_str());
+      std::printf(" (not bitwise: numerics fields differ: %s)", d.c_str());
     }
     std::printf("\n");
     if (!r.passed) {
@@ -469,9 +487,7 @@ int run_memory(const MemoryArgs& a) {
 
 int run_golden_update(const GoldenArgs& a) {
   RETRACE_CHECK(a.names.size() == 1, ConfigError, "golden update takes exactly one NAME");
-  std::vector<std::string> sets = a.sets;
-  if (!a.inject.empty()) sets.push_back("faults.inject=\"" + a.inject + "\"");
-  replay::update_golden(a.dir, a.names[0], a.reason, sets, a.interrupt_at, {});
+  replay::update_golden(a.dir, a.names[0], a.reason, golden_sets(a), a.interrupt_at, {});
   std::printf("golden %s regenerated in %s/%s\n", a.names[0].c_str(), a.dir.c_str(), a.names[0].c_str());
   return 0;
 }
@@ -589,6 +605,72 @@ void register_commands(CLI::App& app, CliArgs& args) {
   gu->add_option("--inject", g.inject, "faults to record in the golden run");
   gu->add_option("--interrupt-at", g.interrupt_at, "record interrupted at this step, then resumed");
   gu->footer("Example:\n  retrace golden update fashion-mlp-100 --reason \"schedule now decays to 5 %\"");
+}
+
+namespace {
+train::Numerics numerics_of(const train::Config& c) { return train::parse_numerics(c.runtime.numerics); }
+
+// The config recorded in a run directory's (or a trace file's) header, when it can be read; a
+// command that cannot read it reports that itself, with its own message.
+std::optional<train::Config> recorded_config(const std::string& run_or_trace) {
+  namespace stdfs = std::filesystem;
+  const std::string path = stdfs::is_directory(run_or_trace) ? train::trace_path(run_or_trace) : run_or_trace;
+  if (!stdfs::exists(path)) return std::nullopt;
+  trace::TraceReader r = trace::TraceReader::open(path);
+  return train::parse_config(r.header().config_toml, path + " (header)", {}, train::ConfigSource::kRecorded);
+}
+}  // namespace
+
+std::optional<train::Numerics> numerics_for(CLI::App& app, const CliArgs& args) {
+  namespace stdfs = std::filesystem;
+  if (app.got_subcommand("record")) {
+    const RecordArgs& a = args.record;
+    if (a.print_config) return std::nullopt;
+    return numerics_of(resolve_config(a.config_path, a.sets, a.steps, a.inject));
+  }
+  if (app.got_subcommand("resume")) {
+    const std::string cfg = (stdfs::path(args.resume.run) / "config.toml").string();
+    if (!stdfs::exists(cfg)) return std::nullopt;
+    return numerics_of(train::load_config(cfg, {}, train::ConfigSource::kRecorded));
+  }
+  if (app.got_subcommand("replay")) {
+    auto c = recorded_config(args.replay.run);
+    return c ? std::optional(numerics_of(*c)) : std::nullopt;
+  }
+  if (app.got_subcommand("bisect")) {
+    // Bisection re-executes both runs in this process; runs of another profile are refused there.
+    auto c = recorded_config(args.bisect.a);
+    return c ? std::optional(numerics_of(*c)) : std::nullopt;
+  }
+  if (app.got_subcommand("memory")) return numerics_of(train::load_config(args.memory.config_path, args.memory.sets));
+  if (app.got_subcommand("golden")) {
+    const GoldenArgs& g = args.golden;
+    CLI::App* gold = app.get_subcommand("golden");
+    const std::vector<std::string> sets = golden_sets(g);
+    if (gold->got_subcommand("update")) {
+      if (g.names.size() != 1) return std::nullopt;
+      const stdfs::path cfg = stdfs::path(g.dir) / g.names[0] / "config.toml";
+      return numerics_of(stdfs::exists(cfg) ? train::load_config(cfg.string(), sets, train::ConfigSource::kRecorded)
+                                            : train::parse_config("", "built-in default", sets));
+    }
+    std::optional<train::Numerics> n;
+    std::string first;
+    std::error_code ec;
+    if (!stdfs::is_directory(g.dir, ec)) return std::nullopt;
+    for (const auto& name : g.names.empty() ? replay::list_goldens(g.dir) : g.names) {
+      const stdfs::path cfg = stdfs::path(g.dir) / name / "config.toml";
+      if (!stdfs::exists(cfg)) continue;
+      const train::Numerics here = numerics_of(train::load_config(cfg.string(), sets, train::ConfigSource::kRecorded));
+      RETRACE_CHECK(!n || *n == here, ConfigError, "golden ", first, " runs with runtime.numerics = \"",
+                    train::numerics_name(*n), "\" and golden ", name, " with \"", train::numerics_name(here),
+                    "\"; one process runs one profile: check them in separate commands (retrace golden check ",
+                    first, ", then retrace golden check ", name, ")");
+      if (!n) first = name;
+      n = here;
+    }
+    return n;
+  }
+  return std::nullopt;
 }
 
 int run_selected(CLI::App& app, const CliArgs& args, const std::vector<std::string>& argv) {

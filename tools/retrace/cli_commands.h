@@ -5,8 +5,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "train/numerics.h"
 
 namespace retrace::cli {
 
@@ -99,6 +102,10 @@ struct CliArgs {
 };
 
 void register_commands(CLI::App& app, CliArgs& args);
+// The numerics profile the selected command trains under (the config it will run, a run's
+// recorded config, the goldens' configs), or nullopt for commands that do not train. main hands it
+// to train::prepare_process before the command runs. ConfigError when one command would need two.
+std::optional<train::Numerics> numerics_for(CLI::App& app, const CliArgs& args);
 // `argv` is the whole command line, which the local launcher hands to every rank.
 int run_selected(CLI::App& app, const CliArgs& args, const std::vector<std::string>& argv);
 

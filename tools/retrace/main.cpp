@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   retrace::cli::register_commands(app, args);
   try {
     app.parse(argc, argv);
+    // The launcher stage of the numerics profile: OpenBLAS picks its kernel when it loads, so a
+    // portable run re-executes this binary once with the pins in the environment (numerics.h).
+    if (auto numerics = retrace::cli::numerics_for(app, args)) retrace::train::prepare_process(*numerics, argv);
     return retrace::cli::run_selected(app, args, std::vector<std::string>(argv + 1, argv + argc));
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);

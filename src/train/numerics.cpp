@@ -1,0 +1,159 @@
+#include "train/numerics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace retrace::train {
+namespace {
+
+std::set<std::string> split_commas(const std::string& s) {
+  std::set<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.insert(item);
+  return out;
+}
+
+std::set<std::string> pinned_by_retrace() {
+  const char* v = std::getenv(kPinnedVariable);
+  return v ? split_commas(v) : std::set<std::string>{};
+}
+
+std::set<std::string> cpuinfo_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    auto colon = line.find(':');
+    std::set<std::string> flags;
+    std::stringstream words(colon == std::string::npos ? "" : line.substr(colon + 1));
+    std::string w;
+    while (words >> w) flags.insert(w);
+    return flags;
+  }
+  return {};
+}
+}  // namespace
+
+Numerics parse_numerics(const std::string& name) {
+  if (name == "portable") return Numerics::kPortable;
+  if (name == "native") return Numerics::kNative;
+  RETRACE_FAIL(ConfigError, "bad value for runtime.numerics: \"", name,
+               "\" is not one of \"portable\" (the same bits on every x86-64-v3 machine), \"native\" "
+               "(the machine's own kernels, its own bits)");
+}
+
+const char* numerics_name(Numerics n) { return n == Numerics::kPortable ? "portable" : "native"; }
+
+const std::vector<NumericsPin>& portable_pins() {
+  // Haswell is OpenBLAS's AVX2 + FMA kernel: every x86-64-v3 CPU runs it, and its blocking does
+  // not depend on the cache sizes it detects (OPENBLAS_L2_SIZE 256 vs 4096: the same bits).
+  static const std::vector<NumericsPin> pins = {
+      {"OPENBLAS_CORETYPE", "Haswell", "OpenBLAS kernel"},
+      {"ATEN_CPU_CAPABILITY", "avx2", "ATen kernel level"},
+  };
+  return pins;
+}
+
+CpuFeatures detect_cpu_features() {
+  std::set<std::string> flags;
+  if (const char* forced = std::getenv("RETRACE_CPU_FEATURES")) {
+    if (std::strcmp(forced, "none") != 0) flags = split_commas(forced);
+  } else {
+    flags = cpuinfo_flags();
+  }
+  CpuFeatures f;
+  for (const char* need : {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"})
+    if (!flags.count(need)) f.missing.push_back(need);
+  f.x86_64_v3 = f.missing.empty();
+  for (const char* note : {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                           "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"})
+    if (flags.count(note)) f.flags.push_back(note);
+  return f;
+}
+
+void check_cpu(Numerics n, const CpuFeatures& cpu) {
+  if (n != Numerics::kPortable || cpu.x86_64_v3) return;
+  std::string missing;
+  for (const auto& m : cpu.missing) missing += (missing.empty() ? "" : ", ") + m;
+  RETRACE_FAIL(IoError, "runtime.numerics = \"portable\" pins kernels for x86-64-v3 CPUs (AVX2 and FMA), but this "
+               "CPU lacks ", missing, "; train with --set runtime.numerics=native (its bits are this machine's "
+               "and compare with other machines only within a tolerance)");
+}
+
+EnvPlan plan_environment(Numerics n) {
+  EnvPlan plan;
+  const std::set<std::string> ours = pinned_by_retrace();
+  for (const auto& pin : portable_pins()) {
+    const char* now = std::getenv(pin.variable);
+    const bool set_by_us = ours.count(pin.variable) > 0;
+    if (n == Numerics::kNative) {
+      if (set_by_us && now) plan.unset.push_back(pin.variable);
+      continue;
+    }
+    if (!now) plan.set.push_back({pin.variable, pin.value});
+    else if (set_by_us && std::strcmp(now, pin.value) != 0) plan.set.push_back({pin.variable, pin.value});
+    else if (!set_by_us && std::strcmp(now, pin.value) != 0) plan.respected.push_back({pin.variable, now});
+  }
+  return plan;
+}
+
+void prepare_process(Numerics n, char** argv) {
+  check_cpu(n, detect_cpu_features());
+  const EnvPlan plan = plan_environment(n);
+  if (plan.ready()) return;
+  std::set<std::string> ours = pinned_by_retrace();
+  for (const auto& [var, value] : plan.set) {
+    setenv(var.c_str(), value.c_str(), /*overwrite=*/1);
+    ours.insert(var);
+  }
+  for (const auto& var : plan.unset) {
+    unsetenv(var.c_str());
+    ours.erase(var);
+  }
+  std::string list;
+  for (const auto& v : ours) list += (list.empty() ? "" : ",") + v;
+  if (list.empty()) unsetenv(kPinnedVariable);
+  else setenv(kPinnedVariable, list.c_str(), 1);
+  // Same program, same arguments; the kernel libraries now start with the pins in place. The
+  // plan is ready in the new process, so this happens at most once.
+  ::execv("/proc/self/exe", argv);
+  RETRACE_FAIL(IoError, "cannot re-execute /proc/self/exe to apply runtime.numerics = \"", numerics_name(n),
+               "\": ", std::strerror(errno), "; set the variables yourself before starting it (",
+               [&] {
+                 std::string s;
+                 for (const auto& [var, value] : plan.set) s += (s.empty() ? "" : " ") + var + "=" + value;
+                 return s;
+               }(),
+               ") or use runtime.numerics = \"native\"");
+}
+
+std::string describe_numerics(Numerics n, const EnvPlan& plan) {
+  std::string s = std::string("numerics: ") + numerics_name(n);
+  if (n == Numerics::kNative) return s + " (the kernels this machine picks; its bits are its own)";
+  s += " (";
+  bool first = true;
+  for (const auto& pin : portable_pins()) {
+    std::string value = pin.value;
+    for (const auto& [var, kept] : plan.respected)
+      if (var == pin.variable) value = kept + " (kept from the environment)";
+    s += std::string(first ? "" : ", ") + pin.what + " " + value;
+    first = false;
+  }
+  s += ", BF16 matmuls on ATen's kernels, fixed thread counts)";
+  for (const auto& [var, value] : plan.respected)
+    s += "; " + var + "=" + value + " was set in the environment and is kept: the bits are portable only among "
+         "machines with the same setting";
+  return s;
+}
+
+}  // namespace retrace::train
