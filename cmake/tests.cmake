@@ -15,6 +15,7 @@ retrace_gtest(base_test
   tests/data/sampler_test.cpp
   tests/train/config_test.cpp
   tests/train/guards_test.cpp
+  tests/train/numerics_test.cpp
 )
 target_link_libraries(base_test PRIVATE retrace_base)
 
@@ -47,6 +48,10 @@ set_tests_properties(train_props PROPERTIES TIMEOUT 300)
 
 add_test(NAME cli_errors COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/cli_errors_test.sh $<TARGET_FILE:retrace>)
 set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)
+
+add_test(NAME numerics_cli COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/numerics_cli_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR}/golden)
+set_tests_properties(numerics_cli PROPERTIES TIMEOUT 600)
 
 add_test(NAME replay_cli COMMAND bash ${CMAKE_SOURCE_DIR}/tests/replay/replay_cli_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR}/golden)

@@ -71,7 +71,7 @@ add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
 target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)
 
 # Allocator: tcmalloc for the retrace binary when Debian's libtcmalloc-minimal4 is installed
-# (MACHINE-FACTS: glibc malloc takes ~20k page faults per GPT step). -DRETRACE_TCMALLOC=OFF
+# (measured: glibc malloc takes about 20k page faults per GPT step). -DRETRACE_TCMALLOC=OFF
 # switches it off; the fingerprint records which allocator ran. `retrace_glibc` is the same
 # binary without it, built on demand for the allocator benchmark.
 option(RETRACE_TCMALLOC "Link the retrace binary with tcmalloc when available" ON)

@@ -1,7 +1,8 @@
 // A multilayer perceptron: Linear layers `layers.0 .. layers.K` with an activation and dropout
 // after every hidden layer. Layers are constructed one statement at a time, in index order, so
-// they draw their initial weights in a specified order (see MACHINE-FACTS.md on GCC's argument
-// evaluation order).
+// they draw their initial weights in a specified order: in `Sequential(Linear(..), ReLU(),
+// Linear(..))` written as one expression GCC evaluates the arguments right to left, the layers
+// draw their weights in reverse and the run no longer matches PyTorch's with the same seed.
 #pragma once
 
 #include <torch/nn/module.h>

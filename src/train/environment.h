@@ -18,9 +18,10 @@ struct ThreadLayout {
   int64_t interop_threads = 1;
 };
 
-// Resolves 0 ("auto") thread counts from the number of cores: torch intra-op 1 and BLAS threads =
-// cores (capped at 8), since the MLP step is BLAS-bound (MACHINE-FACTS.md). Writes the resolved
-// numbers back into the config so they are recorded and replayed.
+// Resolves 0 ("auto") thread counts: torch intra-op 1 (the MLP step is BLAS-bound: 55-65 % of it is
+// sgemm), and BLAS threads 2 under portable numerics (a fixed number: each OpenBLAS thread count
+// gives other bits) or the core count capped at 8 under native. Writes the resolved numbers back
+// into the config so they are recorded and replayed.
 ThreadLayout resolve_threads(RuntimeConfig& runtime);
 
 // Applies the layout and the determinism flags. Must run before the first torch op. Sets

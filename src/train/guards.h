@@ -1,4 +1,5 @@
-// Guards that watch the step outcomes (FIELD-NOTES.md "Training symptoms").
+// Guards that watch the step outcomes: hundreds of skips per epoch (a model outside the FP16 range)
+// and a loss that shoots past 2x its recent level (a bad step or bad data).
 //
 // SkipRateGuard: the rate of SKIP outcomes over the last `window` steps. It is evaluated once at
 // least min(window, 50) outcomes are in the window, as skips / outcomes in the window, and warns

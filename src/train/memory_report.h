@@ -6,7 +6,8 @@
 // warm-up step and `steps` timed steps (forward + backward), and reports the growth of its peak RSS
 // over the timed steps and the median step time. Rounds interleave the policies; the report takes
 // medians. glibc malloc keeps freed memory mapped and hides part of the saving; tcmalloc (linked
-// into the retrace binary when present) shows it (MACHINE-FACTS.md).
+// into the retrace binary when present) shows it (measured on a char GPT with full checkpointing:
+// peak RSS 444 to 332 MiB with tcmalloc, no visible drop with glibc).
 #pragma once
 
 #include <string>

@@ -1,6 +1,6 @@
 // One optimizer step as a function of its inputs: model, optimizer, the micro-batches of one
 // effective batch, the policies (clipping, autocast, loss scaler, spike guard) and the faults to
-// inject. The order is FIELD-NOTES.md's "AMP-safe step":
+// inject. The order is the AMP-safe one (it matters):
 //   1. zero gradients (set to none), once per effective step
 //   2. per micro-batch: forward under autocast; loss_i = sum of per-sample (per-token) losses / N,
 //      N = samples (tokens) of the whole effective batch, so the sum over micro-batches is the

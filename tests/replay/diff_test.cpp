@@ -152,6 +152,58 @@ TEST(Diff, FingerprintDifferencesIgnoreInfoKeys) {
   EXPECT_TRUE(r2.identical());
 }
 
+TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
+  EXPECT_TRUE(is_numerics_key("blas_core"));
+  EXPECT_TRUE(is_numerics_key("numerics"));
+  EXPECT_TRUE(is_numerics_key("cpu_features"));  // native numerics: the features steer kernel choice
+  EXPECT_FALSE(is_numerics_key("info.cpu_features"));
+  EXPECT_FALSE(is_numerics_key("info.env.OPENBLAS_CORETYPE"));
+  // Keys that traces made before the numerics profile recorded without "info." but that change no bits.
+  EXPECT_FALSE(is_numerics_key("allocator"));
+  EXPECT_FALSE(is_numerics_key("cuda_device_count"));
+  EXPECT_FALSE(is_numerics_key("env.OPENBLAS_CORETYPE"));
+
+  const std::vector<trace::KeyValue> a = {{"numerics", "portable"}, {"blas_core", "Haswell"}, {"blas_threads", "2"},
+                                          {"info.env.OPENBLAS_L2_SIZE", ""}, {"info.host", "a"}};
+  std::vector<trace::KeyValue> b = a;
+  b[3].value = "256";  // information only
+  b[4].value = "b";
+  EXPECT_TRUE(diff_fingerprints(a, b).empty());
+  b[1].value = "Prescott";  // the kernel
+  b[2].value = "1";         // the thread count
+  const auto d = diff_fingerprints(a, b);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].key, "blas_core");
+  EXPECT_EQ(d[1].key, "blas_threads");
+  EXPECT_EQ(numerics_fields(a).size(), 3u);
+}
+
+TEST(Compare, CrossNumericsRuleIsTightEarlyLooserLateAndExactOnTheSchedule) {
+  const ToleranceRule rule{1e-4, 20, 0.02};
+  EXPECT_EQ(rule.allowed(20, 2.0), 1e-4);
+  EXPECT_DOUBLE_EQ(rule.allowed(21, 2.0), 0.04);
+  EXPECT_EQ(rule.allowed(21, 0.001), 1e-4);  // never tighter than abs
+  auto a = demo_steps(40);
+  auto b = a;
+  b[9].loss += 5e-5;   // step 10: within 1e-4
+  b[29].loss += 1e-2;  // step 30: beyond 1e-4, but within 2 %
+  for (auto& r : b) r.param_digest = {1, 2};  // digests are not compared across numerics
+  CompareReport ok = compare_steps(a, b, CompareMode::kTolerance, rule);
+  EXPECT_TRUE(ok.equal()) << ok.first_diff->field << " at " << ok.first_diff->step;
+  auto c = b;
+  c[4].loss += 2e-4;  // step 5: inside the horizon, beyond 1e-4
+  CompareReport early = compare_steps(a, c, CompareMode::kTolerance, rule);
+  ASSERT_TRUE(early.first_diff);
+  EXPECT_EQ(early.first_diff->step, 5u);
+  EXPECT_EQ(early.first_diff->field, "loss");
+  auto d = b;
+  d[32].lr *= 2;  // a schedule change shows whatever the numerics
+  CompareReport lr = compare_steps(a, d, CompareMode::kTolerance, rule);
+  ASSERT_TRUE(lr.first_diff);
+  EXPECT_EQ(lr.first_diff->field, "lr");
+  EXPECT_EQ(lr.first_diff->step, 33u);
+}
+
 TEST(Diff, DifferentModelsAreStillDiffable) {
   Pair p;
   auto hb = demo_header();

@@ -1,4 +1,4 @@
-// The AMP-safe step (FIELD-NOTES.md): the loss scaler's GradScaler rule, its skip paths, clipping
+// The AMP-safe step: the loss scaler's GradScaler rule, its skip paths, clipping
 // after unscale, and the accumulation weighting on ragged micro-batches.
 #include "train/step.h"
 

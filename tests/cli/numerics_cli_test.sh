@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Numerics profiles through the CLI: portable runs pin the kernels whatever the machine would pick,
+# information fields never break a bitwise comparison, numerics fields are named when they differ,
+# goldens recorded under one kernel are checked under another (both ways, native and portable),
+# and bad input exits with the documented code.
+#
+# A variable this machine's environment sets on purpose (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) is
+# never changed here: the cases that would set it are skipped when it is set, and say so.
+set -u
+RETRACE=${1:?usage: numerics_cli_test.sh path/to/retrace golden_dir}
+GOLDEN=${2:?golden dir}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/../testing/expect.sh"
+base=(--set train.eval_each_epoch=false --set checkpoint.every_steps=0 --set checkpoint.at_end=false --plain)
+short=(--steps 12 "${base[@]}")
+fingerprint() { "$RETRACE" inspect "$1/trace.rtrace" | grep -E "^  $2=" | head -1 | cut -d= -f2-; }
+check_eq() {  # name, got, want
+  if [[ "$2" == "$3" ]]; then echo "ok   $1 ($2)"; passes=$((passes+1)); else echo "FAIL $1: '$2', expected '$3'"; fails=$((fails+1)); fi
+}
+machine_sets_coretype=${OPENBLAS_CORETYPE+set}
+
+# ---- bad input -------------------------------------------------------------------------------
+expect unknown-profile 2 "bad value for runtime.numerics.*\"portable\", \"native\"" -- \
+  "$RETRACE" record "${short[@]}" --out "$tmp/bad" --set runtime.numerics=fast
+expect portable-without-avx2 4 "lacks avx2, fma.*--set runtime.numerics=native" -- \
+  env RETRACE_CPU_FEATURES=sse2,sse4_2,popcnt "$RETRACE" record "${short[@]}" --out "$tmp/noavx"
+[[ -e "$tmp/bad" || -e "$tmp/noavx" ]] && { echo "FAIL a refused run left its directory"; fails=$((fails+1)); }
+expect native-without-avx2 0 "recorded 12 steps" -- \
+  env RETRACE_CPU_FEATURES=sse2,sse4_2,popcnt "$RETRACE" record "${short[@]}" --out "$tmp/noavx-native" \
+  --set runtime.numerics=native
+
+# ---- portable pins the path ---------------------------------------------------------------------
+expect portable-run 0 "numerics: portable" -- "$RETRACE" record "${short[@]}" --out "$tmp/a"
+if [[ -z "$machine_sets_coretype" ]]; then
+  check_eq portable-kernel "$(fingerprint "$tmp/a" blas_core)" Haswell
+  check_eq portable-set-by-retrace "$("$RETRACE" inspect "$tmp/a/trace.rtrace" | grep -c 'set_by_retrace=.*OPENBLAS_CORETYPE')" 1
+else
+  check_eq portable-keeps-machine-kernel "$(fingerprint "$tmp/a" info.env.OPENBLAS_CORETYPE)" "$OPENBLAS_CORETYPE"
+fi
+check_eq portable-aten "$(fingerprint "$tmp/a" aten_cpu_capability)" AVX2
+check_eq portable-threads "$(fingerprint "$tmp/a" torch_threads)/$(fingerprint "$tmp/a" blas_threads)" 1/2
+check_eq portable-onednn "$(fingerprint "$tmp/a" onednn)" off
+
+# An information field alone (a variable with no effect on the kernels: OMP_NUM_THREADS, which
+# retrace overrides with explicit thread counts) keeps every comparison bitwise.
+OMP_NUM_THREADS=3 "$RETRACE" record "${short[@]}" --out "$tmp/info" >/dev/null
+check_eq info-field-recorded "$(fingerprint "$tmp/info" info.env.OMP_NUM_THREADS)" 3
+expect info-only-diff-identical 0 "IDENTICAL \(bitwise\)" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/info/trace.rtrace"
+expect info-only-replay-bitwise 0 "comparison: bitwise \(environment fingerprints equal\)" -- \
+  env OMP_NUM_THREADS=5 "$RETRACE" replay "$tmp/info" --quiet
+
+# A numerics field is named: the BLAS thread count ...
+"$RETRACE" record "${short[@]}" --out "$tmp/t1" --set runtime.blas_threads=1 >/dev/null
+expect numerics-threads-named 1 "environment +differs.*blas_threads" -- \
+  "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/t1/trace.rtrace"
+# ... the profile ...
+"$RETRACE" record "${short[@]}" --out "$tmp/n" --set runtime.numerics=native >/dev/null
+expect numerics-profile-named 1 "environment +differs.*numerics" -- \
+  "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/n/trace.rtrace"
+# ... and the kernel, set in the environment and kept (portable only among machines that set it).
+if [[ -z "$machine_sets_coretype" ]]; then
+  expect respected-coretype 0 "OPENBLAS_CORETYPE=Prescott was set in the environment and is kept" -- \
+    env OPENBLAS_CORETYPE=Prescott "$RETRACE" record "${short[@]}" --out "$tmp/p"
+  check_eq respected-kernel "$(fingerprint "$tmp/p" blas_core)" Prescott
+  expect numerics-kernel-named 1 "environment +differs.*blas_core" -- \
+    "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/p/trace.rtrace"
+  # A native run started by a portable one (the pins in its environment, marked as retrace's)
+  # drops them and runs the machine's own kernel.
+  env OPENBLAS_CORETYPE=Haswell ATEN_CPU_CAPABILITY=avx2 RETRACE_NUMERICS_PINNED=ATEN_CPU_CAPABILITY,OPENBLAS_CORETYPE \
+    "$RETRACE" record "${short[@]}" --out "$tmp/n2" --set runtime.numerics=native >/dev/null
+  check_eq native-drops-pins "$(fingerprint "$tmp/n2" info.env.OPENBLAS_CORETYPE)|$(fingerprint "$tmp/n2" blas_core)" \
+    "|$(fingerprint "$tmp/n" blas_core)"
+else
+  echo "skip kernel cases: this machine sets OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE, which tests never change"
+fi
+
+# BF16 autocast: portable keeps every matmul off oneDNN (whose kernel the CPU features choose);
+# native uses oneDNN where ATen routes BF16 to it (CPUs with AVX-512 BW, VL and DQ).
+bf16=(--set amp.mode=bf16 --steps 2 "${base[@]}")
+expect bf16-portable-no-onednn 0 "recorded 2 steps" -- env ONEDNN_VERBOSE=1 "$RETRACE" record "${bf16[@]}" --out "$tmp/bf"
+n_exec=$(ONEDNN_VERBOSE=1 "$RETRACE" record "${bf16[@]}" --out "$tmp/bf" --force 2>&1 | grep -c "verbose,exec")
+check_eq bf16-portable-onednn-primitives "$n_exec" 0
+if grep -q avx512bw /proc/cpuinfo && grep -q avx512vl /proc/cpuinfo && grep -q avx512dq /proc/cpuinfo; then
+  n_exec=$(ONEDNN_VERBOSE=1 "$RETRACE" record "${bf16[@]}" --out "$tmp/bfn" --set runtime.numerics=native 2>&1 | grep -c "verbose,exec")
+  if (( n_exec > 0 )); then echo "ok   bf16-native-uses-onednn ($n_exec primitives)"; passes=$((passes+1)); else echo "FAIL bf16-native-uses-onednn: none"; fails=$((fails+1)); fi
+fi
+
+# ---- goldens across kernels -----------------------------------------------------------------------
+# A golden recorded under one kernel and checked under another (and the reverse): bitwise within
+# portable, the cross-numerics rule with the differing field named otherwise, never red for the
+# machine alone. A golden changed for real still fails.
+g="$tmp/golden"
+new_golden() {  # name, then extra arguments for `golden update`
+  local name=$1; shift
+  "$RETRACE" golden update "$name" --dir "$g" --reason "numerics test" --set train.steps=30 \
+    --set train.eval_each_epoch=false --set checkpoint.every_steps=0 "$@" >/dev/null || { echo "FAIL golden update $name"; fails=$((fails+1)); }
+}
+new_golden portable
+expect golden-portable-bitwise 0 "golden portable +PASS  bitwise" -- "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
+expect golden-prints-numerics 0 "numerics fingerprint: .*numerics=portable.*aten_cpu_capability=AVX2" -- \
+  "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
+expect golden-lr-still-fails 1 "golden portable +FAIL" -- \
+  "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s" --set optim.lr=0.002
+if [[ -z "$machine_sets_coretype" ]]; then
+  expect golden-portable-under-prescott 0 "PASS  tolerance.*numerics fields differ: blas, blas_core" -- \
+    env OPENBLAS_CORETYPE=Prescott "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
+  OPENBLAS_CORETYPE=Prescott new_golden native-prescott --set runtime.numerics=native
+  expect golden-prescott-under-machine-default 0 "PASS  tolerance.*blas_core" -- \
+    "$RETRACE" golden check native-prescott --dir "$g" --scratch "$tmp/s"
+  new_golden native-default --set runtime.numerics=native
+  expect golden-machine-default-under-prescott 0 "PASS  tolerance.*blas_core" -- \
+    env OPENBLAS_CORETYPE=Prescott "$RETRACE" golden check native-default --dir "$g" --scratch "$tmp/s"
+  expect golden-native-lr-still-fails 1 "first divergent step 1, field lr" -- \
+    env OPENBLAS_CORETYPE=Prescott "$RETRACE" golden check native-default --dir "$g" --scratch "$tmp/s" --set optim.lr=0.002
+  expect golden-mixed-profiles-refused 2 "one process runs one profile" -- \
+    "$RETRACE" golden check --dir "$g" --scratch "$tmp/s"
+fi
+# The repository's goldens are portable: bitwise on any x86-64-v3 machine in portable mode.
+if [[ -z "$machine_sets_coretype" ]]; then
+  expect repo-goldens-bitwise 0 "golden fashion-mlp-100 +PASS  bitwise" -- \
+    "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/s"
+fi
+
+echo "numerics_cli: $passes passed, $fails failed"
+[[ $fails -eq 0 ]]
