@@ -54,7 +54,7 @@ std::vector<ValueDiff> diff_maps(const std::map<std::string, std::string>& a,
 std::map<std::string, std::string> fingerprint_map(const std::vector<trace::KeyValue>& kvs) {
   std::map<std::string, std::string> m;
   for (const auto& kv : kvs)
-    if (is_numerics_key(kv.key)) m[kv.key] = kv.value;
+    if (trace::is_numerics_key(kv.key)) m[kv.key] = kv.value;
   return m;
 }
 
@@ -270,21 +270,6 @@ std::map<std::string, std::string> flatten_config(const std::string& toml_text) 
     std::string key = trim(t.substr(0, eq));
     out[section.empty() ? key : section + "." + key] = trim(t.substr(eq + 1));
   }
-  return out;
-}
-
-// The numerics fields are what bitwise comparison depends on. "info.*" keys are informational; so
-// are the keys that traces of retrace before the numerics profile recorded without the prefix
-// although they change no bits: the allocator, the CUDA device count of a CPU run, and the raw
-// environment variables (their effect is recorded in blas_core and aten_cpu_capability).
-bool is_numerics_key(const std::string& key) {
-  return key.rfind("info.", 0) != 0 && key.rfind("env.", 0) != 0 && key != "allocator" && key != "cuda_device_count";
-}
-
-std::vector<trace::KeyValue> numerics_fields(const std::vector<trace::KeyValue>& fingerprint) {
-  std::vector<trace::KeyValue> out;
-  for (const auto& kv : fingerprint)
-    if (is_numerics_key(kv.key)) out.push_back(kv);
   return out;
 }
 

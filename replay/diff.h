@@ -109,13 +109,10 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
 
 // The header part alone (exposed for tests and for `inspect`-like uses).
 HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b);
-// The fingerprint part of diff_headers: the numerics fields (train/environment.h) whose values
-// differ or exist on one side, by key; information fields ("info.*", and the keys older traces
-// recorded without that prefix: allocator, cuda_device_count, env.*) are never listed.
+// The fingerprint part of diff_headers: the numerics fields (trace::is_numerics_key) whose values
+// differ or exist on one side, by key; information fields are never listed.
 std::vector<ValueDiff> diff_fingerprints(const std::vector<trace::KeyValue>& a, const std::vector<trace::KeyValue>& b);
-// Whether a fingerprint key is a numerics field (see diff_fingerprints), and those fields alone.
-bool is_numerics_key(const std::string& key);
-std::vector<trace::KeyValue> numerics_fields(const std::vector<trace::KeyValue>& fingerprint);
+
 // Visits every header difference with its part ("config", "environment", "model", "data", "fault",
 // "header"), in that order: the one order both renderings use.
 void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn);

@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
-#include "replay/diff.h"
 #include "replay/replay.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -104,8 +103,8 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
 
   trace::TraceReader golden = trace::TraceReader::open((dir / "trace.rtrace").string());
   trace::TraceReader now = trace::TraceReader::open(train::trace_path(r.scratch_dir));
-  r.fingerprint_diffs = fingerprint_diffs(golden.header().fingerprint, now.header().fingerprint);
-  r.numerics = numerics_fields(now.header().fingerprint);
+  r.fingerprint_diffs = trace::numerics_differences(golden.header().fingerprint, now.header().fingerprint);
+  r.numerics = trace::numerics_fields(now.header().fingerprint);
   r.mode = r.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
   r.tolerance = spec.tolerance;
   r.report = compare_steps(golden.steps(), now.steps(), r.mode, r.tolerance);

@@ -17,13 +17,6 @@
 namespace retrace::replay {
 namespace stdfs = std::filesystem;
 
-std::vector<std::string> fingerprint_diffs(const std::vector<trace::KeyValue>& a,
-                                           const std::vector<trace::KeyValue>& b) {
-  std::vector<std::string> keys;
-  for (const auto& d : diff_fingerprints(a, b)) keys.push_back(d.key);
-  return keys;
-}
-
 ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
                         const train::RunCallbacks& cb) {
   ReplayResult res;
@@ -91,7 +84,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   }
 
   trace::TraceReader replayed = trace::TraceReader::open(train::trace_path(res.replay_dir));
-  res.fingerprint_diffs = fingerprint_diffs(h.fingerprint, replayed.header().fingerprint);
+  res.fingerprint_diffs = trace::numerics_differences(h.fingerprint, replayed.header().fingerprint);
   if (options.bitwise) res.mode = CompareMode::kBitwise;
   else if (options.tolerance) res.mode = CompareMode::kTolerance;
   else res.mode = res.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;

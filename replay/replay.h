@@ -41,8 +41,4 @@ struct ReplayResult {
 ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
                         const train::RunCallbacks& callbacks);
 
-// Fingerprint keys whose values differ (keys "info.*" ignored).
-std::vector<std::string> fingerprint_diffs(const std::vector<trace::KeyValue>& a,
-                                           const std::vector<trace::KeyValue>& b);
-
 }  // namespace retrace::replay

@@ -1,11 +1,38 @@
 #include "trace/records.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "trace/le.h"
 
 namespace retrace::trace {
+
+bool is_numerics_key(const std::string& key) {
+  return key.rfind("info.", 0) != 0 && key.rfind("env.", 0) != 0 && key != "allocator" && key != "cuda_device_count";
+}
+
+std::vector<KeyValue> numerics_fields(const std::vector<KeyValue>& fingerprint) {
+  std::vector<KeyValue> out;
+  for (const auto& kv : fingerprint)
+    if (is_numerics_key(kv.key)) out.push_back(kv);
+  return out;
+}
+
+std::vector<std::string> numerics_differences(const std::vector<KeyValue>& a, const std::vector<KeyValue>& b) {
+  std::map<std::string, std::string> ma, mb;
+  for (const auto& kv : numerics_fields(a)) ma[kv.key] = kv.value;
+  for (const auto& kv : numerics_fields(b)) mb[kv.key] = kv.value;
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : ma)
+    if (auto it = mb.find(k); it == mb.end() || it->second != v) keys.push_back(k);
+  for (const auto& [k, v] : mb)
+    if (!ma.count(k)) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
 namespace {
 
 // Builds the canonical byte string of a record: fixed-width little-endian scalars, doubles by

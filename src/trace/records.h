@@ -22,6 +22,16 @@ struct KeyValue {
   bool operator!=(const KeyValue& o) const { return !(*this == o); }
 };
 
+// The environment fingerprint of a trace header is a list of KeyValues in two parts. Numerics
+// fields change bits; two runs promise equal bits only when these are equal. Information fields
+// ("info.*") never count; neither do the keys that traces made before the numerics profile
+// recorded without the prefix although they change no bits: "allocator", "cuda_device_count" and
+// the raw environment variables "env.*" (their effect is in blas_core and aten_cpu_capability).
+bool is_numerics_key(const std::string& key);
+std::vector<KeyValue> numerics_fields(const std::vector<KeyValue>& fingerprint);
+// The numerics keys whose values differ or that one side lacks, sorted by key.
+std::vector<std::string> numerics_differences(const std::vector<KeyValue>& a, const std::vector<KeyValue>& b);
+
 struct ParamInfo {
   std::string name;
   std::vector<int64_t> shape;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <gnu/libc-version.h>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -163,10 +164,19 @@ std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t 
   add("libtorch_version", compat::libtorch_version());
   add("libc", std::string("glibc ") + gnu_get_libc_version());  // libm's exp/log variants
   add("aten_cpu_capability", cpu_capability());
+  // The library and its build ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ... MAX_THREADS=64"); the
+  // kernel, which OpenBLAS lists among the build words, is blas_core's alone, so that a kernel
+  // change is named once.
   std::string blas = "unknown";
-  if (auto cfg = blas_symbol<GetStrFn>("openblas_get_config")) blas = std::string("OpenBLAS ") + cfg();
+  const std::string core = blas_core();
+  if (auto cfg = blas_symbol<GetStrFn>("openblas_get_config")) {
+    blas.clear();
+    std::istringstream words(cfg());
+    for (std::string w; words >> w;)
+      if (w != core) blas += (blas.empty() ? "" : " ") + w;
+  }
   add("blas", blas);
-  if (const std::string core = blas_core(); !core.empty()) add("blas_core", core);
+  if (!core.empty()) add("blas_core", core);
   int blas_threads = -1;
   if (auto get = blas_symbol<GetIntFn>("openblas_get_num_threads")) blas_threads = get();
   add("blas_threads", std::to_string(blas_threads));

@@ -23,6 +23,7 @@
 #include "data/text_corpus.h"
 #include "core/tensor_digest.h"
 #include "dist/process_group.h"
+#include "trace/trace_reader.h"
 #include "trace/trace_writer.h"
 #include "train/environment.h"
 #include "train/faults.h"
@@ -350,6 +351,26 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
              " trace bytes written after that checkpoint were set aside in " + side;
     writer->append_event({trainer.step(), "resume", msg});
     if (cb.on_message) cb.on_message(msg);
+    // The header's fingerprint is the first process's; a resume under other numerics (another
+    // machine in native mode, another kernel set in the environment) is said and recorded.
+    const auto recorded = trace::TraceReader::open(summary.trace_path).header().fingerprint;
+    const auto now = fingerprint(config.runtime, world);
+    if (const auto keys = trace::numerics_differences(recorded, now); !keys.empty()) {
+      std::string what;
+      for (const auto& k : keys) {
+        auto value = [&](const std::vector<trace::KeyValue>& f) {
+          for (const auto& kv : f)
+            if (kv.key == k) return kv.value;
+          return std::string("(absent)");
+        };
+        what += (what.empty() ? "" : ", ") + k + " " + value(recorded) + " -> " + value(now);
+      }
+      const std::string warn = "resumed under other numerics than the trace header records (" + what +
+                               "): steps after " + std::to_string(trainer.step()) +
+                               " compare bitwise only with runs under the new numerics";
+      writer->append_event({trainer.step(), "warning", warn});
+      if (cb.on_message) cb.on_message("warning: " + warn);
+    }
   }
   run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg);
   return summary;

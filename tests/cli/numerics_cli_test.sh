@@ -71,6 +71,14 @@ if [[ -z "$machine_sets_coretype" ]]; then
     "$RETRACE" record "${short[@]}" --out "$tmp/n2" --set runtime.numerics=native >/dev/null
   check_eq native-drops-pins "$(fingerprint "$tmp/n2" info.env.OPENBLAS_CORETYPE)|$(fingerprint "$tmp/n2" blas_core)" \
     "|$(fingerprint "$tmp/n" blas_core)"
+  # A resume under other numerics than the trace header's is said, and recorded in the trace.
+  "$RETRACE" record "${short[@]}" --out "$tmp/r" --interrupt-at 6 >/dev/null
+  expect resume-other-numerics 0 "warning: resumed under other numerics than the trace header records \(blas_core Haswell -> Prescott\)" -- \
+    env OPENBLAS_CORETYPE=Prescott "$RETRACE" resume "$tmp/r" --plain
+  check_eq resume-warning-in-trace "$("$RETRACE" inspect "$tmp/r/trace.rtrace" | grep -c 'resumed under other numerics')" 1
+  "$RETRACE" record "${short[@]}" --out "$tmp/r2" --interrupt-at 6 >/dev/null
+  out=$("$RETRACE" resume "$tmp/r2" --plain 2>&1)
+  if grep -q "other numerics" <<<"$out"; then echo "FAIL resume-same-numerics warned"; fails=$((fails+1)); else echo "ok   resume-same-numerics (no warning)"; passes=$((passes+1)); fi
 else
   echo "skip kernel cases: this machine sets OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE, which tests never change"
 fi
@@ -103,7 +111,7 @@ expect golden-prints-numerics 0 "numerics fingerprint: .*numerics=portable.*aten
 expect golden-lr-still-fails 1 "golden portable +FAIL" -- \
   "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s" --set optim.lr=0.002
 if [[ -z "$machine_sets_coretype" ]]; then
-  expect golden-portable-under-prescott 0 "PASS  tolerance.*numerics fields differ: blas, blas_core" -- \
+  expect golden-portable-under-prescott 0 "PASS  tolerance.*numerics fields differ: blas_core\)" -- \
     env OPENBLAS_CORETYPE=Prescott "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
   OPENBLAS_CORETYPE=Prescott new_golden native-prescott --set runtime.numerics=native
   expect golden-prescott-under-machine-default 0 "PASS  tolerance.*blas_core" -- \

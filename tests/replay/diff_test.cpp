@@ -153,6 +153,7 @@ TEST(Diff, FingerprintDifferencesIgnoreInfoKeys) {
 }
 
 TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
+  using trace::is_numerics_key;
   EXPECT_TRUE(is_numerics_key("blas_core"));
   EXPECT_TRUE(is_numerics_key("numerics"));
   EXPECT_TRUE(is_numerics_key("cpu_features"));  // native numerics: the features steer kernel choice
@@ -175,7 +176,8 @@ TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
   ASSERT_EQ(d.size(), 2u);
   EXPECT_EQ(d[0].key, "blas_core");
   EXPECT_EQ(d[1].key, "blas_threads");
-  EXPECT_EQ(numerics_fields(a).size(), 3u);
+  EXPECT_EQ(trace::numerics_fields(a).size(), 3u);
+  EXPECT_EQ(trace::numerics_differences(a, b), (std::vector<std::string>{"blas_core", "blas_threads"}));
 }
 
 TEST(Compare, CrossNumericsRuleIsTightEarlyLooserLateAndExactOnTheSchedule) {
