@@ -38,8 +38,15 @@ expect diff-different-models 1 "param" -- "$RETRACE" diff "$tmp/a/trace.rtrace" 
 
 # Golden: passes as recorded, and fails with the first divergent step when the run changes.
 expect golden-check 0 "golden: 7 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
-expect golden-perturbed 1 "first divergent step 57, field param_digest" -- \
-  "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/g" --inject perturb-param@57:layers.0.weight
+# One flipped bit is below the rounding noise between kernels: only the bitwise check (equal
+# numerics, the case unless this machine sets a kernel variable of its own) can see it.
+ct=${OPENBLAS_CORETYPE:-Haswell} cap=${ATEN_CPU_CAPABILITY:-avx2}
+if [[ ${ct,,} == haswell && ${cap,,} == avx2 ]]; then
+  expect golden-perturbed 1 "first divergent step 57, field param_digest" -- \
+    "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/g" --inject perturb-param@57:layers.0.weight
+else
+  echo "skip golden-perturbed: this machine sets OPENBLAS_CORETYPE=$ct ATEN_CPU_CAPABILITY=$cap, so the goldens are checked across numerics"
+fi
 expect golden-lr 1 "first divergent step 1, field" -- \
   "$RETRACE" golden check fashion-mlp-100 --dir "$GOLDEN" --scratch "$tmp/g" --set optim.lr=0.002
 expect golden-unknown 4 "no golden named nope" -- "$RETRACE" golden check nope --dir "$GOLDEN"
