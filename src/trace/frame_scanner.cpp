@@ -53,16 +53,59 @@ const uint8_t* FrameScanner::window(uint64_t offset, size_t n, size_t* available
   return buf_.data() + (offset - buf_offset_);
 }
 
+bool FrameScanner::frame_at(uint64_t offset) {
+  size_t have = 0;
+  const uint8_t* p = window(offset, kFrameHeaderSize, &have);
+  if (have < kFrameHeaderSize || frame_magic(p) != kFrameMagic) return false;
+  FrameHeader h = decode_frame_header(p);
+  if (compute_header_check(p) != h.header_check || !is_known_kind(h.kind) || h.compressed_len > kMaxPayloadLen ||
+      h.raw_len > kMaxPayloadLen)
+    return false;
+  const uint64_t size = kFrameHeaderSize + uint64_t(h.compressed_len);
+  p = window(offset, static_cast<size_t>(size), &have);
+  return have == size && compute_frame_checksum(p, p + kFrameHeaderSize, h.compressed_len) == h.checksum;
+}
+
+bool FrameScanner::any_frame_after(uint64_t offset) {
+  // Candidates are the positions of the magic's first byte; each is checked in full.
+  const uint8_t first = static_cast<uint8_t>(kFrameMagic & 0xff);
+  for (uint64_t at = offset; at + kFrameHeaderSize <= end_;) {
+    size_t have = 0;
+    const uint8_t* p = window(at, kReadBlock, &have);
+    const void* hit = std::memchr(p, first, have);
+    if (hit == nullptr) {
+      at += have;
+      continue;
+    }
+    const uint64_t cand = at + static_cast<uint64_t>(static_cast<const uint8_t*>(hit) - p);
+    if (frame_at(cand)) return true;
+    at = cand + 1;
+  }
+  return false;
+}
+
 std::optional<FrameScanner::Frame> FrameScanner::next() {
   tail_bytes_ = 0;
+  garbage_tail_ = false;
   if (pos_ >= end_) return std::nullopt;
+  // A damaged frame that no complete frame follows is the end of the file as a crash or a power
+  // loss leaves it (a cut write, zero-filled or stale blocks): a tail, not corruption of the data.
+  auto damaged = [&](auto&& fail) {
+    if (any_frame_after(pos_ + 1)) fail();
+    tail_bytes_ = end_ - pos_;
+    garbage_tail_ = true;
+  };
   size_t have = 0;
   const uint8_t* p = window(pos_, kFrameHeaderSize, &have);
   if (have >= 4) {
     uint32_t magic = frame_magic(p);
-    RETRACE_CHECK(magic == kFrameMagic, FormatError, "bad frame magic ", hex64(magic),
-                  " at offset ", pos_, " of ", path_, " (frame #", number_, "), expected ",
-                  hex64(kFrameMagic), "; the file is damaged or is not a retrace trace");
+    if (magic != kFrameMagic) {
+      damaged([&] {
+        RETRACE_FAIL(FormatError, "bad frame magic ", hex64(magic), " at offset ", pos_, " of ", path_, " (frame #",
+                     number_, "), expected ", hex64(kFrameMagic), "; the file is damaged or is not a retrace trace");
+      });
+      return std::nullopt;
+    }
   }
   if (have < kFrameHeaderSize) {
     tail_bytes_ = have;
@@ -70,11 +113,15 @@ std::optional<FrameScanner::Frame> FrameScanner::next() {
   }
   FrameHeader h = decode_frame_header(p);
   uint16_t check = compute_header_check(p);
-  RETRACE_CHECK(check == h.header_check, IntegrityError, "corrupt frame checksum at offset ", pos_,
-                " of ", path_, " (frame #", number_, ", step field ", h.step,
-                "): the frame header is damaged (header check ", h.header_check, ", computed ",
-                check, "). Restore the file from a copy, or truncate it to ", pos_,
-                " bytes to keep the frames before it");
+  if (check != h.header_check) {
+    damaged([&] {
+      RETRACE_FAIL(IntegrityError, "corrupt frame checksum at offset ", pos_, " of ", path_, " (frame #", number_,
+                   ", step field ", h.step, "): the frame header is damaged (header check ", h.header_check,
+                   ", computed ", check, "). Restore the file from a copy, or truncate it to ", pos_,
+                   " bytes to keep the frames before it");
+    });
+    return std::nullopt;
+  }
   RETRACE_CHECK(is_known_kind(h.kind), FormatError, "unknown frame kind ", int(h.kind),
                 " at offset ", pos_, " of ", path_, " (frame #", number_,
                 "); the file was written by a newer retrace, read it with that version");
@@ -82,6 +129,10 @@ std::optional<FrameScanner::Frame> FrameScanner::next() {
                 "frame at offset ", pos_, " of ", path_, " (frame #", number_,
                 ") claims a payload of ", h.compressed_len, " compressed / ", h.raw_len,
                 " raw bytes, over the limit of ", kMaxPayloadLen);
+  RETRACE_CHECK(h.raw_len <= max_raw_len(h.compressed_len), FormatError, "frame at offset ", pos_, " of ", path_,
+                " (frame #", number_, ") claims ", h.raw_len, " raw bytes from ", h.compressed_len,
+                " compressed ones, more than a trace writer ever produces (at most ", max_raw_len(h.compressed_len),
+                "); the file was not written by retrace");
   uint64_t size = kFrameHeaderSize + uint64_t(h.compressed_len);
   p = window(pos_, static_cast<size_t>(size), &have);
   if (have < size) {
@@ -89,11 +140,17 @@ std::optional<FrameScanner::Frame> FrameScanner::next() {
     return std::nullopt;
   }
   uint64_t sum = compute_frame_checksum(p, p + kFrameHeaderSize, h.compressed_len);
-  RETRACE_CHECK(sum == h.checksum, IntegrityError, "corrupt frame checksum at offset ", pos_,
-                " of ", path_, " (frame #", number_, ", ", kind_name(h.kind), " step ", h.step,
-                "): stored ", hex64(h.checksum), ", computed ", hex64(sum),
-                ". The bytes were damaged after they were written; restore the file from a copy, "
-                "or truncate it to ", pos_, " bytes to keep the frames before it");
+  if (sum != h.checksum) {
+    damaged([&] {
+      RETRACE_FAIL(IntegrityError, "corrupt frame checksum at offset ", pos_, " of ", path_, " (frame #", number_,
+                   ", ", kind_name(h.kind), " step ", h.step, "): stored ", hex64(h.checksum), ", computed ",
+                   hex64(sum),
+                   ". The bytes were damaged after they were written; restore the file from a copy, "
+                   "or truncate it to ",
+                   pos_, " bytes to keep the frames before it");
+    });
+    return std::nullopt;
+  }
   Frame f{h, pos_, number_, p, size};
   pos_ += size;
   ++number_;

@@ -5,8 +5,11 @@
 //
 // Errors: a frame with a bad magic or an unknown kind or an over-limit length throws FormatError;
 // a frame whose header check or checksum does not match throws IntegrityError whose message
-// contains "corrupt frame checksum at offset N". A file that ends inside a frame is not an error:
-// next() returns nullopt and tail_bytes() says how many bytes the incomplete frame has.
+// contains "corrupt frame checksum at offset N". Neither is an error at the end of the file: a
+// file that ends inside a frame, or whose damaged bytes no complete frame follows (what a crash or
+// a power loss leaves: a cut write, zero-filled or stale blocks), makes next() return nullopt;
+// tail_bytes() says how many bytes that tail has and garbage_tail() whether it is damaged rather
+// than cut short.
 #pragma once
 
 #include <cstdint>
@@ -42,11 +45,16 @@ class FrameScanner {
   uint64_t position() const { return pos_; }
   // Bytes of an incomplete frame at position(); 0 when the range ended on a frame boundary.
   uint64_t tail_bytes() const { return tail_bytes_; }
+  // The tail is not a cut frame but bytes that do not form one (and no frame follows them).
+  bool garbage_tail() const { return garbage_tail_; }
 
  private:
   // Makes [offset, offset + n) available in buf_ (or as much as the range holds); returns a
   // pointer to offset and sets *available.
   const uint8_t* window(uint64_t offset, size_t n, size_t* available);
+  // Whether a complete, checked frame starts at offset / anywhere in [offset, end).
+  bool frame_at(uint64_t offset);
+  bool any_frame_after(uint64_t offset);
 
   int fd_;
   std::string path_;
@@ -54,6 +62,7 @@ class FrameScanner {
   uint64_t end_;
   uint64_t number_;
   uint64_t tail_bytes_ = 0;
+  bool garbage_tail_ = false;
   std::vector<uint8_t> buf_;
   uint64_t buf_offset_ = 0;
   size_t buf_len_ = 0;

@@ -21,7 +21,8 @@
 //                 Header, Step, Eval or Event according to kind. raw_len is a multiple of 8.
 //
 // The first frame is always the header frame; then steps, evals and events in the order they
-// happened. Both lengths are at most kMaxPayloadLen and are checked before anything is allocated.
+// happened. Both lengths are at most kMaxPayloadLen, raw_len at most max_raw_len(compressed_len),
+// and both are checked before anything is allocated.
 //
 // The header check exists so that a reader can tell a frame cut short by a crash (its header is
 // intact and the file ends inside it: an incomplete tail, the frames before it are kept) from a
@@ -43,6 +44,10 @@ inline constexpr size_t kFileHeaderSize = 16;
 inline constexpr uint32_t kFrameMagic = 0x46525452;  // "RTRF" in file byte order
 inline constexpr size_t kFrameHeaderSize = 32;
 inline constexpr uint32_t kMaxPayloadLen = 64u << 20;  // 64 MiB, compressed and raw
+// A frame's raw length is also bounded by its compressed length: zstd turns a few bytes into
+// megabytes of zeros, and a reader allocates raw_len. The writer's frames compress 2-6x (step
+// frames about 3x); 32x plus 64 KiB leaves room for any record it writes.
+inline constexpr uint64_t max_raw_len(uint64_t compressed_len) { return 32 * compressed_len + (64u << 10); }
 
 enum class FrameKind : uint8_t { kHeader = 1, kStep = 2, kEval = 3, kEvent = 4 };
 

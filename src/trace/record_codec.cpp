@@ -28,9 +28,9 @@ void flatten(capnp::MessageBuilder& builder, std::string& out) {
   out.assign(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
 }
 
-capnp::ReaderOptions reader_options() {
+capnp::ReaderOptions reader_options(size_t n_words) {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = kTraversalLimitWords;
+  options.traversalLimitInWords = kTraversalFactor * n_words + kTraversalSlackWords;
   options.nestingLimit = kNestingLimit;
   return options;
 }
@@ -41,7 +41,7 @@ template <typename Root, typename Convert>
 auto parse_root(const uint64_t* words, size_t n_words, const std::string& where, Convert convert) {
   try {
     capnp::FlatArrayMessageReader reader(
-        kj::arrayPtr(reinterpret_cast<const capnp::word*>(words), n_words), reader_options());
+        kj::arrayPtr(reinterpret_cast<const capnp::word*>(words), n_words), reader_options(n_words));
     return convert(reader.getRoot<Root>());
   } catch (const kj::Exception& e) {
     RETRACE_FAIL(FormatError, "malformed record in ", where, ": ", e.getDescription().cStr(),

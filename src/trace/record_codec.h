@@ -2,7 +2,7 @@
 // to src/trace; callers see only plain bytes, so Cap'n Proto stays out of every other header.
 //
 // serialize_* are deterministic: equal records give equal bytes. parse_* read untrusted bytes with
-// hostile-input limits (traversal limit kTraversalLimitWords, nesting limit kNestingLimit) and
+// hostile-input limits (a traversal limit sized to the message, nesting limit kNestingLimit) and
 // throw FormatError naming `where` (e.g. "step frame at offset 1234 of run/trace.rtrace") when the
 // message is malformed. Thread-safe: no shared state.
 #pragma once
@@ -15,7 +15,11 @@
 
 namespace retrace::trace {
 
-inline constexpr uint64_t kTraversalLimitWords = uint64_t(64) << 20;
+// The traversal limit of a message of n words is kTraversalFactor x n + kTraversalSlackWords: a
+// reader that visits each word once stays far below it, while a list that declares millions of
+// empty elements in a few bytes (each counts one word) is refused instead of allocated.
+inline constexpr uint64_t kTraversalFactor = 4;
+inline constexpr uint64_t kTraversalSlackWords = 1024;
 inline constexpr int kNestingLimit = 16;
 
 // Replace the contents of `out` with the serialized message.

@@ -77,9 +77,11 @@ TraceReader TraceReader::open(const std::string& path) {
                 " before its header frame is complete)");
   if (scanner.tail_bytes() > 0) {
     r.tail_warning_ = detail::concat(
-        "trace ", path, " ends with an incomplete frame at offset ", scanner.position(), " (",
-        scanner.tail_bytes(), " bytes, a write cut short); the ", r.index_.size(),
-        " complete frames before it are used");
+        "trace ", path, " ends with ", scanner.garbage_tail() ? "bytes that are not a frame" : "an incomplete frame",
+        " at offset ", scanner.position(), " (", scanner.tail_bytes(),
+        scanner.garbage_tail() ? " bytes that no complete frame follows, as a crash or power loss leaves them"
+                               : " bytes, a write cut short",
+        "); the ", r.index_.size(), " complete frames before it are used");
   }
 
   r.load(r.index_[0]);
@@ -92,7 +94,44 @@ TraceReader TraceReader::open(const std::string& path) {
     if (r.index_[i].kind == FrameKind::kStep) r.by_step_.emplace_back(r.index_[i].step, i);
   }
   std::sort(r.by_step_.begin(), r.by_step_.end());
+  r.check_chain();
   return r;
+}
+
+void TraceReader::check_chain() const {
+  // Frame checksums prove that each frame is as its writer wrote it; the chain proves that the
+  // frames are the ones it wrote, in its order: none edited and resealed, inserted, dropped,
+  // duplicated or swapped. Everything downstream (bisect's binary search above all) relies on it.
+  Digest128 chain;
+  bool block_start = false;  // after a set-aside event: the next step's chain is the moved block's
+  const std::string suffix = kSetAsideSuffix;
+  const bool set_aside_file =
+      path_.size() >= suffix.size() && path_.compare(path_.size() - suffix.size(), suffix.size(), suffix) == 0;
+  for (const FrameIndexEntry& e : index_) {
+    if (e.kind == FrameKind::kEvent && set_aside_file) {
+      load(e);
+      block_start = block_start || parse_event(words_.data(), words_.size(), where(e)).kind == kSetAsideEvent;
+    }
+    if (e.kind != FrameKind::kStep) continue;
+    StepRecord r = load_step(e);
+    const Digest128 content = content_digest(r);
+    RETRACE_CHECK(content == r.content_digest, IntegrityError, "trace chain broken at step ", r.step, ": ",
+                  where(e), " does not match its own content digest (stored ", r.content_digest.hex(),
+                  ", computed ", content.hex(), "); the record was edited after it was written. "
+                  "Restore the trace from a copy; the frames before offset ", e.offset, " are intact");
+    if (block_start) {
+      chain = r.chain_digest;
+      block_start = false;
+      continue;
+    }
+    const Digest128 expected = chain_digest(chain, content);
+    RETRACE_CHECK(expected == r.chain_digest, IntegrityError, "trace chain broken at step ", r.step, ": ",
+                  where(e), " does not follow the step frame before it (chain digest stored ",
+                  r.chain_digest.hex(), ", expected ", expected.hex(), "); step frames were inserted, "
+                  "removed, duplicated or reordered. Restore the trace from a copy; the frames before offset ",
+                  e.offset, " are intact");
+    chain = expected;
+  }
 }
 
 std::string TraceReader::where(const FrameIndexEntry& e) const {
@@ -168,9 +207,27 @@ std::vector<EventRecord> TraceReader::events() const {
   return out;
 }
 
+std::optional<Digest128> TraceReader::chain_at(uint64_t offset) const {
+  if (offset != valid_bytes_ && std::none_of(index_.begin(), index_.end(), [&](const FrameIndexEntry& e) {
+        return e.offset == offset && e.kind != FrameKind::kHeader;
+      }))
+    return std::nullopt;
+  for (auto e = index_.rbegin(); e != index_.rend(); ++e)
+    if (e->kind == FrameKind::kStep && e->offset < offset) return load_step(*e).chain_digest;
+  return Digest128{};
+}
+
 std::optional<uint64_t> TraceReader::first_chain_break() const {
   Digest128 chain;
+  bool block_start = false;  // after a set-aside event: the next step's chain is the moved block's
+  const std::string suffix = kSetAsideSuffix;
+  const bool set_aside_file =
+      path_.size() >= suffix.size() && path_.compare(path_.size() - suffix.size(), suffix.size(), suffix) == 0;
   for (const FrameIndexEntry& e : index_) {
+    if (e.kind == FrameKind::kEvent && set_aside_file) {
+      load(e);
+      block_start = block_start || parse_event(words_.data(), words_.size(), where(e)).kind == kSetAsideEvent;
+    }
     if (e.kind != FrameKind::kStep) continue;
     StepRecord r = load_step(e);
     Digest128 content = content_digest(r);

@@ -1,14 +1,21 @@
 // Reads a trace file (layout in trace/framing.h): an index of its frames, the header, and the
 // records on demand.
 //
-// open() reads every frame once to check it (magic, header check, checksum) and builds the index
-// without decompressing anything. A file cut at any offset after its header frame opens: the
-// reader yields exactly the complete frames and tail_warning() describes the incomplete tail.
+// open() reads every frame once to check it (magic, header check, checksum), builds the index, and
+// verifies the hash chain of the step frames (each record against its content digest, each chain
+// digest against the one before it). A file cut at any offset after its header frame opens, and so
+// does one whose last bytes are damaged with no complete frame after them: the reader yields
+// exactly the complete frames and tail_warning() describes the tail.
+//
+// Memory: opening a trace of N bytes holds the index (40 bytes per frame of at least 32 bytes),
+// one frame's payload (compressed at most N, raw at most max_raw_len of it, framing.h) and one
+// decoded record, whose lists the Cap'n Proto traversal limit bounds by the raw size.
 // Records are decompressed and parsed when asked for, each read checked against its index entry.
 //
 // Errors: FormatError for a file that is not a trace, an unsupported format version, a missing
 // header frame, a header of an unknown schema, a bad frame magic or a malformed record;
-// IntegrityError ("corrupt frame checksum at offset N ...") for a damaged frame; IoError when the
+// IntegrityError ("corrupt frame checksum at offset N ..." for a damaged frame that other frames
+// follow, "trace chain broken at step N ..." for an edited or misplaced step); IoError when the
 // file cannot be read. A reader owns its open file; it is move-only and not thread-safe.
 #pragma once
 
@@ -58,6 +65,11 @@ class TraceReader {
   std::vector<EvalRecord> evals() const;
   std::vector<EventRecord> events() const;
 
+  // The chain digest in force at file offset `offset` when it is a frame boundary (the offset of a
+  // frame, or valid_bytes()): that of the last step frame before it, Digest128{0, 0} when there is
+  // none. nullopt when no frame starts or ends there.
+  std::optional<Digest128> chain_at(uint64_t offset) const;
+
   // Recomputes the content digest and the hash chain of every step frame in file order, the chain
   // starting from Digest128{0, 0}; returns the first step whose stored content_digest or
   // chain_digest differs (an edited, inserted, removed or reordered step), nullopt if none does.
@@ -69,6 +81,7 @@ class TraceReader {
   void load(const FrameIndexEntry& e) const;
   std::string where(const FrameIndexEntry& e) const;
   StepRecord load_step(const FrameIndexEntry& e) const;
+  void check_chain() const;
 
   std::string path_;
   UniqueFd fd_;

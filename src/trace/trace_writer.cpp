@@ -118,6 +118,20 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
     FrameScanner scanner(fd.get(), path, keep_bytes, size);
     std::vector<uint8_t> moved;
     while (auto f = scanner.next()) moved.insert(moved.end(), f->bytes, f->bytes + f->size);
+    if (scanner.tail_bytes() > 0) {
+      // The bytes after the last complete frame (a cut write, or what a power loss left) are
+      // kept as they are, next to the set-aside frames, never dropped.
+      const std::string tail_file = detail::concat(side_file, ".tail-", scanner.position());
+      std::vector<uint8_t> tail(scanner.tail_bytes());
+      pread_full(fd.get(), tail.data(), tail.size(), scanner.position(), path);
+      int tail_raw = ::open(tail_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      RETRACE_CHECK(tail_raw >= 0, IoError, "cannot create ", tail_file, " to keep the ", tail.size(),
+                    " bytes after the last complete frame of ", path, ": ", fs::errno_text(errno));
+      UniqueFd tail_fd(tail_raw);
+      write_full(tail_fd.get(), tail.data(), tail.size(), tail_file);
+      fsync_fd(tail_fd.get(), tail_file);
+      fs::fsync_dir(parent_dir(tail_file));
+    }
     if (!moved.empty()) {
       int side_raw = ::open(side_file.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       RETRACE_CHECK(side_raw >= 0, IoError, "cannot open side file ", side_file,
@@ -131,6 +145,15 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
       } else {
         check_file_header(side.get(), side_file, side_size);
       }
+      // Each block of set-aside frames starts with an event that says where it came from; the
+      // chain of its first step frame continues the original trace's, not this file's.
+      std::string raw;
+      serialize_event(EventRecord{last_step, std::string(kSetAsideEvent),
+                                  detail::concat("frames after offset ", keep_bytes, " of ", path,
+                                                 ", set aside when the run resumed from step ", last_step)},
+                      raw);
+      const std::string marker = encode_frame(FrameKind::kEvent, last_step, raw, zstd_level);
+      write_full(side.get(), marker.data(), marker.size(), side_file);
       write_full(side.get(), moved.data(), moved.size(), side_file);
       fsync_fd(side.get(), side_file);
       fs::fsync_dir(parent_dir(side_file));

@@ -340,7 +340,27 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   summary.resumed_from = pick->dir;
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
-    const std::string side = (stdfs::path(run_dir) / "trace.set-aside.rtrace").string();
+    const std::string side = (stdfs::path(run_dir) / (std::string("trace") + trace::kSetAsideSuffix)).string();
+    // The trace is checked whole (frames and hash chain) before anything is changed, and the
+    // checkpoint must sit on one of its frame boundaries with the same chain digest there.
+    RETRACE_CHECK(stdfs::exists(summary.trace_path), IntegrityError, "cannot resume ", run_dir, ": its trace ",
+                  summary.trace_path, " is missing; the checkpoints are kept, but the run's record cannot continue "
+                  "without it. Restore the trace, or start again with `retrace record --force`");
+    std::vector<trace::KeyValue> recorded;
+    {
+      const trace::TraceReader before = trace::TraceReader::open(summary.trace_path);
+      recorded = before.header().fingerprint;
+      const auto chain = before.chain_at(restored.position.bytes);
+      RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", pick->dir, " records trace position ",
+                    restored.position.bytes, ", which is not a frame boundary of ", summary.trace_path, " (",
+                    before.valid_bytes(), " bytes of complete frames); the checkpoint does not belong to this trace. "
+                    "Resume from an earlier checkpoint or start a new run");
+      RETRACE_CHECK(*chain == restored.position.chain, IntegrityError, "checkpoint ", pick->dir,
+                    " records chain digest ", restored.position.chain.hex(), " at trace position ",
+                    restored.position.bytes, " but the trace has ", chain->hex(),
+                    " there; the checkpoint does not belong to this trace. Resume from an earlier checkpoint or "
+                    "start a new run");
+    }
     const uint64_t before = stdfs::file_size(summary.trace_path);
     writer.emplace(trace::TraceWriter::resume(summary.trace_path, restored.position.bytes,
                                               restored.position.chain, trainer.step(), side,
@@ -353,7 +373,6 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     if (cb.on_message) cb.on_message(msg);
     // The header's fingerprint is the first process's; a resume under other numerics (another
     // machine in native mode, another kernel set in the environment) is said and recorded.
-    const auto recorded = trace::TraceReader::open(summary.trace_path).header().fingerprint;
     const auto now = fingerprint(config.runtime, world);
     if (const auto keys = trace::numerics_differences(recorded, now); !keys.empty()) {
       std::string what;

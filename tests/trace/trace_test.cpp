@@ -127,7 +127,7 @@ TEST(TraceTest, CreateRefusesExistingFileAndMissingDirectory) {
 TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");
-  std::string side = dir.file("trace.orphaned.rtrace");
+  std::string side = dir.file("trace.set-aside.rtrace");
   uint64_t keep = 0;
   Digest128 chain;
   {
@@ -170,8 +170,9 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
   EXPECT_EQ(moved.front().step, 7u);
   EXPECT_EQ(moved.back().step, 10u);
   EXPECT_TRUE(steps_equal(moved[0], TraceReader::open(side).steps(7, 7).at(0)));
-  ASSERT_EQ(orphans.events().size(), 1u);
-  EXPECT_EQ(orphans.events()[0].message, "crash");
+  ASSERT_EQ(orphans.events().size(), 2u);
+  EXPECT_EQ(orphans.events()[0].kind, kSetAsideEvent);  // the block's marker comes first
+  EXPECT_EQ(orphans.events()[1].message, "crash");
 
   // A second crash and resume appends to the same side file; a torn last frame is not copied.
   uint64_t keep2 = 0;
@@ -268,8 +269,30 @@ TEST(TraceTest, FlippedByteIsReportedWithTheFrameOffset) {
   std::string bytes = read_bytes(path);
   std::vector<FrameIndexEntry> index = TraceReader::open(path).index();
   std::string bad = dir.file("bad.rtrace");
-  // A middle frame, the last frame and the header frame.
-  for (size_t f : {size_t(6), index.size() - 1, size_t(0)}) {
+  // The last frame damaged, with nothing after it, is the tail a crash or power loss leaves: the
+  // frames before it open, with a warning.
+  {
+    const FrameIndexEntry& last = index.back();
+    for (uint64_t pos : {last.offset, last.offset + 9, last.offset + kFrameHeaderSize + 1}) {
+      std::string damaged = bytes;
+      damaged[pos] = static_cast<char>(damaged[pos] ^ 0x10);
+      write_bytes(bad, damaged);
+      TraceReader r = TraceReader::open(bad);
+      EXPECT_EQ(r.index().size(), index.size() - 1) << "flip at " << pos;
+      ASSERT_TRUE(r.tail_warning()) << "flip at " << pos;
+      EXPECT_NE(r.tail_warning()->find("bytes that are not a frame at offset " + std::to_string(last.offset)),
+                std::string::npos)
+          << *r.tail_warning();
+    }
+    // Zeros after the last complete frame (blocks a power loss left unwritten).
+    write_bytes(bad, bytes + std::string(4096, '\0'));
+    TraceReader r = TraceReader::open(bad);
+    EXPECT_EQ(r.index().size(), index.size());
+    ASSERT_TRUE(r.tail_warning());
+    EXPECT_NE(r.tail_warning()->find("4096 bytes"), std::string::npos) << *r.tail_warning();
+  }
+  // A middle frame and the header frame: other frames follow, so this is damage, not a tail.
+  for (size_t f : {size_t(6), size_t(0)}) {
     const FrameIndexEntry& e = index[f];
     std::string needle = "corrupt frame checksum at offset " + std::to_string(e.offset);
     std::vector<uint64_t> positions;
@@ -332,9 +355,20 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
   std::string edited_bytes = bytes.substr(0, start5) + frame + bytes.substr(ends[f5]);
   std::string edited_path = dir.file("edited.rtrace");
   write_bytes(edited_path, edited_bytes);
-  TraceReader edited_reader = TraceReader::open(edited_path);
-  EXPECT_EQ(edited_reader.step(5)->loss, 0.001);
-  EXPECT_EQ(edited_reader.first_chain_break(), std::optional<uint64_t>(5));
+  // Opening checks the chain: every read path refuses a trace whose steps were tampered with.
+  auto chain_error = [](const std::string& p) {
+    try {
+      TraceReader::open(p);
+    } catch (const IntegrityError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(opened)");
+  };
+  EXPECT_NE(chain_error(edited_path).find("trace chain broken at step 5: step frame at offset " +
+                                          std::to_string(start5)),
+            std::string::npos)
+      << chain_error(edited_path);
+  EXPECT_NE(chain_error(edited_path).find("edited"), std::string::npos);
 
   // Steps 6 and 7 swapped (adjacent frames, each intact).
   size_t f3 = frame_of_step(6);
@@ -346,12 +380,26 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
                         bytes.substr(s3, s4 - s3) + bytes.substr(ends[f4]);
   std::string swapped_path = dir.file("swapped.rtrace");
   write_bytes(swapped_path, swapped);
-  EXPECT_EQ(TraceReader::open(swapped_path).first_chain_break(), std::optional<uint64_t>(7));
+  EXPECT_NE(chain_error(swapped_path).find("trace chain broken at step 7"), std::string::npos)
+      << chain_error(swapped_path);
 
   // A removed step frame.
   std::string removed = bytes.substr(0, s3) + bytes.substr(s4);
   write_bytes(swapped_path, removed);
-  EXPECT_EQ(TraceReader::open(swapped_path).first_chain_break(), std::optional<uint64_t>(7));
+  EXPECT_NE(chain_error(swapped_path).find("trace chain broken at step 7"), std::string::npos);
+
+  // A duplicated step frame.
+  std::string duplicated = bytes.substr(0, s4) + bytes.substr(s3, s4 - s3) + bytes.substr(s4);
+  write_bytes(swapped_path, duplicated);
+  EXPECT_NE(chain_error(swapped_path).find("trace chain broken at step 6"), std::string::npos)
+      << chain_error(swapped_path);
+
+  // A set-aside marker does not excuse a break in a trace: it counts only in a set-aside file.
+  std::string marker_raw;
+  serialize_event(EventRecord{5, kSetAsideEvent, "hide the gap"}, marker_raw);
+  std::string marked = bytes.substr(0, s3) + encode_frame(FrameKind::kEvent, 5, marker_raw, kLevel) + bytes.substr(s4);
+  write_bytes(swapped_path, marked);
+  EXPECT_NE(chain_error(swapped_path).find("trace chain broken at step 7"), std::string::npos);
 }
 
 TEST(TraceTest, StepSeeksAndPrefersTheLaterFrame) {
