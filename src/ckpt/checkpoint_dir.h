@@ -29,7 +29,8 @@ constexpr const char* kLatestFile = "LATEST";
 // The step of a directory name "step-<digits>", or nullopt for any other name.
 std::optional<uint64_t> parse_step_dir_name(const std::string& name);
 
-// The step directories of root (full paths), newest (highest step) first. Empty if root is absent.
+// The step directories of root (full paths), newest (highest step) first; links are left out (a
+// checkpoint is never read or removed through one). Empty if root is absent.
 std::vector<std::pair<uint64_t, std::string>> list_step_dirs(const std::string& root);
 
 // Creates <root>/step-XXXXXXXX and makes it durable in root; returns its path. If it already holds
@@ -37,19 +38,34 @@ std::vector<std::pair<uint64_t, std::string>> list_step_dirs(const std::string& 
 // incomplete until the new commit. IoError if that fails.
 std::string prepare_checkpoint_dir(const std::string& root, uint64_t step);
 
+// What a rotation removed, and what it left in place because it could not prove it its own.
+struct RotationReport {
+  std::vector<std::string> removed;
+  std::vector<std::pair<std::string, std::string>> left;  // path, why it was not touched
+};
+
 // Commits the checkpoint of m.step whose shards are already in <root>/step-XXXXXXXX: checks that
 // every listed shard is there with its size (IntegrityError `shard file missing` / `sha256 mismatch`
 // otherwise, nothing is written), writes manifest.json atomically (the commit point), fsyncs the
-// directory and root, replaces LATEST atomically, then rotates (rotate_checkpoints). Returns the
-// step directory. keep_last must be >= 1 (ConfigError).
-std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep_last = kDefaultKeepLast);
+// directory and root, reads the checkpoint back and verifies it (IntegrityError, and nothing older
+// is touched, when the disk did not keep it), replaces LATEST atomically, then rotates
+// (rotate_checkpoints; its report goes to `rotation` when given). Returns the step directory.
+// keep_last must be >= 1 (ConfigError).
+std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep_last = kDefaultKeepLast,
+                              RotationReport* rotation = nullptr);
 
-// Keeps the newest keep_last complete checkpoints (manifest parses, every shard present with its
-// size; digests are not re-read here), removes older complete ones, removes incomplete directories
-// older than the newest complete one (interrupted saves), and removes *.tmp files in root and in the
-// kept directories. Incomplete directories newer than the newest complete one are left alone.
-// Returns the removed paths. IoError if something cannot be removed (the rest is still done).
-std::vector<std::string> rotate_checkpoints(const std::string& root, uint32_t keep_last = kDefaultKeepLast);
+// Never deletes what it cannot prove is its own. Each step-* entry of root is one of:
+//   complete     a real directory (not a link) whose manifest checks out (checksum, a schema this
+//                binary reads, its step) with every listed shard present at its size;
+//   interrupted  a real directory without a manifest holding only files a save writes;
+//   anything else: a link, a manifest that does not check out (damaged, a newer schema), a shard
+//                missing from a valid manifest, a file no save writes. Left in place and reported.
+// Keeps the newest keep_last complete checkpoints and removes older complete ones; removes
+// interrupted ones older than the newest complete one (saves that died; newer ones may be in
+// progress); removes regular *.tmp files in root and in the kept directories. A removal takes the
+// manifest first, then only the save's own files, then the empty directory. IoError if something
+// cannot be removed (the rest is still done).
+RotationReport rotate_checkpoints(const std::string& root, uint32_t keep_last = kDefaultKeepLast);
 
 // The content of LATEST (without the newline), or nullopt.
 std::optional<std::string> read_latest(const std::string& root);

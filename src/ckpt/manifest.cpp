@@ -39,7 +39,7 @@ class Reader {
   }
   uint64_t u64(const json& v, const std::string& what, uint64_t max = std::numeric_limits<uint64_t>::max()) const {
     RETRACE_CHECK(v.is_number_unsigned(), FormatError, "manifest ", path_, ": \"", what,
-                  "\" must be a non-negative integer, found ", json_type_text(v), " ", v.dump());
+                  "\" must be a non-negative integer, found ", json_type_text(v), " ", json_text(v));
     uint64_t x = v.get<uint64_t>();
     RETRACE_CHECK(x <= max, FormatError, "manifest ", path_, ": \"", what, "\" is ", x, ", the limit is ", max);
     return x;
@@ -90,7 +90,7 @@ json to_json(const Manifest& m) {
 }
 
 std::string canonical_sha256(const json& j) {
-  std::string text = j.dump();
+  std::string text = json_text(j);
   return sha256_hex(text.data(), text.size());
 }
 
@@ -160,7 +160,7 @@ std::string serialize_manifest(const Manifest& m) {
   try {
     std::string sum = canonical_sha256(j);
     j[kChecksumKey] = sum;
-    text = j.dump(2) + "\n";
+    text = json_text(j, 2) + "\n";
   } catch (const json::exception& e) {
     RETRACE_FAIL(InvariantError, "serialize_manifest: a string of the manifest is not valid UTF-8 (", e.what(), ")");
   }

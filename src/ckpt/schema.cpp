@@ -66,8 +66,8 @@ int schema_version(const std::string& schema, const std::string& where) {
                  ". Point retrace at a checkpoint directory written by retrace, or convert the file");
   }
   int version = std::stoi(schema.substr(prefix.size()));
-  RETRACE_CHECK(version <= kSchemaVersionCurrent, FormatError, where, " has schema \"", schema,
-                "\", newer than this binary, which reads ", kReadable,
+  RETRACE_CHECK(version <= kSchemaVersionCurrent, FormatError, "unknown schema \"", schema, "\" in ", where,
+                ": newer than this binary, which reads ", kReadable,
                 "; load it with the newer retrace that wrote it");
   return version;
 }

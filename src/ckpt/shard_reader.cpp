@@ -15,7 +15,7 @@ using nlohmann::json;
 
 uint64_t as_u64(const json& v, const std::string& src, const std::string& tensor, const char* field) {
   RETRACE_CHECK(v.is_number_unsigned(), FormatError, "shard ", src, ", tensor \"", tensor, "\": ", field,
-                " must hold non-negative integers, found ", json_type_text(v), " ", v.dump());
+                " must hold non-negative integers, found ", json_type_text(v), " ", json_text(v));
   return v.get<uint64_t>();
 }
 
@@ -58,7 +58,7 @@ TensorEntry parse_tensor(const std::string& src, const std::string& name, const 
     overflow = false;
   }
   RETRACE_CHECK(!overflow && count <= std::numeric_limits<uint64_t>::max() / *elem, FormatError, "shard ",
-                src, ", tensor \"", name, "\": shape ", shape.dump(), " has more bytes than fit in 64 bits");
+                src, ", tensor \"", name, "\": shape ", json_text(shape), " has more bytes than fit in 64 bits");
   uint64_t expected = count * *elem;
 
   RETRACE_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
@@ -72,7 +72,7 @@ TensorEntry parse_tensor(const std::string& src, const std::string& name, const 
                 begin, ", ", end, "] reach past the data section of ", data_size,
                 " bytes; the file is truncated or the header is damaged");
   RETRACE_CHECK(end - begin == expected, FormatError, "shard ", src, ", tensor \"", name, "\": shape ",
-                shape.dump(), " of ", e.dtype, " needs ", expected, " bytes, data_offsets [", begin, ", ", end,
+                json_text(shape), " of ", e.dtype, " needs ", expected, " bytes, data_offsets [", begin, ", ", end,
                 "] hold ", end - begin);
   e.offset = begin;
   e.nbytes = end - begin;

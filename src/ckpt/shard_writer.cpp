@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/strict_json.h"
+
 #include "ckpt/shard.h"
 #include "core/digest.h"
 #include "core/error.h"
@@ -85,7 +87,7 @@ std::string build_header(const std::string& path, const std::map<std::string, st
   }
   std::string text;
   try {
-    text = header.dump();
+    text = json_text(header);
   } catch (const json::exception& e) {
     RETRACE_FAIL(InvariantError, "write_shard ", path, ": a tensor name or metadata string is not "
                  "valid UTF-8 (", e.what(), ")");

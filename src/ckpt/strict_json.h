@@ -19,4 +19,11 @@ nlohmann::json parse_strict_json(std::string_view text, const std::string& what,
 // A short, printable description of a JSON value's type for error messages ("a string", ...).
 const char* json_type_text(const nlohmann::json& value);
 
+// The text of a JSON value for output and messages. Strings that are not valid UTF-8 (a value
+// read from a damaged file, a path with Latin-1 bytes) come out with U+FFFD in place of each bad
+// byte instead of throwing: text for people must never turn bad input into an internal error.
+inline std::string json_text(const nlohmann::json& value, int indent = -1) {
+  return value.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace retrace::ckpt

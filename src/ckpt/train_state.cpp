@@ -84,7 +84,7 @@ std::string config_hash(const std::string& config_toml) {
 
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync) {
+                            const ShardSync* sync, RotationReport* rotation) {
   const uint64_t step = trainer.step();
   const uint32_t rank = trainer.rank(), world = trainer.world_size();
   RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs a ShardSync");
@@ -152,7 +152,7 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   m.trace_chain_hex = pos.chain.hex();
   m.shards = shards;
   // Phase two: the manifest is the commit point.
-  std::string committed = commit_checkpoint(root, m, keep_last);
+  std::string committed = commit_checkpoint(root, m, keep_last, rotation);
   if (sync) sync->barrier();
   return committed;
 }

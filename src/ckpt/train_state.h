@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/manifest.h"
 #include "core/digest.h"
 
@@ -38,10 +39,10 @@ struct ShardSync {
 // batches set aside) and `extra` are stored in the shard metadata with an "x." prefix.
 // With a ShardSync: rank 0 creates the step directory, every rank writes its shard in parallel,
 // the ranks exchange (file, size, sha256) once every shard is durable, and rank 0 writes the
-// manifest (the commit point) before a last barrier.
+// manifest (the commit point) before a last barrier. Rank 0's rotation report goes to `rotation`.
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync = nullptr);
+                            const ShardSync* sync = nullptr, RotationReport* rotation = nullptr);
 
 struct RestoredState {
   std::string dir;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <filesystem>
 #include <optional>
+#include <set>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/train_state.h"
@@ -145,6 +146,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   }
   const auto start = Clock::now();
   auto last_ckpt = start;
+  std::set<std::string> left_reported;  // paths rotation left in place, reported once
   double last_write_ms = 0;
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
@@ -224,11 +226,19 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
         pos.bytes = writer->bytes_written();
         pos.chain = writer->last_chain();
       }
+      ckpt::RotationReport rotation;
       std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
-                                              static_cast<uint32_t>(ck.keep_last), {}, sync ? &*sync : nullptr);
+                                              static_cast<uint32_t>(ck.keep_last), {}, sync ? &*sync : nullptr,
+                                              &rotation);
       summary.checkpoints += 1;
       last_ckpt = Clock::now();
       if (cb.on_message && trainer.rank() == 0) cb.on_message("checkpoint " + dir);
+      for (const auto& [path, why] : rotation.left) {
+        if (!left_reported.insert(path).second) continue;  // once per run, not at every save
+        const std::string warn = "checkpoint rotation left " + path + " in place: " + why;
+        if (writer) writer->append_event({s, "warning", warn});
+        if (cb.on_message) cb.on_message("warning: " + warn);
+      }
     }
     if (interrupt) {
       summary.interrupted = true;

@@ -2,11 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/ckpt_test_util.h"
+#include "ckpt/shard.h"
 #include "core/digest.h"
 #include "core/error.h"
 
@@ -296,6 +299,102 @@ TEST(CheckpointDir, ReportListsEveryProblem) {
   auto j = verify_report_json(tmp.sub("nowhere"));
   EXPECT_FALSE(j["ok"].get<bool>());
   EXPECT_TRUE(j.contains("error"));
+}
+
+}  // namespace
+}  // namespace retrace::ckpt
+
+namespace retrace::ckpt {
+namespace {
+
+// Rewrites a checkpoint's manifest with `edit` applied and a valid checksum ("resealed").
+void reseal_manifest(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  auto j = nlohmann::json::parse(read_all(dir + "/manifest.json"));
+  edit(j);
+  j.erase("manifest_sha256");
+  std::string canon = j.dump();
+  j["manifest_sha256"] = sha256_hex(canon.data(), canon.size());
+  write_all(dir + "/manifest.json", j.dump(2));
+}
+
+std::vector<uint64_t> steps_in(const std::string& root) {
+  std::vector<uint64_t> steps;
+  for (auto& [step, dir] : list_step_dirs(root)) steps.push_back(step);
+  return steps;
+}
+
+// Regression (data loss): rotation took whatever it could not read for an interrupted save and
+// removed it: a newer schema, a damaged manifest, a directory with files no save writes.
+TEST(Rotation, NeverRemovesWhatItCannotProveItsOwn) {
+  TempDir tmp;
+  const std::string root = tmp.path();
+  for (uint64_t s = 1; s <= 4; ++s) save_checkpoint(root, s, 1, 256);
+  reseal_manifest(root + "/step-00000001", [](nlohmann::json& j) { j["schema"] = "ckpt.v2"; });  // a newer retrace's
+  write_all(root + "/step-00000002/manifest.json", "{\"damaged\": true}");                        // checksum fails
+  stdfs::remove(root + "/step-00000003/manifest.json");                                          // no manifest ...
+  write_all(root + "/step-00000003/notes.txt", "my notes");                                      // ... and a user's file
+  RotationReport r;
+  Manifest m;
+  save_checkpoint(root, 5, 1, 256, /*keep_last=*/1);
+  r = rotate_checkpoints(root, 1);
+  EXPECT_EQ(steps_in(root), (std::vector<uint64_t>{5, 3, 2, 1})) << "only the complete step 4 may go";
+  EXPECT_EQ(read_all(root + "/step-00000003/notes.txt"), "my notes");
+  ASSERT_EQ(r.left.size(), 3u);
+  std::map<std::string, std::string> why(r.left.begin(), r.left.end());
+  EXPECT_NE(why[root + "/step-00000001"].find("unknown schema \"ckpt.v2\""), std::string::npos) << why[root + "/step-00000001"];
+  EXPECT_NE(why[root + "/step-00000003"].find("notes.txt"), std::string::npos);
+}
+
+// Regression (data loss): a step-* link was followed and the target's manifest unlinked.
+TEST(Rotation, NeverFollowsLinks) {
+  TempDir tmp, outside;
+  const std::string root = tmp.path();
+  const std::string target = save_checkpoint(outside.path(), 1, 1, 256);
+  stdfs::create_directory_symlink(target, root + "/step-00000001");
+  for (uint64_t s = 2; s <= 4; ++s) save_checkpoint(root, s, 1, 256, /*keep_last=*/1);
+  EXPECT_TRUE(stdfs::exists(target + "/manifest.json")) << "the link's target lost its manifest";
+  EXPECT_NO_THROW(verify_checkpoint(target, 1));
+  EXPECT_TRUE(stdfs::is_symlink(root + "/step-00000001"));
+  RotationReport r = rotate_checkpoints(root, 1);
+  ASSERT_EQ(r.left.size(), 1u);
+  EXPECT_EQ(r.left[0].first, root + "/step-00000001");
+  // Nor is a checkpoint read through a link.
+  auto pick = find_newest_valid(root, 1);
+  ASSERT_TRUE(pick);
+  EXPECT_EQ(pick->dir, root + "/step-00000004");
+}
+
+// Regression (data loss): rotation ran before the new checkpoint was read back, so a save the
+// disk did not keep cost the older checkpoints.
+TEST(Rotation, WaitsForTheNewCheckpointToVerifyFromDisk) {
+  TempDir tmp;
+  const std::string root = tmp.path();
+  for (uint64_t s = 1; s <= 2; ++s) save_checkpoint(root, s, 1, 256, /*keep_last=*/1);
+  EXPECT_EQ(steps_in(root), (std::vector<uint64_t>{2}));
+  // Step 3's shard as the disk returns it differs from what was hashed while writing.
+  const std::string dir = prepare_checkpoint_dir(root, 3);
+  std::vector<uint8_t> data(64, 7);
+  std::vector<TensorView> views = {{"w", "F32", {16}, data.data(), data.size()}};
+  ShardFileInfo info = write_shard(dir + "/" + shard_file_name(0), shard_metadata(3, 0, 1), views);
+  std::string bytes = read_all(dir + "/" + info.file);
+  bytes[bytes.size() - 1] ^= 1;
+  write_all(dir + "/" + info.file, bytes);
+  Manifest m;
+  m.step = 3;
+  m.world_size = 1;
+  m.config_hash = "cfg-test";
+  m.rng_format_version = 1;
+  m.trace_chain_hex = "00";
+  m.shards = {{0, info.file, info.size, info.sha256}};
+  try {
+    commit_checkpoint(root, m, 1);
+    FAIL() << "a checkpoint that does not read back was committed quietly";
+  } catch (const IntegrityError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not verify when read back"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sha256 mismatch on rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(verify_checkpoint(root + "/step-00000002", 1)) << "the previous checkpoint must survive";
+  EXPECT_EQ(find_newest_valid(root, 1)->dir, root + "/step-00000002");
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -260,6 +264,75 @@ TEST(TraceTest, TruncatedAtAnyOffsetYieldsTheCompleteFrames) {
   write_bytes(cut_path, bytes.substr(0, kFileHeaderSize));
   EXPECT_NE(error_message([&] { TraceReader::open(cut_path); }).find("trace has no header frame"),
             std::string::npos);
+}
+
+// A header frame of a few dozen bytes whose fingerprint list declares `elements` empty elements
+// (an inline-composite list of zero-sized structs: each costs no bytes, only a traversal word).
+std::string amplification_trace(uint32_t elements) {
+  std::vector<uint64_t> seg(16, 0);
+  // root: struct pointer, offset 0, Header's 4 data words and 10 pointers
+  seg[0] = (uint64_t(4) << 32) | (uint64_t(10) << 48);
+  // pointer 4 (fingerprint) at word 9: list pointer to the tag at word 15, inline composite, 0 words
+  seg[9] = 1 | (uint64_t(15 - 10) << 2) | (uint64_t(7) << 32);
+  // the tag: `elements` structs of 0 data words and 0 pointers
+  seg[15] = uint64_t(elements) << 2;
+  std::string raw(8, '\0');
+  put_u32(reinterpret_cast<uint8_t*>(raw.data()), 0);        // one segment
+  put_u32(reinterpret_cast<uint8_t*>(raw.data()) + 4, 16);   // of 16 words
+  for (uint64_t w : seg) {
+    uint8_t b[8];
+    put_u64(b, w);
+    raw.append(reinterpret_cast<const char*>(b), 8);
+  }
+  std::string file(kFileHeaderSize, '\0');
+  encode_file_header(reinterpret_cast<uint8_t*>(file.data()));
+  return file + encode_frame(FrameKind::kHeader, 0, raw, 3);
+}
+
+// Peak RSS in KiB of a child process that opens `path` (whatever the outcome).
+long child_peak_kib(const std::string& path) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      TraceReader::open(path);
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  return ru.ru_maxrss;
+}
+
+TEST(TraceTest, AmplificationFileIsRefusedWithinAMemoryBound) {
+  TempDir dir;
+  const std::string bomb = dir.file("bomb.rtrace");
+  // 20 million elements: below Cap'n Proto's default traversal limit (64 Mi words), so a reader
+  // with the default limit builds a 20-million-entry fingerprint (about 1.3 GB) from 170 bytes.
+  const std::string bytes = amplification_trace(20'000'000);
+  write_bytes(bomb, bytes);
+  EXPECT_LT(bytes.size(), 200u);
+  try {
+    TraceReader::open(bomb);
+    FAIL() << "an amplification file opened";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed record in header frame at offset 16"), std::string::npos)
+        << e.what();
+  }
+  // The documented bound: a few MB beyond what opening a normal trace takes.
+  const std::string normal = dir.file("normal.rtrace");
+  write_trace(normal, 5);
+  const long base = child_peak_kib(normal), peak = child_peak_kib(bomb);
+  EXPECT_LT(peak, base + 8 * 1024) << "peak RSS " << peak << " KiB against " << base << " KiB for a normal trace";
+  // A list of a few elements in the same shape still reads (the limit is not a ban on lists).
+  write_bytes(bomb, amplification_trace(3));
+  EXPECT_THROW(TraceReader::open(bomb), FormatError);  // parses, then fails on its empty schema
+  try {
+    TraceReader::open(bomb);
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("has schema \"\""), std::string::npos) << e.what();
+  }
 }
 
 TEST(TraceTest, FlippedByteIsReportedWithTheFrameOffset) {

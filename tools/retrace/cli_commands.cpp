@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 
+#include "ckpt/strict_json.h"
 #include "ckpt/verify.h"
 #include "core/error.h"
 #include "dist/launcher.h"
@@ -299,7 +300,7 @@ int run_verify(const VerifyArgs& a) {
   if (a.world_size > 0) world = static_cast<uint32_t>(a.world_size);
   if (a.json) {
     nlohmann::json j = ckpt::verify_report_json(a.dir, world);
-    std::cout << j.dump(2) << "\n";
+    std::cout << ckpt::json_text(j, 2) << "\n";
     return j.value("ok", false) ? 0 : static_cast<int>(ExitCode::kCorrupt);
   }
   ckpt::Manifest m = ckpt::verify_checkpoint(a.dir, world);  // throws with the exact phrase
@@ -368,7 +369,7 @@ int run_diff(const DiffArgs& a) {
   trace::TraceReader ra = trace::TraceReader::open(a.a);
   trace::TraceReader rb = trace::TraceReader::open(a.b);
   replay::DiffReport rep = replay::diff_traces(ra, rb);
-  if (a.json) std::cout << replay::to_json(rep).dump(2) << "\n";
+  if (a.json) std::cout << ckpt::json_text(replay::to_json(rep), 2) << "\n";
   else std::cout << replay::render_text(rep);
   if (!a.html.empty()) {
     fs::write_file_atomic(a.html, replay::render_html(rep, ra, rb, a.a, a.b));
@@ -437,7 +438,7 @@ int run_bisect(const BisectArgs& a) {
                         {"module_type", r.module_type}, {"phase", r.phase}, {"what", r.what}, {"op", r.op},
                         {"detail", r.detail}, {"replay_start_a", r.replay_start_a}, {"replay_start_b", r.replay_start_b},
                         {"notes", r.notes}, {"summary", r.summary()}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << ckpt::json_text(j, 2) << "\n";
   } else {
     for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());
     if (r.diverged)
