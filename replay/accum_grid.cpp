@@ -35,7 +35,7 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     std::optional<double> peak = run_in_child<double>([&] {
       train::RecordOptions o;
       o.out_dir = row.run_dir;
-      o.force = true;
+      o.scratch = true;
       train::record(c, o, {});
       return peak_rss_mib();
     });

@@ -59,7 +59,7 @@ void run_into(const train::Config& config, int64_t interrupt_at, const std::stri
               const train::RunCallbacks& cb) {
   train::RecordOptions o;
   o.out_dir = out;
-  o.force = true;
+  o.scratch = true;
   o.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, interrupt_at));
   train::record(config, o, cb);
   if (interrupt_at > 0) train::resume(out, {}, cb);
@@ -137,8 +137,7 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
        << "[[history]]\ndate = " << toml::value<std::string>(today()) << "\nreason = "
        << toml::value<std::string>(reason) << "\n";
   fs::write_file_atomic((dir / "golden.toml").string(), meta.str());
-  std::error_code ec;
-  stdfs::remove_all(scratch, ec);
+  train::remove_scratch_dir(scratch);
 }
 
 }  // namespace retrace::replay

@@ -50,7 +50,8 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   if (!options.from_checkpoint) {
     train::RecordOptions ro;
     ro.out_dir = res.replay_dir;
-    ro.force = true;
+    ro.scratch = true;
+    ro.force = options.force;
     ro.control = control;
     train::record(config, ro, cb);
   } else {
@@ -61,13 +62,18 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
                   train::checkpoint_root(run_dir), "; list them with: ls ", train::checkpoint_root(run_dir));
     ckpt::Manifest m = ckpt::verify_checkpoint(src, std::nullopt);
     std::error_code ec;
-    stdfs::remove_all(res.replay_dir, ec);
+    train::claim_scratch_dir(res.replay_dir, options.force);
     fs::make_writable_dir(train::checkpoint_root(res.replay_dir));
     stdfs::copy(src, (stdfs::path(train::checkpoint_root(res.replay_dir)) / ckpt::step_dir_name(m.step)),
                 stdfs::copy_options::recursive, ec);
     RETRACE_CHECK(!ec, IoError, "cannot copy ", src, " into ", res.replay_dir, ": ", ec.message());
     fs::write_file_atomic((stdfs::path(res.replay_dir) / "config.toml").string(), h.config_toml);
     {
+      // Checked against the bytes present before anything is allocated: the position comes from
+      // a file that may be hostile.
+      RETRACE_CHECK(m.trace_position <= recorded.valid_bytes(), IntegrityError, "checkpoint ", src,
+                    " records trace position ", m.trace_position, " but ", res.recorded_trace, " has ",
+                    recorded.valid_bytes(), " bytes of complete frames; the checkpoint does not belong to this trace");
       std::ifstream in(res.recorded_trace, std::ios::binary);
       std::ofstream out(train::trace_path(res.replay_dir), std::ios::binary);
       std::vector<char> buf(m.trace_position);

@@ -21,7 +21,8 @@ struct ReplayOptions {
   uint64_t last = UINT64_MAX;
   std::optional<double> tolerance;           // forces tolerance mode
   bool bitwise = false;                      // forces bitwise mode
-  std::string scratch_dir;                   // where the replay runs (replaced); default RUN/replay
+  std::string scratch_dir;                   // where the replay runs; default RUN/replay
+  bool force = false;                        // replace scratch_dir even if retrace did not make it
 };
 
 struct ReplayResult {

@@ -9,7 +9,7 @@
 namespace retrace::replay {
 
 ResumeCheck check_resume(const train::Config& config, const std::string& out_dir, uint64_t interrupt_at,
-                         const train::RunCallbacks& cb) {
+                         const train::RunCallbacks& cb, bool force) {
   RETRACE_CHECK(interrupt_at > 0, ConfigError, "--interrupt-at must be at least 1");
   fs::make_writable_dir(out_dir);
   ResumeCheck r;
@@ -19,7 +19,8 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   auto say = [&](const std::string& m) { if (cb.on_message) cb.on_message(m); };
   train::RecordOptions a;
   a.out_dir = r.uninterrupted_dir;
-  a.force = true;
+  a.scratch = true;
+  a.force = force;
   say("== uninterrupted run -> " + r.uninterrupted_dir);
   train::record(config, a, cb);
 

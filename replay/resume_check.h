@@ -22,6 +22,6 @@ struct ResumeCheck {
 
 // Runs into out_dir/uninterrupted and out_dir/resumed (both replaced if present).
 ResumeCheck check_resume(const train::Config& config, const std::string& out_dir, uint64_t interrupt_at,
-                         const train::RunCallbacks& callbacks);
+                         const train::RunCallbacks& callbacks, bool force = false);
 
 }  // namespace retrace::replay

@@ -104,10 +104,12 @@ std::vector<std::pair<uint64_t, std::string>> list_step_dirs(const std::string& 
 }
 
 std::string prepare_checkpoint_dir(const std::string& root, uint64_t step) {
+  std::error_code ec;
+  const bool new_root = !stdfs::exists(root, ec);
   fs::make_writable_dir(root);
+  if (new_root) fs::fsync_dir(stdfs::absolute(root).parent_path().string());  // the run directory knows it
   const std::string dir = join(root, step_dir_name(step));
   const std::string manifest = join(dir, kManifestFile);
-  std::error_code ec;
   if (stdfs::exists(manifest, ec)) {
     RETRACE_CHECK(::unlink(manifest.c_str()) == 0, IoError, "cannot remove ", manifest,
                   " before saving step ", step, " again: ", fs::errno_text(errno));

@@ -141,6 +141,9 @@ Manifest from_json(const json& j, const std::string& path) {
     e.file = sr.str(sr.field("file"), "shards[].file");
     RETRACE_CHECK(is_plain_file_name(e.file), FormatError, "manifest ", path, ": shard file of rank ", e.rank,
                   " is \"", e.file, "\"; expected a plain file name inside the checkpoint directory");
+    for (const ShardEntry& other : m.shards)
+      RETRACE_CHECK(other.file != e.file, FormatError, "manifest ", path, ": ranks ", other.rank, " and ", e.rank,
+                    " list the same shard file \"", e.file, "\"; every rank has a shard of its own");
     e.size = sr.u64(sr.field("size"), "shards[].size");
     e.sha256 = sr.str(sr.field("sha256"), "shards[].sha256");
     RETRACE_CHECK(e.sha256.size() == 64 && is_hex(e.sha256), FormatError, "manifest ", path,

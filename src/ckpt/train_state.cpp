@@ -158,7 +158,8 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
 }
 
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
-  Manifest m = verify_checkpoint(dir, trainer.world_size());
+  // This rank's shard is hashed from the bytes that are parsed (load_shard below), the others here.
+  Manifest m = verify_checkpoint(dir, trainer.world_size(), trainer.rank());
   const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
                 " was made with another config (config hash ", m.config_hash.substr(0, 12),
@@ -167,7 +168,7 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ",
                 rng::kRngFormatVersion);
-  ShardData shard = load_shard(dir, m, trainer.rank(), /*check_digest=*/false);  // verify_checkpoint hashed it
+  ShardData shard = load_shard(dir, m, trainer.rank(), /*check_digest=*/true);
   const std::string& where = shard.source;
 
   NamedTensors model, optim;

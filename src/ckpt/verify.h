@@ -35,7 +35,11 @@ class WorldSizeMismatch : public IntegrityError {
 };
 
 // Full verification (phases 1-5); returns the manifest (schema as found on disk, content migrated).
-Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expected_world_size);
+// `hashed_by_caller`: the rank whose shard the caller is about to read and hash itself
+// (load_shard with check_digest), so that the bytes hashed are the very bytes parsed; its digest
+// is not read here (its presence and size are).
+Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expected_world_size,
+                           std::optional<uint32_t> hashed_by_caller = std::nullopt);
 
 // Phases 1-3 only: the manifest of `dir`, read and checked, without touching the shards.
 Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> expected_world_size);

@@ -1,5 +1,11 @@
 #include "core/digest.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "core/file_util.h"
+
 #include <openssl/evp.h>
 #include <xxhash.h>
 #if defined(__x86_64__)
@@ -87,15 +93,19 @@ std::string sha256_hex(const void* data, size_t size) {
 }
 
 std::string sha256_file_hex(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  RETRACE_CHECK(f != nullptr, IoError, "cannot open ", path, " to compute its sha256");
+  const int fd = fs::open_regular_file(path);
   Sha256 h;
   std::vector<char> buf(1 << 20);
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), n);
-  bool bad = std::ferror(f) != 0;
-  std::fclose(f);
-  RETRACE_CHECK(!bad, IoError, "read error in ", path, " while computing its sha256");
+  int err = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    h.update(buf.data(), static_cast<size_t>(n));
+  }
+  ::close(fd);
+  RETRACE_CHECK(err == 0, IoError, "read error in ", path, " while computing its sha256: ", fs::errno_text(err));
   return h.finish_hex();
 }
 

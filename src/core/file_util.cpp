@@ -57,9 +57,27 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   fsync_dir(dir.empty() ? "." : dir);
 }
 
-std::string read_file(const std::string& path, uint64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+int open_regular_file(const std::string& path) {
+  // O_NONBLOCK so that a FIFO or a device in place of the file cannot block the open; regular
+  // files ignore the flag for reads.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   RETRACE_CHECK(fd >= 0, IoError, "cannot open ", path, ": ", errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    RETRACE_FAIL(IoError, "cannot stat ", path, ": ", errno_text(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    RETRACE_FAIL(FormatError, path, " is not a regular file (a FIFO, socket, device or directory is in its place); "
+                 "retrace reads only regular files. Remove it or restore the file");
+  }
+  return fd;
+}
+
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  int fd = open_regular_file(path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;

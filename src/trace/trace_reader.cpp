@@ -52,9 +52,7 @@ TraceReader::~TraceReader() {
 TraceReader TraceReader::open(const std::string& path) {
   TraceReader r;
   r.path_ = path;
-  int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot open trace ", path, ": ", fs::errno_text(errno));
-  r.fd_ = UniqueFd(raw_fd);
+  r.fd_ = UniqueFd(fs::open_regular_file(path));
   r.dctx_ = ZSTD_createDCtx();
   RETRACE_CHECK(r.dctx_ != nullptr, InvariantError, "ZSTD_createDCtx failed (out of memory)");
 

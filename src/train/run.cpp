@@ -42,23 +42,45 @@ std::string utc_now() {
   return buf;
 }
 
-void prepare_run_dir(const std::string& dir, bool force) {
+std::string scratch_marker_text() {
+  return "made by retrace for a re-executed run; retrace replaces this directory when it needs it again\n";
+}
+
+void clear_dir(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : stdfs::directory_iterator(dir, ec)) stdfs::remove_all(entry.path(), ec);
+  RETRACE_CHECK(!ec, IoError, "cannot clear directory ", dir, ": ", ec.message());
+}
+
+// Creates the run directory with its config.toml in one step: both are made in a sibling
+// directory that is renamed into place, so a run directory never exists without its config (a
+// run killed in its first second leaves only "DIR.tmp-PID" behind, which nothing mistakes for a run).
+void create_run_dir(const std::string& dir, bool force, bool scratch, const std::string& config_text) {
   std::error_code ec;
   stdfs::path parent = stdfs::absolute(dir).parent_path();
   RETRACE_CHECK(stdfs::exists(parent, ec), IoError, "cannot create run directory ", dir,
                 ": parent directory ", parent.string(), " does not exist");
-  if (stdfs::exists(dir, ec)) {
+  if (scratch) {
+    claim_scratch_dir(dir, force);  // marked, and empty but for the marker
+  } else if (stdfs::exists(dir, ec)) {
     RETRACE_CHECK(stdfs::is_directory(dir, ec), IoError, "cannot create run directory ", dir,
                   ": it exists and is not a directory; choose another --out");
     if (!stdfs::is_empty(dir, ec)) {
       RETRACE_CHECK(force, ConfigError, "run directory ", dir,
                     " already exists; pass --force to replace it, `retrace resume ", dir,
                     "` to continue it, or choose another --out");
-      for (const auto& entry : stdfs::directory_iterator(dir)) stdfs::remove_all(entry.path(), ec);
-      RETRACE_CHECK(!ec, IoError, "cannot clear run directory ", dir, ": ", ec.message());
+      clear_dir(dir);
     }
   }
-  fs::make_writable_dir(dir);
+  const std::string staging = dir + ".tmp-" + std::to_string(::getpid());
+  stdfs::remove_all(staging, ec);
+  fs::make_writable_dir(staging);
+  if (scratch) fs::write_file_atomic((stdfs::path(staging) / kScratchMarker).string(), scratch_marker_text());
+  fs::write_file_atomic((stdfs::path(staging) / "config.toml").string(), config_text);
+  if (stdfs::exists(dir, ec)) stdfs::remove_all(dir, ec);  // empty, or only the marker (checked above)
+  RETRACE_CHECK(::rename(staging.c_str(), dir.c_str()) == 0, IoError, "cannot move ", staging, " to ", dir, ": ",
+                fs::errno_text(errno));
+  fs::fsync_dir(parent.string());
 }
 
 std::string fired_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "faults.fired").string(); }
@@ -267,6 +289,34 @@ data::Dataset load_dataset(const Config& config) {
   return d;
 }
 
+bool is_scratch_dir(const std::string& dir) {
+  std::error_code ec;
+  return stdfs::symlink_status(stdfs::path(dir) / kScratchMarker, ec).type() == stdfs::file_type::regular;
+}
+
+void claim_scratch_dir(const std::string& dir, bool force) {
+  std::error_code ec;
+  const auto type = stdfs::symlink_status(dir, ec).type();
+  if (type != stdfs::file_type::not_found) {
+    RETRACE_CHECK(type == stdfs::file_type::directory, ConfigError, dir,
+                  " exists and is not a directory; choose another directory for the scratch run");
+    if (!stdfs::is_empty(dir, ec)) {
+      RETRACE_CHECK(force || is_scratch_dir(dir), ConfigError, dir,
+                    " exists and is not a scratch directory that retrace made (it has no ", kScratchMarker,
+                    "); nothing in it was touched. Pass --force to replace it, or choose another directory");
+      clear_dir(dir);
+    }
+  }
+  fs::make_writable_dir(dir);
+  fs::write_file_atomic((stdfs::path(dir) / kScratchMarker).string(), scratch_marker_text());
+}
+
+void remove_scratch_dir(const std::string& dir) {
+  if (!is_scratch_dir(dir)) return;
+  std::error_code ec;
+  stdfs::remove_all(dir, ec);
+}
+
 std::string checkpoint_root(const std::string& run_dir) { return (stdfs::path(run_dir) / "checkpoints").string(); }
 std::string trace_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "trace.rtrace").string(); }
 
@@ -283,8 +333,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   Trainer trainer(config, data, rank, world);
   if (rank == 0) {
-    prepare_run_dir(options.out_dir, options.force);
-    fs::write_file_atomic((stdfs::path(options.out_dir) / "config.toml").string(), config_text);
+    create_run_dir(options.out_dir, options.force, options.scratch, config_text);
   }
   if (pg) pg->barrier();
 

@@ -44,6 +44,10 @@ struct LoopControl {
 struct RecordOptions {
   std::string out_dir = "run";
   bool force = false;  // replace an existing run directory
+  // The run is a scratch run (replay, golden check, resume verification, accumulation grid): its
+  // directory is claimed with claim_scratch_dir, so an existing one is replaced only when retrace
+  // made it as a scratch directory, or with force.
+  bool scratch = false;
   LoopControl control;
   dist::ProcessGroup* process_group = nullptr;  // data parallelism: this process is one rank
 };
@@ -83,5 +87,15 @@ data::Dataset load_dataset(const Config& config);
 
 std::string checkpoint_root(const std::string& run_dir);
 std::string trace_path(const std::string& run_dir);
+
+// Scratch directories: where retrace re-executes runs (RUN/replay, golden check's scratch, the
+// runs of --verify-resume and --accum-grid). No command removes a directory it did not make: a
+// scratch directory holds kScratchMarker, and only such a directory (or an empty one, or any with
+// `force`) is cleared for reuse. ConfigError otherwise, with nothing touched.
+inline constexpr const char* kScratchMarker = ".retrace-scratch";
+bool is_scratch_dir(const std::string& dir);
+void claim_scratch_dir(const std::string& dir, bool force);
+// Removes `dir` if it is a scratch directory; leaves anything else alone.
+void remove_scratch_dir(const std::string& dir);
 
 }  // namespace retrace::train

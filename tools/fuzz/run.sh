@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds the checkpoint-format fuzzers with clang++ -fsanitize=fuzzer,address,undefined and runs
-# each on a copy of its seed corpus (tools/fuzz/corpus/<name>/; new inputs stay in the copy).
+# Builds the fuzzers with clang++ -fsanitize=fuzzer,address,undefined and runs each on a copy of
+# its seed corpus (tools/fuzz/corpus/<name>/; new inputs stay in the copy): the checkpoint shard
+# reader and manifest parser, the trace file reader (frames, tail, chain) and the record decoder.
 #
 #   tools/fuzz/run.sh [SECONDS]   run each fuzzer SECONDS seconds (default 60)
 #   tools/fuzz/run.sh --smoke     CI mode: 10 s or 20000 runs per fuzzer (ctest: fuzz_smoke)
+#   FUZZERS="trace record" tools/fuzz/run.sh 3600   only these
 #
 # Env: CXX (default clang++), FUZZ_BUILD_DIR (default /tmp/retrace-fuzz), FUZZ_JOBS (default 1).
 # Exits non-zero if a fuzzer finds a crash; the crashing input is left in FUZZ_BUILD_DIR/artifacts.
@@ -21,27 +23,37 @@ else
   limits=(-max_total_time="${1:-60}")
 fi
 
+fuzzers=(${FUZZERS:-shard manifest trace record})
+# The trace schema's generated code, as the build makes it.
+mkdir -p "$out/gen/trace"
+if [[ ! -f "$out/gen/trace/trace.capnp.c++" || "$repo/src/trace/trace.capnp" -nt "$out/gen/trace/trace.capnp.c++" ]]; then
+  capnp compile -oc++:"$out/gen" --src-prefix="$repo/src" "$repo/src/trace/trace.capnp"
+fi
 sources=(src/core/digest.cpp src/core/file_util.cpp src/ckpt/strict_json.cpp src/ckpt/shard_writer.cpp
-         src/ckpt/shard_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp)
+         src/ckpt/shard_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp
+         src/trace/fd_io.cpp src/trace/frame_scanner.cpp src/trace/framing.cpp src/trace/record_codec.cpp
+         src/trace/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++")
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-       -I"$repo/src")
+       -I"$repo/src" -I"$out/gen")
 
 # Rebuild an object only when its source or a header changed since.
-newest_header="$(find "$repo/src/core" "$repo/src/ckpt" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
+newest_header="$(find "$repo/src/core" "$repo/src/ckpt" "$repo/src/trace" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
 objs=()
 for src in "${sources[@]}"; do
-  obj="$out/obj/$(echo "$src" | tr '/' '_').o"
-  if [[ ! -f "$obj" || "$repo/$src" -nt "$obj" || -n "$newest_header" || ! -f "$out/.built" ]]; then
-    echo "compiling $src"
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$repo/$src" -o "$obj"
+  [[ $src == /* ]] || src="$repo/$src"
+  obj="$out/obj/$(basename "$(dirname "$src")")_$(basename "$src").o"
+  if [[ ! -f "$obj" || "$src" -nt "$obj" || -n "$newest_header" || ! -f "$out/.built" ]]; then
+    echo "compiling ${src#$repo/}"
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
   fi
   objs+=("$obj")
 done
-for fuzzer in shard manifest; do
+for fuzzer in "${fuzzers[@]}"; do
   bin="$out/${fuzzer}_fuzzer"
   if [[ ! -f "$bin" || "$here/${fuzzer}_fuzzer.cpp" -nt "$bin" || -n "$newest_header" || ! -f "$out/.built" ]]; then
     echo "linking ${fuzzer}_fuzzer"
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/${fuzzer}_fuzzer.cpp" "${objs[@]}" -o "$bin" -lcrypto -lxxhash -pthread
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/${fuzzer}_fuzzer.cpp" "${objs[@]}" -o "$bin" -lcrypto -lxxhash \
+      -lcapnp -lkj -lzstd -pthread
   fi
 done
 touch "$out/.built"
@@ -52,12 +64,15 @@ jobs_flag=()
 if [[ "${FUZZ_JOBS:-1}" -gt 1 ]]; then jobs_flag=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS"); fi
 
 status=0
-for fuzzer in shard manifest; do
+for fuzzer in "${fuzzers[@]}"; do
   work="$out/corpus-$fuzzer"
   mkdir -p "$work"
   cp -n "$here/corpus/$fuzzer/"* "$work/" 2>/dev/null || true
   echo "== ${fuzzer}_fuzzer ${limits[*]}"
-  if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" -dict="$here/json.dict" -max_len=4096 ${jobs_flag[@]+"${jobs_flag[@]}"} \
+  dict=(-dict="$here/json.dict")
+  max_len=4096
+  case $fuzzer in trace) dict=(); max_len=16384 ;; record) dict=() ;; esac
+  if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" ${dict[@]+"${dict[@]}"} -max_len=$max_len -rss_limit_mb=1024 ${jobs_flag[@]+"${jobs_flag[@]}"} \
        -artifact_prefix="$out/artifacts/${fuzzer}-" -print_final_stats=1 "$work" 2>&1 | tail -n 25; then
     status=1
   fi

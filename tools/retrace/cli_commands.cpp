@@ -170,8 +170,9 @@ int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& 
   fs::make_writable_dir(a.out);
   const std::string un = (std::filesystem::path(a.out) / "uninterrupted").string();
   const std::string re = (std::filesystem::path(a.out) / "resumed").string();
-  std::vector<std::string> base = without_flag(without_flag(argv, "--verify-resume"), "--force");
-  base.push_back("--force");
+  // The two runs go into scratch directories: replaced only when retrace made them (or --force).
+  std::vector<std::string> base = without_flag(argv, "--verify-resume");
+  if (!a.force) base.push_back("--scratch");
   std::vector<std::string> first = with_flag(base, "--out", un);
   for (size_t i = 0; i < first.size(); ++i)  // the uninterrupted run neither stops nor saves at K
     if ((first[i] == "--interrupt-at" || first[i] == "--checkpoint-at") && i + 1 < first.size()) {
@@ -234,7 +235,7 @@ int run_record(const RecordArgs& a, const std::vector<std::string>& argv) {
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
   if (a.verify_resume) {
     RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
-    replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer));
+    replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer), a.force);
     printer->clear();
     print_resume_check(r.bitwise, r.verified);
     return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
@@ -242,6 +243,7 @@ int run_record(const RecordArgs& a, const std::vector<std::string>& argv) {
   train::RecordOptions opts;
   opts.out_dir = a.out;
   opts.force = a.force;
+  opts.scratch = a.scratch;
   opts.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   for (int64_t s : a.checkpoint_at) {
     RETRACE_CHECK(s > 0, ConfigError, "--checkpoint-at expects step numbers >= 1, got ", s);
@@ -332,6 +334,7 @@ int run_replay(const ReplayArgs& a) {
   if (a.tolerance >= 0) o.tolerance = a.tolerance;
   o.bitwise = a.bitwise;
   o.scratch_dir = a.out;
+  o.force = a.force;
   auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
   train::RunCallbacks cb = callbacks_for(printer);
   if (a.quiet) cb = {};
@@ -504,6 +507,9 @@ void register_commands(CLI::App& app, CliArgs& args) {
   rec->add_option("--out", r.out, "run directory (default: run)");
   rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)");
   rec->add_flag("--force", r.force, "replace an existing run directory");
+  rec->add_flag("--scratch", r.scratch,
+                "the run directory is a scratch directory: replace it only if retrace made it as one (it holds "
+                ".retrace-scratch), never anything else");
   rec->add_option("--inject", r.inject,
                   "faults: KIND@STEP[:ARG],... with KIND nan-loss, inf-grad[:PARAM], spike[:FACTOR], crash, "
                   "perturb-param:PARAM (sets faults.inject; recorded and replayed)");
@@ -558,7 +564,9 @@ void register_commands(CLI::App& app, CliArgs& args) {
   rep->add_option("--steps", rp.steps, "compare (and run up to the end of) step range A:B");
   rep->add_option("--tolerance", rp.tolerance, "compare losses within this tolerance instead of bitwise");
   rep->add_flag("--bitwise", rp.bitwise, "compare bitwise even when the environments differ");
-  rep->add_option("--out", rp.out, "scratch run directory for the replay (default RUN/replay)");
+  rep->add_option("--out", rp.out, "scratch run directory for the replay (default RUN/replay); replaced only if "
+                  "retrace made it, or with --force");
+  rep->add_flag("--force", rp.force, "replace --out even if retrace did not make it");
   rep->add_flag("--plain", rp.plain, "print one row per step even on a terminal");
   rep->add_flag("--quiet", rp.quiet, "print only the verdict");
   rep->footer("Exit 0 with REPLAY VERIFIED, 1 with the first step and field that differ.\nExamples:\n"

@@ -19,6 +19,7 @@ struct RecordArgs {
   std::string out = "run";
   int64_t steps = -1;
   bool force = false;
+  bool scratch = false;
   bool plain = false;
   bool print_config = false;
   int64_t interrupt_at = 0;
@@ -56,6 +57,7 @@ struct ReplayArgs {
   double tolerance = -1;
   bool bitwise = false;
   std::string out;
+  bool force = false;
   bool plain = false;
   bool quiet = false;
 };

@@ -11,6 +11,10 @@
 #include "cli_commands.h"
 #include "core/error.h"
 
+// A live progress line (a terminal only) has no newline yet: end it before the error, so that the
+// message starts a line of its own; piped output gets no blank line.
+const char* end_progress_line() { return isatty(STDOUT_FILENO) ? "\n" : ""; }
+
 int main(int argc, char** argv) {
   CLI::App app{"retrace: deterministic, recorded, replayable training on LibTorch"};
   app.require_subcommand(1);
@@ -31,11 +35,11 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : static_cast<int>(retrace::ExitCode::kUsage);
   } catch (const retrace::Error& e) {
     std::fflush(stdout);
-    std::cerr << "\nretrace: " << e.kind() << ": " << e.what() << "\n";
+    std::cerr << end_progress_line() << "retrace: " << e.kind() << ": " << e.what() << "\n";
     return static_cast<int>(e.exit_code());
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::cerr << "\nretrace: internal error: " << e.what()
+    std::cerr << end_progress_line() << "retrace: internal error: " << e.what()
               << "\n(this is a bug in retrace or LibTorch; please report it with the command line)\n";
     return static_cast<int>(retrace::ExitCode::kInternal);
   }
