@@ -63,3 +63,12 @@ target_link_libraries(dist_test PRIVATE retrace_replay)
 target_precompile_headers(dist_test REUSE_FROM retrace_lib)
 target_compile_definitions(dist_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
 add_dependencies(dist_test retrace)
+
+# The standing fault campaign (tools/campaign/campaign.py), smoke size: every file of a run
+# damaged a few ways, plus a few SIGKILLs; --long runs every position and 1000 kills.
+find_program(RETRACE_PYTHON3 python3)
+if(RETRACE_PYTHON3)
+  add_test(NAME fault_campaign COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/campaign/campaign.py
+           $<TARGET_FILE:retrace> --smoke)
+  set_tests_properties(fault_campaign PROPERTIES TIMEOUT 1200)
+endif()

@@ -36,6 +36,11 @@ nlohmann::json parse_strict_json(std::string_view text, const std::string& what,
     }
     return true;
   };
+  // nlohmann's lexer takes a NUL byte for the end of the input: bytes after it (zeros a power loss
+  // left after the document, or anything else) would pass unseen.
+  if (auto nul = text.find('\0'); nul != std::string_view::npos)
+    RETRACE_FAIL(FormatError, what, ": not valid JSON (a NUL byte at offset ", nul, " of ", text.size(),
+                 "); the file was damaged or extended after it was written");
   try {
     return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
                        /*ignore_comments=*/false);

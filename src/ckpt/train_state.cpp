@@ -203,6 +203,14 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   auto chain_it = shard.metadata.find("trace_chain");
   RETRACE_CHECK(chain_it != shard.metadata.end(), FormatError, where, ": no trace_chain");
   out.position.chain = parse_digest(chain_it->second, where);
+  // The manifest says the same, or one of the two was edited: trust neither. (Rank 0 writes the
+  // trace; the other ranks' shards carry no position.)
+  RETRACE_CHECK(trainer.rank() != 0 ||
+                    (m.trace_position == out.position.bytes && m.trace_chain_hex == out.position.chain.hex()),
+                IntegrityError,
+                where, ": the shard records trace position ", out.position.bytes, " and chain ", out.position.chain.hex(),
+                ", the manifest ", m.trace_position, " and ", m.trace_chain_hex,
+                "; one of them was edited after the save; resume from an older checkpoint or restore the files");
   for (const auto& [k, v] : shard.metadata)
     if (k.rfind("x.", 0) == 0) out.extra[k.substr(2)] = v;
   trainer.load_policy_state(out.extra);

@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""The standing fault campaign against retrace's checkpoints and traces.
+
+  tools/campaign/campaign.py RETRACE [--smoke | --long] [--work DIR] [--kills N] [--seed S]
+
+(a) kills: a run is SIGKILLed at random moments (many of them inside checkpoint saves and
+    rotation, which every step does here), then resumed; every resume must load an untorn
+    checkpoint, no committed checkpoint may be lost, and the finished trace must end on the same
+    hash chain as the uninterrupted run (bitwise resume).
+(b) damage: every file of a recorded run (trace, config, LATEST, each manifest and shard) is
+    flipped, truncated, extended with garbage or zeros, deleted, replaced by a FIFO or a link,
+    spliced (frames swapped, duplicated, dropped; a shard of another step) or resealed (a
+    manifest edited with a valid checksum). Then `verify`, `inspect` and `resume` run on a copy.
+    Each case must be detected with a documented exit code, or accepted by design (a damaged
+    hint, a damaged old checkpoint that resume steps over, a tail after the last frame), and
+    never crash (exit 70, a signal, a hang) or lose a checkpoint it did not damage.
+
+Prints one line per trial and ends with the summary line
+  campaign: trials T, detected D, accepted by design A, missed 0, crashed 0, lost checkpoints 0
+and exits 1 when anything was missed, crashed or lost. Standard library only.
+"""
+
+import argparse
+import json
+import hashlib
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+EXIT_OK, EXIT_CORRUPT = 0, 3
+DOCUMENTED = {0, 1, 2, 3, 4}
+
+
+class Campaign:
+    def __init__(self, retrace, work, rng):
+        self.retrace, self.work, self.rng = retrace, work, rng
+        self.counts = dict(trials=0, detected=0, accepted=0, missed=0, crashed=0, lost=0)
+        self.failures = []
+
+    def run(self, args, timeout=120, env=None):
+        try:
+            p = subprocess.run([self.retrace] + args, capture_output=True, text=True, errors="replace",
+                               timeout=timeout, env=env)
+            return p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired:
+            return 124, "timed out"
+
+    def record(self, out, extra=()):
+        rc, text = self.run(["record", "--out", out, "--force", "--plain", "--total-steps", "40",
+                             "--set", "checkpoint.every_steps=10", "--set", "train.eval_each_epoch=false",
+                             "--set", "model.hidden=[32]", *extra])
+        if rc not in (0,):
+            raise SystemExit(f"campaign: base run failed ({rc}):\n{text[-2000:]}")
+
+    def verdict(self, name, outcome, detail):
+        self.counts["trials"] += 1
+        self.counts[outcome] += 1
+        print(f"{outcome:9s} {name}: {detail}")
+        if outcome in ("missed", "crashed", "lost"):
+            self.failures.append(f"{name}: {detail}")
+
+    # ------------------------------------------------------------------ (b) damage
+    def damage(self, smoke):
+        base = os.path.join(self.work, "base")
+        self.record(base, ["--interrupt-at", "30"])  # checkpoints 10, 20, 30; resume runs 31..40
+        ck = os.path.join(base, "checkpoints")
+        steps = sorted(d for d in os.listdir(ck) if d.startswith("step-"))
+        newest, older = steps[-1], steps[:-1]
+        files = ["trace.rtrace", "config.toml", "checkpoints/LATEST"]
+        for s in steps:
+            files += [f"checkpoints/{s}/manifest.json", f"checkpoints/{s}/shard-rank00000.safetensors"]
+        positions = 3 if smoke else 24
+        cases = []
+        for rel in files:
+            size = os.path.getsize(os.path.join(base, rel))
+            for i in range(positions):
+                at = (size - 1) * i // max(1, positions - 1)
+                cases.append((f"flip {rel} @{at}", rel, ("flip", at)))
+            for cut in sorted({0, size // 2, size - 1}):
+                cases.append((f"truncate {rel} to {cut}", rel, ("truncate", cut)))
+            cases.append((f"garbage after {rel}", rel, ("append", bytes(self.rng.randrange(256) for _ in range(100)))))
+            cases.append((f"zeros after {rel}", rel, ("append", b"\0" * 4096)))
+            cases.append((f"delete {rel}", rel, ("delete",)))
+            cases.append((f"fifo for {rel}", rel, ("fifo",)))
+        for s in steps:
+            m = f"checkpoints/{s}/manifest.json"
+            for label, edit in [("step+1", lambda j: j.update(step=j["step"] + 1)),
+                                ("world_size 2", lambda j: j.update(world_size=2)),
+                                ("huge trace_position", lambda j: j.update(trace_position=1 << 60)),
+                                ("trace_position 17", lambda j: j.update(trace_position=17)),
+                                ("other chain", lambda j: j.update(trace_chain_hex="ab" * 16)),
+                                ("schema ckpt.v2", lambda j: j.update(schema="ckpt.v2")),
+                                ("shard sha256", lambda j: j["shards"][0].update(sha256="0" * 64)),
+                                ("shard ../ path", lambda j: j["shards"][0].update(file="../x.safetensors")),
+                                ("extra value", lambda j: j["extra"].update(x="\udcff"))]:
+                cases.append((f"reseal {m}: {label}", m, ("reseal", edit)))
+            if s != steps[0]:
+                cases.append((f"splice shard of {steps[0]} into {s}", f"checkpoints/{s}/shard-rank00000.safetensors",
+                              ("copy", f"checkpoints/{steps[0]}/shard-rank00000.safetensors")))
+                cases.append((f"link {s} -> {steps[0]}", f"checkpoints/{s}", ("dirlink", f"{steps[0]}")))
+        for how in ("swap", "duplicate", "drop", "reseal-loss"):
+            cases.append((f"trace frames: {how}", "trace.rtrace", ("frames", how)))
+
+        for name, rel, op in cases:
+            run = os.path.join(self.work, "case")
+            shutil.rmtree(run, ignore_errors=True)
+            shutil.copytree(base, run, symlinks=True)
+            before = self.committed(run)
+            try:
+                self.apply(run, rel, op)
+            except Exception as e:  # a mutation that does not apply to this file
+                print(f"skip      {name}: {e}")
+                continue
+            damaged_ckpt = rel.startswith("checkpoints/step-")
+            target = rel.split("/")[1] if damaged_ckpt else None
+            results = []
+            if damaged_ckpt:
+                rc, text = self.run(["verify", os.path.join(run, "checkpoints", target), "--json"])
+                results.append(("verify", rc, text))
+                # What a checkpoint says about the trace (position, chain) only a load can check:
+                # re-execute one step from this very checkpoint.
+                step = int(target.split("-")[1])
+                rc, text = self.run(["replay", run, "--from-checkpoint", str(step), "--steps",
+                                     f"{step + 1}:{step + 1}", "--quiet", "--out", os.path.join(run, "replay")])
+                results.append(("replay", rc, text))
+            if rel == "trace.rtrace":
+                rc, text = self.run(["inspect", os.path.join(run, "trace.rtrace")])
+                results.append(("inspect", rc, text))
+            rc, text = self.run(["resume", run, "--plain"])
+            results.append(("resume", rc, text))
+            self.judge(name, rel, target, newest, results, before, run)
+
+    def judge(self, name, rel, target, newest, results, before, run):
+        for cmd, rc, text in results:
+            if rc not in DOCUMENTED:
+                last = [l for l in text.strip().splitlines() if l][-1:] or [""]
+                return self.verdict(name, "crashed", f"{cmd} exit {rc}: {last[0][:160]}")
+        lost = [s for s in before if s != target and s not in self.committed(run)]
+        if lost:
+            return self.verdict(name, "lost", f"committed checkpoints gone: {', '.join(lost)}")
+        for cmd, rc, text in results:
+            if rc != 0:
+                first = [l for l in text.splitlines() if l.startswith("retrace:") or "FAILED" in l or '"error"' in l][:1]
+                return self.verdict(name, "detected", f"{cmd} exit {rc}: {(first or [''])[0].strip()[:150]}")
+        text = {cmd: t for cmd, _, t in results}
+        why = "resume fell back to an older checkpoint" if "skipped checkpoint" in text["resume"] else "resume ran"
+        if rel == "checkpoints/LATEST":
+            return self.verdict(name, "accepted", "LATEST is a hint, never trusted; " + why)
+        if rel == "trace.rtrace" and "warning" in text.get("inspect", "") + text["resume"]:
+            return self.verdict(name, "accepted", "a damaged tail after the last complete frame, kept aside; " + why)
+        if self.same_content(run, rel):
+            return self.verdict(name, "accepted", "only trailing whitespace changed; " + why)
+        return self.verdict(name, "missed", "no command noticed; " + why)
+
+    def same_content(self, run, rel):
+        # A manifest that differs only by trailing whitespace (its last newline cut) says the same.
+        a, b = os.path.join(self.work, "base", rel), os.path.join(run, rel)
+        if not (os.path.isfile(a) and os.path.isfile(b)) or os.path.islink(b):
+            return False
+        with open(a, "rb") as x, open(b, "rb") as y:
+            return x.read().rstrip() == y.read().rstrip()
+
+    def config_changed(self, run):
+        with open(os.path.join(self.work, "base", "config.toml"), "rb") as a, \
+                open(os.path.join(run, "config.toml"), "rb") as b:
+            return a.read() != b.read()
+
+    def committed(self, run, after=False):
+        ck = os.path.join(run, "checkpoints")
+        out = set()
+        if not os.path.isdir(ck):
+            return out
+        for d in os.listdir(ck):
+            p = os.path.join(ck, d)
+            if d.startswith("step-") and not os.path.islink(p) and os.path.isfile(os.path.join(p, "manifest.json")):
+                out.add(d)
+        return out
+
+    def apply(self, run, rel, op):
+        path = os.path.join(run, rel)
+        kind = op[0]
+        if kind == "flip":
+            with open(path, "r+b") as f:
+                f.seek(op[1])
+                b = f.read(1)
+                f.seek(op[1])
+                f.write(bytes([b[0] ^ 0x5a]))
+        elif kind == "truncate":
+            os.truncate(path, op[1])
+        elif kind == "append":
+            with open(path, "ab") as f:
+                f.write(op[1])
+        elif kind == "delete":
+            os.remove(path)
+        elif kind == "fifo":
+            os.remove(path)
+            os.mkfifo(path)
+        elif kind == "copy":
+            shutil.copyfile(os.path.join(run, op[1]), path)
+        elif kind == "dirlink":
+            shutil.rmtree(path)
+            os.symlink(op[1], path)
+        elif kind == "reseal":
+            with open(path, "rb") as f:
+                j = json.loads(f.read().decode("utf-8", "surrogateescape"))
+            op[1](j)
+            j.pop("manifest_sha256", None)
+            canon = json.dumps(j, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            raw = canon.encode("utf-8", "surrogateescape")
+            j["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
+            with open(path, "wb") as f:
+                f.write(json.dumps(j, sort_keys=True, indent=2, ensure_ascii=False).encode("utf-8", "surrogateescape"))
+        elif kind == "frames":
+            self.edit_frames(path, op[1])
+        else:
+            raise ValueError(kind)
+
+    @staticmethod
+    def frames_of(data):
+        pos, out = 16, []
+        while pos + 32 <= len(data):
+            kind = data[pos + 4]
+            clen = struct.unpack_from("<I", data, pos + 16)[0]
+            out.append((pos, 32 + clen, kind))
+            pos += 32 + clen
+        return out
+
+    def edit_frames(self, path, how):
+        with open(path, "rb") as f:
+            data = f.read()
+        steps = [(o, n) for o, n, k in self.frames_of(data) if k == 2]
+        if len(steps) < 4:
+            raise ValueError("too few step frames")
+        a, b = steps[len(steps) // 2], steps[len(steps) // 2 + 1]
+        fa, fb = data[a[0]:a[0] + a[1]], data[b[0]:b[0] + b[1]]
+        if how == "swap":
+            data = data[:a[0]] + fb + fa + data[b[0] + b[1]:]
+        elif how == "duplicate":
+            data = data[:b[0]] + fa + data[b[0]:]
+        elif how == "drop":
+            data = data[:a[0]] + data[a[0] + a[1]:]
+        else:  # a step frame's bytes edited and its frame checksum recomputed: only the chain can tell
+            raise ValueError("needs the frame checksum (xxh3), not in the standard library")
+        with open(path, "wb") as f:
+            f.write(data)
+
+    # ------------------------------------------------------------------ (a) kills
+    def kills(self, n):
+        ref = os.path.join(self.work, "kill-ref")
+        # A checkpoint after every step and rotation down to 2: most moments are inside a save.
+        extra = ["--set", "checkpoint.every_steps=1", "--set", "checkpoint.keep_last=2", "--set", "model.hidden=[256]"]
+        self.record(ref, extra)
+        ref_chain = self.final_chain(ref)
+        for i in range(n):
+            name = f"kill {i + 1}/{n}"
+            run = os.path.join(self.work, "kill")
+            shutil.rmtree(run, ignore_errors=True)
+            args = [self.retrace, "record", "--out", run, "--plain", "--total-steps", "40",
+                    "--set", "checkpoint.every_steps=10", "--set", "train.eval_each_epoch=false",
+                    "--set", "model.hidden=[32]", *extra]
+            p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(self.rng.uniform(0.6, 2.4))  # the process start (and the re-exec), then steps
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            if not os.path.isfile(os.path.join(run, "config.toml")):
+                self.verdict(name, "accepted", "killed before the run directory existed (none was left half-made)"
+                             if not os.path.exists(run) else "killed before the run directory existed")
+                continue
+            # Every committed checkpoint (one with a manifest) must verify: a kill never tears one.
+            torn = []
+            for d in sorted(self.committed(run)):
+                rc, text = self.run(["verify", os.path.join(run, "checkpoints", d)])
+                if rc != 0:
+                    torn.append(f"{d} ({text.strip().splitlines()[-1][:120]})")
+            if torn:
+                self.verdict(name, "lost", "committed but torn: " + "; ".join(torn))
+                continue
+            rc, text = self.run(["resume", run, "--plain"])
+            if rc == 3 and "no complete checkpoint" in text:
+                self.verdict(name, "accepted", "killed before the first checkpoint: nothing to resume")
+                continue
+            if rc != 0:
+                self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
+                             f"resume exit {rc}: {text.strip().splitlines()[-1][:160] if text.strip() else ''}")
+                continue
+            if self.final_chain(run) != ref_chain:
+                self.verdict(name, "missed", "the resumed trace ends on another chain digest than the uninterrupted run")
+                continue
+            skipped = "skipped checkpoint" in text
+            self.verdict(name, "detected" if skipped else "accepted",
+                         "resumed bitwise" + (" past an interrupted save" if skipped else ""))
+
+    def final_chain(self, run):
+        rc, text = self.run(["inspect", os.path.join(run, "trace.rtrace"), "--json"])
+        if rc != 0:
+            return None
+        j = json.loads(text[text.index("{"):])
+        return j["steps"][-1]["chain_digest"] if j.get("steps") else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("retrace")
+    ap.add_argument("--smoke", action="store_true", help="a few cases of each kind (ctest: fault_campaign)")
+    ap.add_argument("--long", action="store_true", help="every position, 1000 kills")
+    ap.add_argument("--kills", type=int, default=None)
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--seed", type=int, default=1234)
+    a = ap.parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="retrace-campaign-")
+    os.makedirs(work, exist_ok=True)
+    c = Campaign(os.path.abspath(a.retrace), work, random.Random(a.seed))
+    try:
+        c.damage(smoke=a.smoke)
+        c.kills(a.kills if a.kills is not None else (1000 if a.long else (4 if a.smoke else 50)))
+    finally:
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+    k = c.counts
+    print(f"campaign: trials {k['trials']}, detected {k['detected']}, accepted by design {k['accepted']}, "
+          f"missed {k['missed']}, crashed {k['crashed']}, lost checkpoints {k['lost']}")
+    for f in c.failures:
+        print("  FAIL " + f)
+    sys.exit(1 if c.failures else 0)
+
+
+if __name__ == "__main__":
+    main()
