@@ -72,3 +72,14 @@ if(RETRACE_PYTHON3)
            $<TARGET_FILE:retrace> --smoke)
   set_tests_properties(fault_campaign PROPERTIES TIMEOUT 1200)
 endif()
+
+# A disk that fills up or fails (LD_PRELOAD), for the ENOSPC and EIO cases of the fault tests.
+add_library(retrace_failing_io SHARED tests/testing/failing_io.c)
+target_link_libraries(retrace_failing_io PRIVATE ${CMAKE_DL_LIBS})
+add_test(NAME disk_faults COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/disk_faults_test.sh $<TARGET_FILE:retrace>
+         $<TARGET_FILE:retrace_failing_io>)
+set_tests_properties(disk_faults PROPERTIES TIMEOUT 600)
+
+# Regression cases of the fault campaign through the CLI (data loss, exit codes, chain checks).
+add_test(NAME nothing_lost COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/nothing_lost_test.sh $<TARGET_FILE:retrace>)
+set_tests_properties(nothing_lost PROPERTIES TIMEOUT 600)

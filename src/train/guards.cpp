@@ -54,6 +54,8 @@ void SkipRateGuard::load_state(const std::map<std::string, std::string>& s) {
   const std::string& bits = need(s, "skip_guard.outcomes");
   outcomes_.clear();
   skips_ = 0;
+  RETRACE_CHECK(static_cast<int64_t>(bits.size()) <= window_, FormatError, "skip guard state holds ", bits.size(),
+                " outcomes, more than its window of ", window_);
   for (char c : bits) {
     RETRACE_CHECK(c == '0' || c == '1', FormatError, "skip guard state holds '", c, "'");
     outcomes_.push_back(c == '1');
@@ -95,12 +97,19 @@ std::map<std::string, std::string> SpikeGuard::state() const {
 void SpikeGuard::load_state(const std::map<std::string, std::string>& s) {
   std::istringstream in(need(s, "spike_guard.losses"));
   losses_.clear();
-  uint64_t bits;
-  while (in >> bits) {
+  std::string word;
+  while (in >> word) {
+    RETRACE_CHECK(word.find_first_not_of("0123456789") == std::string::npos && word.size() <= 20, FormatError,
+                  "spike guard state holds \"", word, "\", not the bits of a loss");
+    const uint64_t bits = std::stoull(word);
     double d;
     std::memcpy(&d, &bits, sizeof d);
+    RETRACE_CHECK(std::isfinite(d), FormatError, "spike guard state holds a non-finite loss; only finite losses are "
+                  "recorded");
     losses_.push_back(d);
   }
+  RETRACE_CHECK(static_cast<int64_t>(losses_.size()) <= window_, FormatError, "spike guard state holds ",
+                losses_.size(), " losses, more than its window of ", window_);
 }
 
 }  // namespace retrace::train

@@ -56,18 +56,24 @@ std::map<std::string, std::string> LossScaler::state() const {
 }
 
 void LossScaler::load_state(const std::map<std::string, std::string>& state) {
-  auto get = [&](const std::string& key) -> uint64_t {
+  auto get = [&](const std::string& key, uint64_t max) -> uint64_t {
     auto it = state.find(key);
     RETRACE_CHECK(it != state.end(), FormatError, "checkpoint lacks loss scaler state \"", key, "\"");
-    try {
-      return std::stoull(it->second);
-    } catch (const std::logic_error&) {
-      RETRACE_FAIL(FormatError, "loss scaler state \"", key, "\" is not an integer: ", it->second);
-    }
+    const std::string& v = it->second;
+    // Digits only: std::stoull would take "-1" for 2^64 - 1.
+    RETRACE_CHECK(!v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos, FormatError,
+                  "loss scaler state \"", key, "\" is not a non-negative integer: ", v);
+    const uint64_t n = std::stoull(v);
+    RETRACE_CHECK(n <= max, FormatError, "loss scaler state \"", key, "\" is ", n, ", more than ", max);
+    return n;
   };
-  uint32_t bits = static_cast<uint32_t>(get("scaler.scale_bits"));
-  std::memcpy(&scale_, &bits, sizeof bits);
-  growth_tracker_ = static_cast<int64_t>(get("scaler.growth_tracker"));
+  uint32_t bits = static_cast<uint32_t>(get("scaler.scale_bits", UINT32_MAX));
+  float scale;
+  std::memcpy(&scale, &bits, sizeof bits);
+  RETRACE_CHECK(std::isfinite(scale) && scale >= 0, FormatError, "loss scaler state holds the scale ", scale,
+                "; a scale is finite and not negative");
+  scale_ = scale;
+  growth_tracker_ = static_cast<int64_t>(get("scaler.growth_tracker", static_cast<uint64_t>(growth_interval_)));
 }
 
 }  // namespace retrace::train

@@ -111,6 +111,8 @@ void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, con
   if (cb.on_message) cb.on_message(kind + ": " + message);
 }
 
+constexpr uint64_t kMaxRollbacksInARow = 16;
+
 // A loss spike: go back to the newest checkpoint that verifies and set the batches that led to the
 // spike aside, so that the deterministic re-run does not meet the same spike again.
 void roll_back(Trainer& trainer, const trace::StepRecord& spike, const std::string& run_dir,
@@ -169,6 +171,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   const auto start = Clock::now();
   auto last_ckpt = start;
   std::set<std::string> left_reported;  // paths rotation left in place, reported once
+  uint64_t rollbacks_in_a_row = 0;
   double last_write_ms = 0;
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
@@ -205,9 +208,16 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     for (const auto& [kind, text] : trainer.take_events()) emit(writer, cb, rec.step, kind, text);
 
     if (rec.skip_reason == "loss_spike") {
+      // Each rollback sets one more batch aside; a run that meets a spike on every re-run would
+      // walk the whole data set back and forth. Stop it and say why.
+      RETRACE_CHECK(++rollbacks_in_a_row <= kMaxRollbacksInARow, ConfigError, kMaxRollbacksInARow,
+                    " loss-spike rollbacks in a row without a step applied (last at step ", rec.step, ", loss ",
+                    rec.loss, "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
+                    "or resume from an older checkpoint (the newest one's guard state may be damaged)");
       roll_back(trainer, rec, run_dir, writer, cb);
       continue;
     }
+    if (rec.outcome == trace::Outcome::kStep) rollbacks_in_a_row = 0;
     std::string crash_rank;
     if (trainer.fault_due("crash", rec.step, &crash_rank) &&
         (crash_rank.empty() || crash_rank == std::to_string(trainer.rank()))) {

@@ -379,6 +379,10 @@ void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t
                 "the checkpoint's data cursor (epoch ", rng.cursor.epoch, ", batch ", rng.cursor.batch_in_epoch,
                 ") is past the end of an epoch of ", sampler_.batches_per_epoch(),
                 " batches: was it made with another batch size?");
+  const uint64_t per_step = static_cast<uint64_t>(config_.data.batch_size * config_.train.accum_steps) * world_size_;
+  RETRACE_CHECK(step <= (uint64_t(1) << 40) && samples_seen <= step * per_step, FormatError, "the checkpoint of step ",
+                step, " says ", samples_seen, " samples were seen, more than ", step, " steps of ", per_step,
+                " can see; its state was edited or belongs to another config");
   step_ = step;
   samples_seen_ = samples_seen;
   cursor_ = rng.cursor;

@@ -104,6 +104,16 @@ class Campaign:
                 cases.append((f"splice shard of {steps[0]} into {s}", f"checkpoints/{s}/shard-rank00000.safetensors",
                               ("copy", f"checkpoints/{steps[0]}/shard-rank00000.safetensors")))
                 cases.append((f"link {s} -> {steps[0]}", f"checkpoints/{s}", ("dirlink", f"{steps[0]}")))
+        # A shard's metadata or RNG bytes edited, the manifest resealed to match (size, sha256, checksum).
+        hostile = [("samples_seen", "18446744073709551615"), ("samples_seen", "-5"), ("step", "abc"),
+                   ("x.data.set_aside", "garbage"), ("x.spike_guard.losses", " ".join(str(i) for i in range(1, 25))),
+                   ("x.spike_guard.losses", " ".join(str(i) for i in range(1, 21))),
+                   ("x.skip_guard.outcomes", "0" * 5000), ("x.scaler.scale_bits", "4294967295"),
+                   ("x.scaler.growth_tracker", "-1"), ("trace_position", "17"), ("rng", "1")]
+        for s in (steps[-1], steps[-2]):
+            for key, value in hostile:
+                cases.append((f"reseal shard of {s}: {key}={value[:24]}", f"checkpoints/{s}/shard-rank00000.safetensors",
+                              ("reseal-shard", key, value)))
         for how in ("swap", "duplicate", "drop", "reseal-loss"):
             cases.append((f"trace frames: {how}", "trace.rtrace", ("frames", how)))
 
@@ -216,10 +226,41 @@ class Campaign:
             j["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
             with open(path, "wb") as f:
                 f.write(json.dumps(j, sort_keys=True, indent=2, ensure_ascii=False).encode("utf-8", "surrogateescape"))
+        elif kind == "reseal-shard":
+            self.reseal_shard(path, op[1], op[2])
         elif kind == "frames":
             self.edit_frames(path, op[1])
         else:
             raise ValueError(kind)
+
+    @staticmethod
+    def reseal_shard(path, key, value):
+        with open(path, "rb") as f:
+            b = f.read()
+        n = struct.unpack_from("<Q", b, 0)[0]
+        header = json.loads(b[8:8 + n])
+        data = bytearray(b[8 + n:])
+        if key == "rng":
+            lo, hi = header["rng/state"]["data_offsets"]
+            r = random.Random(int(value))
+            for i in range(lo, hi):
+                data[i] = r.randrange(256)
+        else:
+            header["__metadata__"][key] = value
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * ((8 - len(text) % 8) % 8)
+        new = struct.pack("<Q", len(text)) + text + bytes(data)
+        with open(path, "wb") as f:
+            f.write(new)
+        manifest = os.path.join(os.path.dirname(path), "manifest.json")
+        with open(manifest) as f:
+            j = json.load(f)
+        j["shards"][0].update(size=len(new), sha256=hashlib.sha256(new).hexdigest())
+        j.pop("manifest_sha256", None)
+        canon = json.dumps(j, sort_keys=True, separators=(",", ":"))
+        j["manifest_sha256"] = hashlib.sha256(canon.encode()).hexdigest()
+        with open(manifest, "w") as f:
+            f.write(json.dumps(j, sort_keys=True, indent=2))
 
     @staticmethod
     def frames_of(data):
