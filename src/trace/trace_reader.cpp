@@ -100,6 +100,10 @@ void TraceReader::check_chain() const {
   // Frame checksums prove that each frame is as its writer wrote it; the chain proves that the
   // frames are the ones it wrote, in its order: none edited and resealed, inserted, dropped,
   // duplicated or swapped. Everything downstream (bisect's binary search above all) relies on it.
+  if (auto broken = find_chain_break()) throw IntegrityError(broken->second);
+}
+
+std::optional<std::pair<uint64_t, std::string>> TraceReader::find_chain_break() const {
   Digest128 chain;
   bool block_start = false;  // after a set-aside event: the next step's chain is the moved block's
   const std::string suffix = kSetAsideSuffix;
@@ -113,23 +117,28 @@ void TraceReader::check_chain() const {
     if (e.kind != FrameKind::kStep) continue;
     StepRecord r = load_step(e);
     const Digest128 content = content_digest(r);
-    RETRACE_CHECK(content == r.content_digest, IntegrityError, "trace chain broken at step ", r.step, ": ",
-                  where(e), " does not match its own content digest (stored ", r.content_digest.hex(),
-                  ", computed ", content.hex(), "); the record was edited after it was written. "
-                  "Restore the trace from a copy; the frames before offset ", e.offset, " are intact");
+    if (content != r.content_digest)
+      return std::make_pair(
+          r.step, detail::concat("trace chain broken at step ", r.step, ": ", where(e),
+                                 " does not match its own content digest (stored ", r.content_digest.hex(),
+                                 ", computed ", content.hex(), "); the record was edited after it was written. "
+                                 "Restore the trace from a copy; the frames before offset ", e.offset, " are intact"));
     if (block_start) {
       chain = r.chain_digest;
       block_start = false;
       continue;
     }
     const Digest128 expected = chain_digest(chain, content);
-    RETRACE_CHECK(expected == r.chain_digest, IntegrityError, "trace chain broken at step ", r.step, ": ",
-                  where(e), " does not follow the step frame before it (chain digest stored ",
-                  r.chain_digest.hex(), ", expected ", expected.hex(), "); step frames were inserted, "
-                  "removed, duplicated or reordered. Restore the trace from a copy; the frames before offset ",
-                  e.offset, " are intact");
+    if (expected != r.chain_digest)
+      return std::make_pair(
+          r.step, detail::concat("trace chain broken at step ", r.step, ": ", where(e),
+                                 " does not follow the step frame before it (chain digest stored ",
+                                 r.chain_digest.hex(), ", expected ", expected.hex(),
+                                 "); step frames were inserted, removed, duplicated or reordered. Restore the trace "
+                                 "from a copy; the frames before offset ", e.offset, " are intact"));
     chain = expected;
   }
+  return std::nullopt;
 }
 
 std::string TraceReader::where(const FrameIndexEntry& e) const {
@@ -216,23 +225,7 @@ std::optional<Digest128> TraceReader::chain_at(uint64_t offset) const {
 }
 
 std::optional<uint64_t> TraceReader::first_chain_break() const {
-  Digest128 chain;
-  bool block_start = false;  // after a set-aside event: the next step's chain is the moved block's
-  const std::string suffix = kSetAsideSuffix;
-  const bool set_aside_file =
-      path_.size() >= suffix.size() && path_.compare(path_.size() - suffix.size(), suffix.size(), suffix) == 0;
-  for (const FrameIndexEntry& e : index_) {
-    if (e.kind == FrameKind::kEvent && set_aside_file) {
-      load(e);
-      block_start = block_start || parse_event(words_.data(), words_.size(), where(e)).kind == kSetAsideEvent;
-    }
-    if (e.kind != FrameKind::kStep) continue;
-    StepRecord r = load_step(e);
-    Digest128 content = content_digest(r);
-    Digest128 expected_chain = chain_digest(chain, content);
-    if (content != r.content_digest || expected_chain != r.chain_digest) return r.step;
-    chain = expected_chain;
-  }
+  if (auto broken = find_chain_break()) return broken->first;
   return std::nullopt;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trace/fd_io.h"
@@ -82,6 +83,8 @@ class TraceReader {
   std::string where(const FrameIndexEntry& e) const;
   StepRecord load_step(const FrameIndexEntry& e) const;
   void check_chain() const;
+  // The first step whose content or chain digest does not check, with the message that says why.
+  std::optional<std::pair<uint64_t, std::string>> find_chain_break() const;
 
   std::string path_;
   UniqueFd fd_;

@@ -30,35 +30,24 @@ static void track(int fd, const char* path) {
   if (fd >= 0 && fd < MAX_FD) doomed[fd] = (char)matches(path);
 }
 
-int open(const char* path, int flags, ...) {
-  static int (*real)(const char*, int, ...);
-  if (!real) real = dlsym(RTLD_NEXT, "open");
-  mode_t mode = 0;
-  if (flags & O_CREAT) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
+// open and open64 are the same call under two names; either may be the one a caller binds to.
+#define RETRACE_TRACKED_OPEN(name)                        \
+  int name(const char* path, int flags, ...) {            \
+    static int (*real)(const char*, int, ...);            \
+    if (!real) real = dlsym(RTLD_NEXT, #name);            \
+    mode_t mode = 0;                                      \
+    if (flags & O_CREAT) {                                \
+      va_list ap;                                         \
+      va_start(ap, flags);                                \
+      mode = va_arg(ap, mode_t);                          \
+      va_end(ap);                                         \
+    }                                                     \
+    int fd = real(path, flags, mode);                     \
+    track(fd, path);                                      \
+    return fd;                                            \
   }
-  int fd = real(path, flags, mode);
-  track(fd, path);
-  return fd;
-}
-
-int open64(const char* path, int flags, ...) {
-  static int (*real)(const char*, int, ...);
-  if (!real) real = dlsym(RTLD_NEXT, "open64");
-  mode_t mode = 0;
-  if (flags & O_CREAT) {
-    va_list ap;
-    va_start(ap, flags);
-    mode = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  int fd = real(path, flags, mode);
-  track(fd, path);
-  return fd;
-}
+RETRACE_TRACKED_OPEN(open)
+RETRACE_TRACKED_OPEN(open64)
 
 ssize_t write(int fd, const void* buf, size_t n) {
   static ssize_t (*real)(int, const void*, size_t);
