@@ -244,3 +244,26 @@ TEST(Schema, V0FixtureMigrates) {
 
 }  // namespace
 }  // namespace retrace::ckpt
+
+namespace retrace::ckpt {
+namespace {
+
+// Regression: two ranks listing the same shard file verified as VERIFIED.
+TEST(Manifest, TwoRanksCannotShareAShardFile) {
+  json j = json::parse(serialize_manifest(sample_manifest()));
+  ASSERT_GE(j["shards"].size(), 2u);
+  j["shards"][1]["file"] = j["shards"][0]["file"];
+  std::string what = expect_error<FormatError>(signed_text(j), "list the same shard file");
+  EXPECT_NE(what.find("every rank has a shard of its own"), std::string::npos) << what;
+}
+
+// Regression: the newer-schema error lacked the `unknown schema` wording users search for.
+TEST(Schema, NewerSchemaSaysUnknownSchema) {
+  json j = json::parse(serialize_manifest(sample_manifest()));
+  j["schema"] = "ckpt.v2";
+  std::string what = expect_error<FormatError>(signed_text(j), "unknown schema \"ckpt.v2\"");
+  EXPECT_EQ(what.rfind("unknown schema", 0), 0u) << what;
+}
+
+}  // namespace
+}  // namespace retrace::ckpt
