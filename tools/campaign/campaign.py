@@ -61,7 +61,7 @@ class Campaign:
     def verdict(self, name, outcome, detail):
         self.counts["trials"] += 1
         self.counts[outcome] += 1
-        print(f"{outcome:9s} {name}: {detail}")
+        print(f"{outcome:9s} {name}: {detail}", flush=True)
         if outcome in ("missed", "crashed", "lost"):
             self.failures.append(f"{name}: {detail}")
 
