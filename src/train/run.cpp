@@ -57,7 +57,9 @@ void clear_dir(const std::string& dir) {
 // run killed in its first second leaves only "DIR.tmp-PID" behind, which nothing mistakes for a run).
 void create_run_dir(const std::string& dir, bool force, bool scratch, const std::string& config_text) {
   std::error_code ec;
-  stdfs::path parent = stdfs::absolute(dir).parent_path();
+  stdfs::path target = stdfs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "run/" names "run"
+  stdfs::path parent = stdfs::absolute(target).parent_path();
   RETRACE_CHECK(stdfs::exists(parent, ec), IoError, "cannot create run directory ", dir,
                 ": parent directory ", parent.string(), " does not exist");
   if (scratch) {
@@ -72,13 +74,13 @@ void create_run_dir(const std::string& dir, bool force, bool scratch, const std:
       clear_dir(dir);
     }
   }
-  const std::string staging = dir + ".tmp-" + std::to_string(::getpid());
+  const std::string staging = target.string() + ".tmp-" + std::to_string(::getpid());
   stdfs::remove_all(staging, ec);
   fs::make_writable_dir(staging);
   if (scratch) fs::write_file_atomic((stdfs::path(staging) / kScratchMarker).string(), scratch_marker_text());
   fs::write_file_atomic((stdfs::path(staging) / "config.toml").string(), config_text);
-  if (stdfs::exists(dir, ec)) stdfs::remove_all(dir, ec);  // empty, or only the marker (checked above)
-  RETRACE_CHECK(::rename(staging.c_str(), dir.c_str()) == 0, IoError, "cannot move ", staging, " to ", dir, ": ",
+  if (stdfs::exists(target, ec)) stdfs::remove_all(target, ec);  // empty, or only the marker (checked above)
+  RETRACE_CHECK(::rename(staging.c_str(), target.c_str()) == 0, IoError, "cannot move ", staging, " to ", dir, ": ",
                 fs::errno_text(errno));
   fs::fsync_dir(parent.string());
 }

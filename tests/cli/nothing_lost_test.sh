@@ -70,6 +70,10 @@ expect chain-diff 3 "trace chain broken at step 7" -- "$RETRACE" diff "$tmp/a/tr
 cp "$tmp/a/trace.rtrace" "$tmp/tail.rtrace" && head -c 3000 /dev/zero >> "$tmp/tail.rtrace"
 expect garbage-tail-inspect 0 "bytes that are not a frame" -- "$RETRACE" inspect "$tmp/tail.rtrace"
 
+# A run directory comes with its config in one rename; a trailing slash names the same directory.
+expect out-with-slash 0 "recorded 20 steps" -- "$RETRACE" record "${run[@]}" --out "$tmp/slash/"
+[[ -f "$tmp/slash/config.toml" && -z "$(ls -d "$tmp"/slash.tmp-* 2>/dev/null)" ]] && ok run-dir-made-whole || bad run-dir-made-whole
+
 # An error line starts the output (no blank line before it).
 out=$("$RETRACE" verify "$tmp/nope" 2>&1)
 [[ "${out:0:8}" == "retrace:" ]] && ok error-line-first || bad "error-line-first: '${out:0:20}'"
