@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <gnu/libc-version.h>
 #include <map>
@@ -109,23 +110,21 @@ void apply_environment(const RuntimeConfig& runtime) {
   }
   if (numerics == Numerics::kPortable) {
     // The pins must really be in force, not only in the environment: a BLAS that is not OpenBLAS,
-    // or an OpenBLAS that does not know the kernel name, would silently run something else.
-    for (const auto& pin : portable_pins()) {
-      const std::string want = pin.value;
-      if (const char* value = std::getenv(pin.variable); value && want != value) continue;  // the user's: recorded
-      std::string have;
-      if (std::string(pin.variable) == "OPENBLAS_CORETYPE") have = blas_core();
-      else if (std::string(pin.variable) == "ATEN_CPU_CAPABILITY") have = cpu_capability();
-      else continue;  // oneDNN reports its ISA only once a primitive runs; it is off below anyway
-      auto lower = [](std::string x) {
-        for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-        return x;
-      };
-      RETRACE_CHECK(lower(have) == lower(want), IoError, "runtime.numerics = \"portable\" pins the ", pin.what,
-                    " to ", want, " but this process runs ", have.empty() ? "an unknown one" : have,
+    // or an OpenBLAS that does not know the kernel name, would silently run something else. A
+    // value the user set instead is theirs: it is recorded, not checked.
+    auto lower = [](std::string x) {
+      for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return x;
+    };
+    auto check_pin = [&](const NumericsPin& pin, const std::string& have) {
+      if (const char* value = std::getenv(pin.variable); value && std::strcmp(value, pin.value) != 0) return;
+      RETRACE_CHECK(lower(have) == lower(pin.value), IoError, "runtime.numerics = \"portable\" pins the ", pin.what, " to ", pin.value,
+                    " but this process runs ", have.empty() ? "an unknown one" : have,
                     " (is libblas.so.3 OpenBLAS? run tools/setup.sh); use --set runtime.numerics=native to train "
                     "with what this machine has");
-    }
+    };
+    for (const auto& pin : portable_pins())
+      check_pin(pin, std::string(pin.variable) == "OPENBLAS_CORETYPE" ? blas_core() : cpu_capability());
   }
   // BF16 matmuls go through oneDNN only on CPUs with AVX-512 (BW, VL, DQ), where oneDNN then picks
   // its kernel by CPU features (AVX-512 BF16, AMX): a path chosen by the chip. Portable keeps them on
@@ -158,7 +157,7 @@ std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t 
   std::vector<trace::KeyValue> f;
   auto add = [&](std::string k, std::string v) { f.push_back({std::move(k), std::move(v)}); };
   // Numerics fields: everything that changes bits. Two runs promise equal bits only when these
-  // are all equal (replay::fingerprint_diffs compares them and nothing else).
+  // are all equal (trace::numerics_differences compares them and nothing else).
   add("retrace_version", retrace_version());
   add("numerics", numerics_name(numerics));
   add("libtorch_version", compat::libtorch_version());

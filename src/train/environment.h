@@ -34,7 +34,7 @@ void apply_environment(const RuntimeConfig& runtime);
 // the CPU features that steer kernel choice) and information fields, whose keys start with
 // "info." (host, CPU model and features, cores, allocator, the environment variables that were
 // set and which of them retrace set): those never make two fingerprints unequal for comparison
-// (replay::fingerprint_diffs).
+// (trace::numerics_differences).
 //
 // Under portable numerics: apply_environment refuses to start unless the pins are in force
 // (prepare_process), turns oneDNN off, and resolve_threads gives fixed thread counts.
