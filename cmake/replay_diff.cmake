@@ -5,8 +5,8 @@ add_library(retrace_diff STATIC
   replay/diff.cpp
   replay/html_report.cpp
 )
-target_include_directories(retrace_diff PUBLIC ${PROJECT_SOURCE_DIR})
-target_link_libraries(retrace_diff PUBLIC retrace_trace nlohmann_json::nlohmann_json)
+target_include_directories(retrace_diff PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
+target_link_libraries(retrace_diff PUBLIC retrace_trace retrace_train nlohmann_json::nlohmann_json)
 
 if(RETRACE_BUILD_TESTS)
   add_executable(diff_test tests/replay/diff_test.cpp)

@@ -21,19 +21,19 @@ target_link_libraries(base_test PRIVATE retrace_base)
 
 retrace_gtest(torch_test
   tests/rng/rng_state_test.cpp
-  tests/train/record_test.cpp
+  tests/run/record_test.cpp
   tests/replay/replay_test.cpp
   tests/train/step_test.cpp
   tests/train/optimizer_test.cpp
   tests/model/dropout_test.cpp
 )
 target_link_libraries(torch_test PRIVATE retrace_replay)
-target_precompile_headers(torch_test REUSE_FROM retrace_lib)
+target_precompile_headers(torch_test REUSE_FROM retrace_core_torch)
 
 # Tests that need the real binary (a process that kills itself) or several end-to-end runs.
 retrace_gtest(robust_step_test tests/train/robust_step_test.cpp)
 target_link_libraries(robust_step_test PRIVATE retrace_replay)
-target_precompile_headers(robust_step_test REUSE_FROM retrace_lib)
+target_precompile_headers(robust_step_test REUSE_FROM retrace_core_torch)
 target_compile_definitions(robust_step_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
 add_dependencies(robust_step_test retrace)
 
@@ -42,7 +42,7 @@ add_dependencies(robust_step_test retrace)
 add_executable(train_props property_tests/train_props.cpp)
 target_include_directories(train_props PRIVATE ${CMAKE_SOURCE_DIR}/tests)
 target_link_libraries(train_props PRIVATE retrace_lib rapidcheck)
-target_precompile_headers(train_props REUSE_FROM retrace_lib)
+target_precompile_headers(train_props REUSE_FROM retrace_core_torch)
 add_test(NAME train_props COMMAND train_props)
 set_tests_properties(train_props PROPERTIES TIMEOUT 300)
 
@@ -60,7 +60,7 @@ set_tests_properties(replay_cli PROPERTIES TIMEOUT 900)
 # Data parallelism through the real binary's launcher (Gloo ranks on loopback).
 retrace_gtest(dist_test tests/dist/dist_test.cpp)
 target_link_libraries(dist_test PRIVATE retrace_replay)
-target_precompile_headers(dist_test REUSE_FROM retrace_lib)
+target_precompile_headers(dist_test REUSE_FROM retrace_core_torch)
 target_compile_definitions(dist_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
 add_dependencies(dist_test retrace)
 
@@ -68,6 +68,11 @@ add_dependencies(dist_test retrace)
 # damaged a few ways, plus a few SIGKILLs; --long runs every position and 1000 kills.
 find_program(RETRACE_PYTHON3 python3)
 if(RETRACE_PYTHON3)
+  # The parts depend one way; the second test plants a wrong-way include in a copy of the tree
+  # and passes only when the check catches it.
+  add_test(NAME layering COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/check_layering.py ${CMAKE_SOURCE_DIR})
+  add_test(NAME layering_catches_wrong_way
+           COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/check_layering.py --plant ${CMAKE_SOURCE_DIR})
   add_test(NAME fault_campaign COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/campaign/campaign.py
            $<TARGET_FILE:retrace> --smoke)
   set_tests_properties(fault_campaign PROPERTIES TIMEOUT 1200)

@@ -1,14 +1,13 @@
-# The torch part: rng, data, model, train, and the CLI. Torch is heavy to compile, so one
+# The torch parts: rng, data, model, train, ckpt, dist, run, replay and the CLI. Torch is heavy to compile, so one
 # precompiled header serves every torch translation unit of the library, the CLI and the tests.
 find_package(Torch REQUIRED)
 
-# Torch-free pieces of these parts (the sampler, Philox, IDX, config) are a separate library so
-# their tests do not pay for torch.
-add_library(retrace_base STATIC
-  src/rng/philox.cpp
-  src/rng/shuffle.cpp
-  src/data/sampler.cpp
-  src/data/idx.cpp
+# The torch-free pieces of rng, data and train: their tests do not pay for torch.
+add_library(retrace_rng STATIC src/rng/philox.cpp src/rng/shuffle.cpp)
+target_link_libraries(retrace_rng PUBLIC retrace_core)
+add_library(retrace_data STATIC src/data/sampler.cpp src/data/idx.cpp)
+target_link_libraries(retrace_data PUBLIC retrace_rng retrace_records ZLIB::ZLIB)
+add_library(retrace_train STATIC
   src/train/config.cpp
   src/train/numerics.cpp
   src/train/faults.cpp
@@ -18,18 +17,42 @@ add_library(retrace_base STATIC
 # The fused AdamW must round exactly like LibTorch's kernels: no contraction the source does not
 # spell, and a sqrt without errno so the loop vectorizes (see adamw_kernel.h).
 set_source_files_properties(src/train/adamw_kernel.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
-target_link_libraries(retrace_base PUBLIC retrace_core tomlplusplus::tomlplusplus ZLIB::ZLIB)
+target_link_libraries(retrace_train PUBLIC retrace_data retrace_records tomlplusplus::tomlplusplus)
+# Every torch-free part, for tests that need several.
+add_library(retrace_base INTERFACE)
+target_link_libraries(retrace_base INTERFACE retrace_core retrace_records retrace_rng retrace_data retrace_train)
 
-add_library(retrace_lib STATIC
-  src/core/tensor_digest.cpp
-  src/rng/rng_state.cpp
+# The torch pieces, one target per part, in the order they depend on each other. One precompiled
+# header (<torch/torch.h>, owned by retrace_core_torch) serves every torch translation unit.
+add_library(retrace_core_torch STATIC src/core/tensor_digest.cpp)
+target_link_libraries(retrace_core_torch PUBLIC retrace_core ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
+target_compile_options(retrace_core_torch PUBLIC ${TORCH_CXX_FLAGS})
+target_precompile_headers(retrace_core_torch PRIVATE <torch/torch.h>)
+
+function(retrace_torch_part name)
+  add_library(${name} STATIC ${ARGN})
+  target_precompile_headers(${name} REUSE_FROM retrace_core_torch)
+endfunction()
+
+retrace_torch_part(retrace_rng_torch src/rng/rng_state.cpp)
+target_link_libraries(retrace_rng_torch PUBLIC retrace_rng retrace_core_torch)
+
+retrace_torch_part(retrace_data_torch
   src/data/fashion_mnist.cpp
+  src/data/text_corpus.cpp
+)
+target_link_libraries(retrace_data_torch PUBLIC retrace_data retrace_rng_torch)
+
+retrace_torch_part(retrace_model
   src/model/dropout.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp
   src/model/memory_plan.cpp
-  src/data/text_corpus.cpp
+)
+target_link_libraries(retrace_model PUBLIC retrace_rng_torch retrace_records)
+
+retrace_torch_part(retrace_train_torch
   src/train/environment.cpp
   src/train/schedule.cpp
   src/train/optimizer.cpp
@@ -37,21 +60,35 @@ add_library(retrace_lib STATIC
   src/train/loss_scaler.cpp
   src/train/probe.cpp
   src/train/trainer.cpp
-  src/train/run.cpp
-  src/train/memory_report.cpp
+)
+target_link_libraries(retrace_train_torch PUBLIC retrace_train retrace_model retrace_data_torch)
+
+retrace_torch_part(retrace_ckpt_torch src/ckpt/train_state.cpp)
+target_link_libraries(retrace_ckpt_torch PUBLIC retrace_ckpt retrace_train_torch)
+
+retrace_torch_part(retrace_dist
   src/dist/process_group.cpp
   src/dist/launcher.cpp
-  src/ckpt/train_state.cpp
 )
-target_link_libraries(retrace_lib PUBLIC retrace_base retrace_trace retrace_ckptfmt ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
-target_compile_options(retrace_lib PUBLIC ${TORCH_CXX_FLAGS})
-target_precompile_headers(retrace_lib PRIVATE <torch/torch.h>)
+target_link_libraries(retrace_dist PUBLIC retrace_train_torch)
 # NCCL for data parallelism on CUDA: only against a LibTorch built with CUDA and c10d NCCL (the
 # GPU machines' LibTorch 2.x); Debian's CPU LibTorch has neither, so the CPU build never needs it.
 option(RETRACE_WITH_NCCL "Build the NCCL process group (needs LibTorch with CUDA and NCCL)" OFF)
 if(RETRACE_WITH_NCCL)
-  target_compile_definitions(retrace_lib PUBLIC RETRACE_WITH_NCCL USE_C10D_NCCL)
+  target_compile_definitions(retrace_dist PUBLIC RETRACE_WITH_NCCL USE_C10D_NCCL)
 endif()
+
+# run: the run lifecycle (record, resume, rollback, checkpoint cadence, run-directory layout).
+retrace_torch_part(retrace_run
+  src/run/layout.cpp
+  src/run/run_dir.cpp
+  src/run/run.cpp
+  src/run/memory_report.cpp
+)
+target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_dist)
+# Everything below replay, for tests and tools that use several parts.
+add_library(retrace_lib INTERFACE)
+target_link_libraries(retrace_lib INTERFACE retrace_run)
 
 # Replay, diff, golden checks and bisection: above the trainer, below the CLI. The torch-free
 # part (step comparison, diff, reports) is retrace_diff.
@@ -63,9 +100,9 @@ add_library(retrace_replay STATIC
   replay/bisect.cpp
   replay/accum_grid.cpp
 )
-target_include_directories(retrace_replay PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_lib tomlplusplus::tomlplusplus)
-target_precompile_headers(retrace_replay REUSE_FROM retrace_lib)
+target_include_directories(retrace_replay PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}>)
+target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_run tomlplusplus::tomlplusplus)
+target_precompile_headers(retrace_replay REUSE_FROM retrace_core_torch)
 
 add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
 target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)

@@ -23,8 +23,8 @@ Digest128 gen_digest() {
   return Digest128{*rc::gen::arbitrary<uint64_t>(), *rc::gen::arbitrary<uint64_t>()};
 }
 
-StepRecord gen_step(uint64_t n) {
-  StepRecord r;
+records::StepRecord gen_step(uint64_t n) {
+  records::StepRecord r;
   r.step = n;
   r.epoch = *rc::gen::arbitrary<uint64_t>();
   r.batch_in_epoch = *rc::gen::arbitrary<uint64_t>();
@@ -36,7 +36,7 @@ StepRecord gen_step(uint64_t n) {
   r.grad_norm_post = *rc::gen::arbitrary<double>();
   r.lr = *rc::gen::arbitrary<double>();
   r.loss_scale = *rc::gen::arbitrary<double>();
-  r.outcome = *rc::gen::element(Outcome::kStep, Outcome::kSkip);
+  r.outcome = *rc::gen::element(records::Outcome::kStep, records::Outcome::kSkip);
   r.skip_reason = *rc::gen::arbitrary<std::string>();
   r.param_digest = gen_digest();
   r.optim_digest = gen_digest();
@@ -51,15 +51,15 @@ StepRecord gen_step(uint64_t n) {
   return r;
 }
 
-std::vector<StepRecord> gen_steps() {
+std::vector<records::StepRecord> gen_steps() {
   size_t count = *rc::gen::inRange<size_t>(1, 16);
-  std::vector<StepRecord> steps;
+  std::vector<records::StepRecord> steps;
   for (size_t i = 0; i < count; ++i) steps.push_back(gen_step(i + 1));
   return steps;
 }
 
-TraceHeader gen_header() {
-  TraceHeader h = sample_header();
+records::TraceHeader gen_header() {
+  records::TraceHeader h = sample_header();
   h.config_toml = *rc::gen::arbitrary<std::string>();
   h.model_description = *rc::gen::arbitrary<std::string>();
   h.seed = *rc::gen::arbitrary<uint64_t>();
@@ -67,20 +67,20 @@ TraceHeader gen_header() {
   return h;
 }
 
-void write_steps(const std::string& path, const TraceHeader& h, std::vector<StepRecord>& steps) {
+void write_steps(const std::string& path, const records::TraceHeader& h, std::vector<records::StepRecord>& steps) {
   TraceWriter w = TraceWriter::create(path, h, *rc::gen::inRange(1, 6));
-  for (StepRecord& r : steps) w.append_step(r);
+  for (records::StepRecord& r : steps) w.append_step(r);
 }
 
 void round_trip() {
   TempDir dir;
   std::string path = dir.file("t.rtrace");
-  TraceHeader h = gen_header();
-  std::vector<StepRecord> steps = gen_steps();
+  records::TraceHeader h = gen_header();
+  std::vector<records::StepRecord> steps = gen_steps();
   write_steps(path, h, steps);
   TraceReader reader = TraceReader::open(path);
   RC_ASSERT(testing::headers_equal(reader.header(), h));
-  std::vector<StepRecord> read = reader.steps();
+  std::vector<records::StepRecord> read = reader.steps();
   RC_ASSERT(read.size() == steps.size());
   for (size_t i = 0; i < read.size(); ++i) RC_ASSERT(steps_equal(read[i], steps[i]));
   RC_ASSERT(!reader.first_chain_break());
@@ -90,7 +90,7 @@ void round_trip() {
 void truncation() {
   TempDir dir;
   std::string path = dir.file("t.rtrace");
-  std::vector<StepRecord> steps = gen_steps();
+  std::vector<records::StepRecord> steps = gen_steps();
   write_steps(path, sample_header(), steps);
   std::string bytes = read_bytes(path);
   std::vector<uint64_t> ends;
@@ -106,7 +106,7 @@ void truncation() {
   RC_ASSERT(reader.index().size() == complete);
   RC_ASSERT(reader.valid_bytes() == ends[complete - 1]);
   RC_ASSERT(reader.tail_warning().has_value() == (cut != ends[complete - 1]));
-  std::vector<StepRecord> read = reader.steps();
+  std::vector<records::StepRecord> read = reader.steps();
   RC_ASSERT(read.size() == complete - 1);
   for (size_t i = 0; i < read.size(); ++i) RC_ASSERT(steps_equal(read[i], steps[i]));
 }

@@ -248,7 +248,7 @@ train::Config tiny_config(int64_t steps, int64_t accum, const std::string& optim
                               "optim.name=" + optim, "schedule.warmup_steps=2"});
 }
 
-std::string first_difference(const trace::StepRecord& a, const trace::StepRecord& b) {
+std::string first_difference(const records::StepRecord& a, const records::StepRecord& b) {
   std::ostringstream out;
 #define RETRACE_FIELD(f) \
   if (!(a.f == b.f)) out << #f " differs at step " << a.step << "; ";
@@ -560,7 +560,7 @@ int main() {
     RC_TAG(last, accum);
 
     train::Trainer whole(config, data);
-    std::vector<trace::StepRecord> expected;
+    std::vector<records::StepRecord> expected;
     for (int64_t i = 0; i < steps; ++i) expected.push_back(whole.run_step(true));
 
     testing::TempDir tmp;

@@ -9,7 +9,7 @@
 #include "core/file_util.h"
 #include "replay/compare.h"
 #include "trace/trace_reader.h"
-#include "train/run.h"
+#include "run/run.h"
 
 namespace retrace::replay {
 
@@ -33,19 +33,19 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     c.train.accum_steps = a;
     // A fresh process per setting: its peak RSS is the setting's own.
     std::optional<double> peak = run_in_child<double>([&] {
-      train::RecordOptions o;
+      run::RecordOptions o;
       o.out_dir = row.run_dir;
       o.scratch = true;
-      train::record(c, o, {});
+      run::record(c, o, {});
       return peak_rss_mib();
     });
     RETRACE_CHECK(peak.has_value(), InvariantError, "the run with accum_steps ", a, " failed (see its message above)");
     row.peak_rss_mib = *peak;
     rows.push_back(row);
   }
-  auto base = trace::TraceReader::open(train::trace_path(rows.front().run_dir)).steps();
+  auto base = trace::TraceReader::open(run::trace_path(rows.front().run_dir)).steps();
   for (auto& row : rows) {
-    auto steps = trace::TraceReader::open(train::trace_path(row.run_dir)).steps();
+    auto steps = trace::TraceReader::open(run::trace_path(row.run_dir)).steps();
     CompareReport rep = compare_steps(base, steps, CompareMode::kTolerance, 1e-3);
     row.max_loss_diff = rep.max_loss_diff;
     row.compared = rep.compared;

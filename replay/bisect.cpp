@@ -33,16 +33,16 @@ std::string run_dir_of(const std::string& p) {
 
 // Re-executes step `s` of the run whose trace header is `h`, from its newest checkpoint before s,
 // under numerics profile `numerics` (one process runs one profile).
-Probed probe_step(const std::string& run_dir, const trace::TraceHeader& h, uint64_t s, const std::string& label,
+Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uint64_t s, const std::string& label,
                   const std::string& numerics) {
   train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
   cfg.runtime.numerics = numerics;
   train::resolve_threads(cfg.runtime);
   train::apply_environment(cfg.runtime);
-  data::Dataset data = train::load_dataset(cfg);
+  data::Dataset data = run::load_dataset(cfg);
   train::Trainer t(cfg, data);
   Probed out;
-  for (const auto& [step, dir] : ckpt::list_step_dirs(train::checkpoint_root(run_dir))) {
+  for (const auto& [step, dir] : ckpt::list_step_dirs(run::checkpoint_root(run_dir))) {
     if (step >= s) continue;
     try {
       ckpt::load_checkpoint(t, dir);
@@ -53,7 +53,7 @@ Probed probe_step(const std::string& run_dir, const trace::TraceHeader& h, uint6
     }
   }
   while (t.step() + 1 < s) {
-    trace::StepRecord r = t.run_step(false);
+    records::StepRecord r = t.run_step(false);
     if (r.skip_reason == "loss_spike")
       out.notes.push_back(label + ": a loss spike at step " + std::to_string(r.step) +
                           " during re-execution; the original run rolled back there, so the re-executed "
@@ -105,10 +105,10 @@ std::string BisectReport::summary() const {
   return o.str();
 }
 
-BisectReport bisect_runs(const std::string& a, const std::string& b, const train::RunCallbacks& cb) {
+BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& cb) {
   const std::string dir_a = run_dir_of(a), dir_b = run_dir_of(b);
-  trace::TraceReader ra = trace::TraceReader::open(stdfs::is_directory(a) ? train::trace_path(a) : a);
-  trace::TraceReader rb = trace::TraceReader::open(stdfs::is_directory(b) ? train::trace_path(b) : b);
+  trace::TraceReader ra = trace::TraceReader::open(run::trace_of(a));
+  trace::TraceReader rb = trace::TraceReader::open(run::trace_of(b));
   const auto& ha = ra.header();
   const auto& hb = rb.header();
   HeaderDiff hd = diff_headers(ha, hb);
@@ -159,7 +159,7 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const train
                                    " steps); re-executing it in both runs");
 
   // Both runs re-execute in this process, under run A's numerics profile.
-  const auto numerics_of = [](const trace::TraceHeader& h) {
+  const auto numerics_of = [](const records::TraceHeader& h) {
     return train::parse_config(h.config_toml, "trace header", {}, train::ConfigSource::kRecorded).runtime.numerics;
   };
   const std::string numerics = numerics_of(ha);

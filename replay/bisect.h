@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "train/run.h"
+#include "run/run.h"
 
 namespace retrace::replay {
 
@@ -34,6 +34,6 @@ struct BisectReport {
 
 // `a` and `b` are run directories (or their traces; the checkpoints must sit beside the trace).
 // ConfigError when the traces are of different models (use diff for those).
-BisectReport bisect_runs(const std::string& a, const std::string& b, const train::RunCallbacks& callbacks);
+BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& callbacks);
 
 }  // namespace retrace::replay

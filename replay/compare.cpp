@@ -35,8 +35,8 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return true;
 }
 
-std::map<uint64_t, const trace::StepRecord*> by_step(const std::vector<trace::StepRecord>& v) {
-  std::map<uint64_t, const trace::StepRecord*> m;
+std::map<uint64_t, const records::StepRecord*> by_step(const std::vector<records::StepRecord>& v) {
+  std::map<uint64_t, const records::StepRecord*> m;
   for (const auto& r : v) m[r.step] = &r;  // a later record of the same step wins
   return m;
 }
@@ -47,7 +47,7 @@ double ToleranceRule::allowed(uint64_t step, double loss_a) const {
   return std::max(abs, late_rel * std::fabs(loss_a));
 }
 
-std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::StepRecord& b,
+std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b,
                                    CompareMode mode, const ToleranceRule& tolerance) {
   std::vector<FieldDiff> d;
   auto check = [&](const char* field, bool same, const std::string& va, const std::string& vb) {
@@ -74,8 +74,8 @@ std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::Step
     // The schedule is a function of the step alone: no kernel changes it.
     RETRACE_CMP_DBL(lr);
   }
-  check("outcome", a.outcome == b.outcome, a.outcome == trace::Outcome::kStep ? "STEP" : "SKIP",
-        b.outcome == trace::Outcome::kStep ? "STEP" : "SKIP");
+  check("outcome", a.outcome == b.outcome, a.outcome == records::Outcome::kStep ? "STEP" : "SKIP",
+        b.outcome == records::Outcome::kStep ? "STEP" : "SKIP");
   check("skip_reason", a.skip_reason == b.skip_reason, a.skip_reason, b.skip_reason);
   if (mode == CompareMode::kBitwise) {
     RETRACE_CMP_DIG(param_digest);
@@ -96,8 +96,8 @@ std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::Step
   return d;
 }
 
-CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
-                            const std::vector<trace::StepRecord>& b, CompareMode mode,
+CompareReport compare_steps(const std::vector<records::StepRecord>& a,
+                            const std::vector<records::StepRecord>& b, CompareMode mode,
                             const ToleranceRule& tolerance) {
   CompareReport rep;
   auto ma = by_step(a), mb = by_step(b);
@@ -107,7 +107,7 @@ CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
       rep.only_in_a++;
       continue;
     }
-    const trace::StepRecord* rb = it->second;
+    const records::StepRecord* rb = it->second;
     rep.compared++;
     // Equal non-finite losses (both NaN, both +inf) count as no difference.
     const double diff = same_bits(ra->loss, rb->loss) ? 0.0 : std::fabs(ra->loss - rb->loss);

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::replay {
 
@@ -48,17 +48,17 @@ struct CompareReport {
 
 // Compares the records with equal step numbers in order. When a step appears more than once (a
 // rollback), the later record counts. Fields are compared in declaration order of StepRecord.
-CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
-                            const std::vector<trace::StepRecord>& b, CompareMode mode,
+CompareReport compare_steps(const std::vector<records::StepRecord>& a,
+                            const std::vector<records::StepRecord>& b, CompareMode mode,
                             const ToleranceRule& tolerance);
-inline CompareReport compare_steps(const std::vector<trace::StepRecord>& a,
-                                   const std::vector<trace::StepRecord>& b, CompareMode mode,
+inline CompareReport compare_steps(const std::vector<records::StepRecord>& a,
+                                   const std::vector<records::StepRecord>& b, CompareMode mode,
                                    double tolerance = 1e-4) {
   return compare_steps(a, b, mode, ToleranceRule{tolerance});
 }
 
 // All differing fields of one pair of records (for reports), in declaration order.
-std::vector<FieldDiff> diff_record(const trace::StepRecord& a, const trace::StepRecord& b,
+std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b,
                                    CompareMode mode, const ToleranceRule& tolerance);
 
 }  // namespace retrace::replay

@@ -8,12 +8,14 @@
 #include <sstream>
 #include <tuple>
 
+#include "train/config.h"
+
 namespace retrace::replay {
 namespace {
 
-using trace::EvalRecord;
-using trace::EventRecord;
-using trace::StepRecord;
+using records::EvalRecord;
+using records::EventRecord;
+using records::StepRecord;
 
 std::string trim(const std::string& s) {
   const char* ws = " \t\r\n";
@@ -51,14 +53,14 @@ std::vector<ValueDiff> diff_maps(const std::map<std::string, std::string>& a,
   return out;
 }
 
-std::map<std::string, std::string> fingerprint_map(const std::vector<trace::KeyValue>& kvs) {
+std::map<std::string, std::string> fingerprint_map(const std::vector<records::KeyValue>& kvs) {
   std::map<std::string, std::string> m;
   for (const auto& kv : kvs)
-    if (trace::is_numerics_key(kv.key)) m[kv.key] = kv.value;
+    if (records::is_numerics_key(kv.key)) m[kv.key] = kv.value;
   return m;
 }
 
-std::string shape_text(const trace::ParamInfo& p) {
+std::string shape_text(const records::ParamInfo& p) {
   std::string s = "[";
   for (size_t i = 0; i < p.shape.size(); ++i) s += (i ? "," : "") + std::to_string(p.shape[i]);
   return s + "] " + p.dtype;
@@ -239,7 +241,7 @@ std::vector<const FieldDiff*> fields_by_step(const DiffReport& r) {
   return v;
 }
 
-const char* outcome_name(trace::Outcome o) { return o == trace::Outcome::kStep ? "STEP" : "SKIP"; }
+const char* outcome_name(records::Outcome o) { return o == records::Outcome::kStep ? "STEP" : "SKIP"; }
 
 bool EvalRow::differs() const {
   if (!a || !b) return true;
@@ -251,29 +253,8 @@ bool DiffReport::identical() const {
   return std::none_of(evals.begin(), evals.end(), [](const EvalRow& e) { return e.differs(); });
 }
 
-std::map<std::string, std::string> flatten_config(const std::string& toml_text) {
-  std::map<std::string, std::string> out;
-  std::string section;
-  std::istringstream in(toml_text);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::string t = trim(line);
-    if (t.empty() || t[0] == '#') continue;
-    if (t.front() == '[' && t.back() == ']') {
-      // "[[x]]" (arrays of tables) does not occur in resolved configs; treated like "[x]".
-      section =
-          trim(t.substr(t.find_first_not_of('['), t.find_last_not_of(']') - t.find_first_not_of('[') + 1));
-      continue;
-    }
-    auto eq = t.find('=');
-    if (eq == std::string::npos || eq == 0) continue;
-    std::string key = trim(t.substr(0, eq));
-    out[section.empty() ? key : section + "." + key] = trim(t.substr(eq + 1));
-  }
-  return out;
-}
 
-std::vector<ValueDiff> diff_fingerprints(const std::vector<trace::KeyValue>& a, const std::vector<trace::KeyValue>& b) {
+std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a, const std::vector<records::KeyValue>& b) {
   return diff_maps(fingerprint_map(a), fingerprint_map(b));
 }
 
@@ -285,9 +266,9 @@ void for_each_header_diff(const HeaderDiff& h, const std::function<void(const ch
     for (const auto& d : *list) fn(part, d);
 }
 
-HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b) {
+HeaderDiff diff_headers(const records::TraceHeader& a, const records::TraceHeader& b) {
   HeaderDiff d;
-  d.config = diff_maps(flatten_config(a.config_toml), flatten_config(b.config_toml));
+  d.config = diff_maps(train::config_entries(a.config_toml), train::config_entries(b.config_toml));
   d.fingerprint = diff_fingerprints(a.fingerprint, b.fingerprint);
 
   std::map<std::string, std::string> ma, mb;
@@ -448,7 +429,7 @@ std::string render_text(const DiffReport& r) {
     t.row({"step", "a", "b"});
     for (size_t i = 0; i < r.skips.size() && i < kTextListLimit; ++i) {
       const auto& s = r.skips[i];
-      auto cell = [](trace::Outcome o, const std::string& reason) {
+      auto cell = [](records::Outcome o, const std::string& reason) {
         return std::string(outcome_name(o)) + (reason.empty() ? "" : " " + reason);
       };
       t.row({std::to_string(s.step), cell(s.a, s.reason_a), cell(s.b, s.reason_b)});

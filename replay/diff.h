@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "replay/compare.h"
-#include "trace/records.h"
+#include "records/records.h"
 #include "trace/trace_reader.h"
 
 namespace retrace::replay {
@@ -55,8 +55,8 @@ struct StepSpan {
 // A step that is SKIP in one trace and STEP in the other (both traces have it).
 struct SkipDiff {
   uint64_t step = 0;
-  trace::Outcome a = trace::Outcome::kStep;
-  trace::Outcome b = trace::Outcome::kStep;
+  records::Outcome a = records::Outcome::kStep;
+  records::Outcome b = records::Outcome::kStep;
   std::string reason_a;  // "" for STEP
   std::string reason_b;
 };
@@ -72,8 +72,8 @@ struct EventDiff {
 // One evaluation step of either trace (every eval step is listed, differing or not).
 struct EvalRow {
   uint64_t step = 0;
-  std::optional<trace::EvalRecord> a;
-  std::optional<trace::EvalRecord> b;
+  std::optional<records::EvalRecord> a;
+  std::optional<records::EvalRecord> b;
   bool differs() const;  // one side missing, or loss or accuracy not bitwise equal
 };
 
@@ -108,18 +108,14 @@ struct DiffReport {
 DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b);
 
 // The header part alone (exposed for tests and for `inspect`-like uses).
-HeaderDiff diff_headers(const trace::TraceHeader& a, const trace::TraceHeader& b);
-// The fingerprint part of diff_headers: the numerics fields (trace::is_numerics_key) whose values
+HeaderDiff diff_headers(const records::TraceHeader& a, const records::TraceHeader& b);
+// The fingerprint part of diff_headers: the numerics fields (records::is_numerics_key) whose values
 // differ or exist on one side, by key; information fields are never listed.
-std::vector<ValueDiff> diff_fingerprints(const std::vector<trace::KeyValue>& a, const std::vector<trace::KeyValue>& b);
+std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a, const std::vector<records::KeyValue>& b);
 
 // Visits every header difference with its part ("config", "environment", "model", "data", "fault",
 // "header"), in that order: the one order both renderings use.
 void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn);
-
-// Parses a resolved config (lines "key = value" under "[section]" lines, '#' comments) into
-// dotted keys; values are kept as written, trimmed. Lines that are neither are ignored.
-std::map<std::string, std::string> flatten_config(const std::string& toml_text);
 
 // The entries of first_by_field ordered by step, then by declaration order in StepRecord.
 std::vector<const FieldDiff*> fields_by_step(const DiffReport& r);
@@ -131,6 +127,6 @@ std::string render_text(const DiffReport& r);
 nlohmann::json to_json(const DiffReport& r);
 
 // "STEP" or "SKIP".
-const char* outcome_name(trace::Outcome o);
+const char* outcome_name(records::Outcome o);
 
 }  // namespace retrace::replay

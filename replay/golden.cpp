@@ -56,13 +56,13 @@ GoldenSpec read_spec(const std::string& dir, const std::string& name, bool autoc
 
 // Records the run into `out` (interrupted at spec.interrupt_at and resumed when set).
 void run_into(const train::Config& config, int64_t interrupt_at, const std::string& out,
-              const train::RunCallbacks& cb) {
-  train::RecordOptions o;
+              const run::RunCallbacks& cb) {
+  run::RecordOptions o;
   o.out_dir = out;
   o.scratch = true;
   o.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, interrupt_at));
-  train::record(config, o, cb);
-  if (interrupt_at > 0) train::resume(out, {}, cb);
+  run::record(config, o, cb);
+  if (interrupt_at > 0) run::resume(out, {}, cb);
 }
 
 std::string today() {
@@ -85,7 +85,7 @@ std::vector<std::string> list_goldens(const std::string& golden_dir) {
 
 GoldenResult check_golden(const std::string& golden_dir, const std::string& name,
                           const std::vector<std::string>& overrides, const std::string& scratch_root,
-                          const train::RunCallbacks& cb) {
+                          const run::RunCallbacks& cb) {
   const stdfs::path dir = stdfs::path(golden_dir) / name;
   RETRACE_CHECK(stdfs::exists(dir / "golden.toml"), IoError, "no golden named ", name, " in ", golden_dir,
                 "; known: ", [&] {
@@ -93,7 +93,7 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
                   for (const auto& n : list_goldens(golden_dir)) s += (s.empty() ? "" : ", ") + n;
                   return s;
                 }());
-  train::Config config = train::load_config((dir / "config.toml").string(), overrides, train::ConfigSource::kRecorded);
+  train::Config config = train::load_config(run::config_path(dir.string()), overrides, train::ConfigSource::kRecorded);
   GoldenSpec spec = read_spec(golden_dir, name, config.amp.mode != "off");
   GoldenResult r;
   r.name = name;
@@ -101,10 +101,10 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
   fs::make_writable_dir(scratch_root);
   run_into(config, spec.interrupt_at, r.scratch_dir, cb);
 
-  trace::TraceReader golden = trace::TraceReader::open((dir / "trace.rtrace").string());
-  trace::TraceReader now = trace::TraceReader::open(train::trace_path(r.scratch_dir));
-  r.fingerprint_diffs = trace::numerics_differences(golden.header().fingerprint, now.header().fingerprint);
-  r.numerics = trace::numerics_fields(now.header().fingerprint);
+  trace::TraceReader golden = trace::TraceReader::open(run::trace_path(dir.string()));
+  trace::TraceReader now = trace::TraceReader::open(run::trace_path(r.scratch_dir));
+  r.fingerprint_diffs = records::numerics_differences(golden.header().fingerprint, now.header().fingerprint);
+  r.numerics = records::numerics_fields(now.header().fingerprint);
   r.mode = r.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
   r.tolerance = spec.tolerance;
   r.report = compare_steps(golden.steps(), now.steps(), r.mode, r.tolerance);
@@ -114,11 +114,11 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
 
 void update_golden(const std::string& golden_dir, const std::string& name, const std::string& reason,
                    const std::vector<std::string>& overrides, int64_t interrupt_at,
-                   const train::RunCallbacks& cb) {
+                   const run::RunCallbacks& cb) {
   RETRACE_CHECK(!reason.empty(), ConfigError, "golden update needs --reason \"why the golden trace changes\"");
   const stdfs::path dir = stdfs::path(golden_dir) / name;
-  const bool exists = stdfs::exists(dir / "config.toml");
-  train::Config config = exists ? train::load_config((dir / "config.toml").string(), overrides, train::ConfigSource::kRecorded)
+  const bool exists = stdfs::exists(run::config_path(dir.string()));
+  train::Config config = exists ? train::load_config(run::config_path(dir.string()), overrides, train::ConfigSource::kRecorded)
                                 : train::parse_config("", "built-in default", overrides);
   GoldenSpec spec;
   if (stdfs::exists(dir / "golden.toml")) spec = read_spec(golden_dir, name);
@@ -127,8 +127,8 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   const std::string scratch = (stdfs::temp_directory_path() / ("retrace-golden-" + name)).string();
   run_into(config, spec.interrupt_at, scratch, cb);
   fs::make_writable_dir(dir.string());
-  fs::write_file_atomic((dir / "trace.rtrace").string(), fs::read_file(train::trace_path(scratch)));
-  fs::write_file_atomic((dir / "config.toml").string(), fs::read_file((stdfs::path(scratch) / "config.toml").string()));
+  fs::write_file_atomic(run::trace_path(dir.string()), fs::read_file(run::trace_path(scratch)));
+  fs::write_file_atomic(run::config_path(dir.string()), fs::read_file(run::config_path(scratch)));
   std::ostringstream meta;
   meta << "# How `retrace golden check " << name << "` re-runs this golden trace; see golden/README.md.\n"
        << "interrupt_at = " << spec.interrupt_at << "\n\n"
@@ -137,7 +137,7 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
        << "[[history]]\ndate = " << toml::value<std::string>(today()) << "\nreason = "
        << toml::value<std::string>(reason) << "\n";
   fs::write_file_atomic((dir / "golden.toml").string(), meta.str());
-  train::remove_scratch_dir(scratch);
+  run::remove_scratch_dir(scratch);
 }
 
 }  // namespace retrace::replay

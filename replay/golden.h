@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "replay/compare.h"
-#include "train/run.h"
+#include "run/run.h"
 
 namespace retrace::replay {
 
@@ -35,7 +35,7 @@ struct GoldenResult {
   CompareMode mode = CompareMode::kBitwise;
   ToleranceRule tolerance;
   std::vector<std::string> fingerprint_diffs;
-  std::vector<trace::KeyValue> numerics;  // the numerics fields of the new run
+  std::vector<records::KeyValue> numerics;  // the numerics fields of the new run
   CompareReport report;
   std::string scratch_dir;
 };
@@ -44,11 +44,11 @@ std::vector<std::string> list_goldens(const std::string& golden_dir);
 // `overrides` and `inject` change the re-run (to show that a changed run fails the check).
 GoldenResult check_golden(const std::string& golden_dir, const std::string& name,
                           const std::vector<std::string>& overrides, const std::string& scratch_root,
-                          const train::RunCallbacks& callbacks);
+                          const run::RunCallbacks& callbacks);
 // Regenerates NAME (creating it from the built-in config plus `overrides` when it does not exist)
 // and records `reason`. ConfigError when reason is empty.
 void update_golden(const std::string& golden_dir, const std::string& name, const std::string& reason,
                    const std::vector<std::string>& overrides, int64_t interrupt_at,
-                   const train::RunCallbacks& callbacks);
+                   const run::RunCallbacks& callbacks);
 
 }  // namespace retrace::replay

@@ -11,7 +11,7 @@
 namespace retrace::replay {
 namespace {
 
-using trace::StepRecord;
+using records::StepRecord;
 
 // Geometry of one chart, in SVG user units (= CSS pixels at 100% zoom).
 constexpr double kWidth = 1100;
@@ -205,7 +205,7 @@ RunMarks run_marks(const std::map<uint64_t, const StepRecord*>& steps, const tra
                    const std::string& label) {
   RunMarks m;
   for (const auto& [s, r] : steps)
-    if (r->outcome == trace::Outcome::kSkip)
+    if (r->outcome == records::Outcome::kSkip)
       m.skips.push_back({s, label + ": SKIP at step " + std::to_string(s) +
                                 (r->skip_reason.empty() ? "" : " (" + r->skip_reason + ")")});
   for (const auto& e : reader.events()) {
@@ -493,7 +493,7 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     out << "<table><tr><th>step</th><th>a</th><th>b</th></tr>\n";
     for (size_t i = 0; i < r.skips.size() && i < kTableLimit; ++i) {
       const auto& s = r.skips[i];
-      auto text = [](trace::Outcome o, const std::string& reason) {
+      auto text = [](records::Outcome o, const std::string& reason) {
         return std::string(outcome_name(o)) + (reason.empty() ? "" : " (" + reason + ")");
       };
       out << "<tr>" << td(std::to_string(s.step), "num") << td(text(s.a, s.reason_a))
@@ -528,10 +528,10 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
            "<th>loss b</th></tr>\n";
     for (size_t i = 0; i < r.evals.size() && i < kTableLimit; ++i) {
       const auto& e = r.evals[i];
-      auto acc = [](const std::optional<trace::EvalRecord>& x) {
+      auto acc = [](const std::optional<records::EvalRecord>& x) {
         return x ? num(x->accuracy, "%.4f") : std::string("-");
       };
-      auto loss = [](const std::optional<trace::EvalRecord>& x) {
+      auto loss = [](const std::optional<records::EvalRecord>& x) {
         return x ? value_text(x->loss) : std::string("-");
       };
       const std::string d = e.a && e.b ? num(e.b->accuracy - e.a->accuracy, "%+.4f") : std::string("-");

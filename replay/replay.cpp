@@ -18,12 +18,12 @@ namespace retrace::replay {
 namespace stdfs = std::filesystem;
 
 ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
-                        const train::RunCallbacks& cb) {
+                        const run::RunCallbacks& cb) {
   ReplayResult res;
   std::string run_dir;
   if (stdfs::is_directory(run_or_trace)) {
     run_dir = run_or_trace;
-    res.recorded_trace = train::trace_path(run_dir);
+    res.recorded_trace = run::trace_path(run_dir);
   } else {
     res.recorded_trace = run_or_trace;
     run_dir = stdfs::path(run_or_trace).parent_path().string();
@@ -32,11 +32,11 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
                 "; pass a run directory or its trace.rtrace");
   trace::TraceReader recorded = trace::TraceReader::open(res.recorded_trace);
   if (auto w = recorded.tail_warning(); w && cb.on_message) cb.on_message("warning: " + *w);
-  const trace::TraceHeader& h = recorded.header();
+  const records::TraceHeader& h = recorded.header();
   train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
 
-  res.replay_dir = options.scratch_dir.empty() ? (stdfs::path(run_dir) / "replay").string() : options.scratch_dir;
-  train::LoopControl control;
+  res.replay_dir = options.scratch_dir.empty() ? run::replay_dir(run_dir) : options.scratch_dir;
+  run::LoopControl control;
   control.checkpoint_on_interrupt = false;
   // A crash fault is a process event, not a training event: the replay runs through it.
   for (const auto& f : train::parse_faults(config.faults.inject))
@@ -48,26 +48,26 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   if (stop < h.total_steps) control.interrupt_at = stop;
 
   if (!options.from_checkpoint) {
-    train::RecordOptions ro;
+    run::RecordOptions ro;
     ro.out_dir = res.replay_dir;
     ro.scratch = true;
     ro.force = options.force;
     ro.control = control;
-    train::record(config, ro, cb);
+    run::record(config, ro, cb);
   } else {
     // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
     // recorded trace cut at the checkpoint's position (so the hash chain continues).
-    const std::string src = (stdfs::path(train::checkpoint_root(run_dir)) / ckpt::step_dir_name(*options.from_checkpoint)).string();
+    const std::string src = (stdfs::path(run::checkpoint_root(run_dir)) / ckpt::step_dir_name(*options.from_checkpoint)).string();
     RETRACE_CHECK(stdfs::exists(src), IntegrityError, "no checkpoint for step ", *options.from_checkpoint, " in ",
-                  train::checkpoint_root(run_dir), "; list them with: ls ", train::checkpoint_root(run_dir));
+                  run::checkpoint_root(run_dir), "; list them with: ls ", run::checkpoint_root(run_dir));
     ckpt::Manifest m = ckpt::verify_checkpoint(src, std::nullopt);
     std::error_code ec;
-    train::claim_scratch_dir(res.replay_dir, options.force);
-    fs::make_writable_dir(train::checkpoint_root(res.replay_dir));
-    stdfs::copy(src, (stdfs::path(train::checkpoint_root(res.replay_dir)) / ckpt::step_dir_name(m.step)),
+    run::claim_scratch_dir(res.replay_dir, options.force);
+    fs::make_writable_dir(run::checkpoint_root(res.replay_dir));
+    stdfs::copy(src, (stdfs::path(run::checkpoint_root(res.replay_dir)) / ckpt::step_dir_name(m.step)),
                 stdfs::copy_options::recursive, ec);
     RETRACE_CHECK(!ec, IoError, "cannot copy ", src, " into ", res.replay_dir, ": ", ec.message());
-    fs::write_file_atomic((stdfs::path(res.replay_dir) / "config.toml").string(), h.config_toml);
+    fs::write_file_atomic(run::config_path(res.replay_dir), h.config_toml);
     {
       // Checked against the bytes present before anything is allocated: the position comes from
       // a file that may be hostile.
@@ -75,7 +75,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
                     " records trace position ", m.trace_position, " but ", res.recorded_trace, " has ",
                     recorded.valid_bytes(), " bytes of complete frames; the checkpoint does not belong to this trace");
       std::ifstream in(res.recorded_trace, std::ios::binary);
-      std::ofstream out(train::trace_path(res.replay_dir), std::ios::binary);
+      std::ofstream out(run::trace_path(res.replay_dir), std::ios::binary);
       std::vector<char> buf(m.trace_position);
       in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
       RETRACE_CHECK(static_cast<uint64_t>(in.gcount()) == m.trace_position, FormatError, res.recorded_trace,
@@ -83,22 +83,22 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
       out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
     }
     for (const auto& id : control.fired) {
-      std::ofstream fired((stdfs::path(res.replay_dir) / "faults.fired").string(), std::ios::app);
+      std::ofstream fired(run::fired_path(res.replay_dir), std::ios::app);
       fired << id << "\n";
     }
-    train::resume(res.replay_dir, control, cb);
+    run::resume(res.replay_dir, control, cb);
   }
 
-  trace::TraceReader replayed = trace::TraceReader::open(train::trace_path(res.replay_dir));
-  res.fingerprint_diffs = trace::numerics_differences(h.fingerprint, replayed.header().fingerprint);
+  trace::TraceReader replayed = trace::TraceReader::open(run::trace_path(res.replay_dir));
+  res.fingerprint_diffs = records::numerics_differences(h.fingerprint, replayed.header().fingerprint);
   if (options.bitwise) res.mode = CompareMode::kBitwise;
   else if (options.tolerance) res.mode = CompareMode::kTolerance;
   else res.mode = res.fingerprint_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
   if (options.tolerance) res.tolerance = *options.tolerance;
 
   uint64_t first = std::max<uint64_t>(options.first, options.from_checkpoint ? *options.from_checkpoint + 1 : 1);
-  auto in_range = [&](std::vector<trace::StepRecord> v) {
-    std::vector<trace::StepRecord> out;
+  auto in_range = [&](std::vector<records::StepRecord> v) {
+    std::vector<records::StepRecord> out;
     for (auto& r : v)
       if (r.step >= first && r.step <= stop) out.push_back(std::move(r));
     return out;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "replay/compare.h"
-#include "trace/records.h"
-#include "train/run.h"
+#include "records/records.h"
+#include "run/run.h"
 
 namespace retrace::replay {
 
@@ -32,14 +32,14 @@ struct ReplayResult {
   double tolerance = 1e-4;
   std::vector<std::string> fingerprint_diffs;  // empty when equal
   CompareReport report;
-  std::optional<trace::StepRecord> recorded_at_diff;  // context of the first difference
-  std::optional<trace::StepRecord> replayed_at_diff;
+  std::optional<records::StepRecord> recorded_at_diff;  // context of the first difference
+  std::optional<records::StepRecord> replayed_at_diff;
   bool verified() const { return report.compared > 0 && !report.first_diff && report.only_in_a == 0; }
 };
 
 // `run_or_trace` is a run directory or its trace.rtrace. IoError / FormatError for missing or
 // unreadable inputs; a divergence is a value in the result.
 ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
-                        const train::RunCallbacks& callbacks);
+                        const run::RunCallbacks& callbacks);
 
 }  // namespace retrace::replay

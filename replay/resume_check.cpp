@@ -9,7 +9,7 @@
 namespace retrace::replay {
 
 ResumeCheck check_resume(const train::Config& config, const std::string& out_dir, uint64_t interrupt_at,
-                         const train::RunCallbacks& cb, bool force) {
+                         const run::RunCallbacks& cb, bool force) {
   RETRACE_CHECK(interrupt_at > 0, ConfigError, "--interrupt-at must be at least 1");
   fs::make_writable_dir(out_dir);
   ResumeCheck r;
@@ -17,25 +17,25 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   r.resumed_dir = (std::filesystem::path(out_dir) / "resumed").string();
 
   auto say = [&](const std::string& m) { if (cb.on_message) cb.on_message(m); };
-  train::RecordOptions a;
+  run::RecordOptions a;
   a.out_dir = r.uninterrupted_dir;
   a.scratch = true;
   a.force = force;
   say("== uninterrupted run -> " + r.uninterrupted_dir);
-  train::record(config, a, cb);
+  run::record(config, a, cb);
 
-  train::RecordOptions b = a;
+  run::RecordOptions b = a;
   b.out_dir = r.resumed_dir;
   b.control.interrupt_at = interrupt_at;
   say("== run interrupted after step " + std::to_string(interrupt_at) + " -> " + r.resumed_dir);
-  train::RunSummary first = train::record(config, b, cb);
+  run::RunSummary first = run::record(config, b, cb);
   RETRACE_CHECK(first.interrupted, ConfigError, "--interrupt-at ", interrupt_at,
                 " is not before the last step ", first.last_step, ": nothing to resume");
   say("== resume " + r.resumed_dir);
-  train::resume(r.resumed_dir, {}, cb);
+  run::resume(r.resumed_dir, {}, cb);
 
-  auto sa = trace::TraceReader::open(train::trace_path(r.uninterrupted_dir)).steps();
-  auto sb = trace::TraceReader::open(train::trace_path(r.resumed_dir)).steps();
+  auto sa = trace::TraceReader::open(run::trace_path(r.uninterrupted_dir)).steps();
+  auto sb = trace::TraceReader::open(run::trace_path(r.resumed_dir)).steps();
   r.bitwise = compare_steps(sa, sb, CompareMode::kBitwise);
   r.verified = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0 &&
                r.bitwise.max_loss_diff < r.tolerance;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::data {
 
@@ -22,7 +22,7 @@ struct Split {
 struct Dataset {
   Split train;
   Split test;
-  std::vector<trace::FileInfo> files;  // what it was read from, with sha256
+  std::vector<records::FileInfo> files;  // what it was read from, with sha256
   std::string description;
   int64_t vocab_size = 0;  // classes of the targets (10 for Fashion-MNIST)
 };

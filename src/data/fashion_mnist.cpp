@@ -26,7 +26,7 @@ std::string find_file(const std::string& dir, const std::string& stem) {
                hint);
 }
 
-Split load_split(const std::string& dir, const std::string& prefix, std::vector<trace::FileInfo>& files) {
+Split load_split(const std::string& dir, const std::string& prefix, std::vector<records::FileInfo>& files) {
   std::string img_path = find_file(dir, prefix + "-images-idx3-ubyte");
   std::string lbl_path = find_file(dir, prefix + "-labels-idx1-ubyte");
   IdxArray img = read_idx_u8(img_path, 3);

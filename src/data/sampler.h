@@ -15,17 +15,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "rng/cursor.h"
+
 namespace retrace::data {
 
 enum class LastBatch { kDrop, kKeep };
 
-struct Cursor {
-  uint64_t epoch = 0;
-  uint64_t batch_in_epoch = 0;
-  bool operator==(const Cursor& o) const {
-    return epoch == o.epoch && batch_in_epoch == o.batch_in_epoch;
-  }
-};
+// The position in the data (rng/cursor.h): the sampler's whole state.
+using Cursor = rng::Cursor;
 
 class Sampler {
  public:

@@ -73,7 +73,7 @@ TextCorpus load_text_corpus(const std::string& path_or_dir, int64_t context, dou
     }
     if (!corpus.files.empty()) text.push_back('\n');
     text += bytes;
-    trace::FileInfo info;
+    records::FileInfo info;
     info.path = path.string();
     info.size = bytes.size();
     info.sha256 = sha256_hex(bytes.data(), bytes.size());

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::data {
 
@@ -34,7 +34,7 @@ struct TextCorpus {
   int64_t vocab_size = 0;
   std::vector<uint8_t> vocab;   // vocab[token] = byte, ascending
   int64_t characters = 0;       // bytes in the joined text, separators included
-  std::vector<trace::FileInfo> files;  // the files read, in order, with size and sha256
+  std::vector<records::FileInfo> files;  // the files read, in order, with size and sha256
 };
 
 // Throws IoError naming `path_or_dir` when it does not exist or a file cannot be read, and

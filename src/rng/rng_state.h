@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "data/sampler.h"
+#include "rng/cursor.h"
 #include "rng/philox.h"
 
 namespace retrace::rng {
@@ -35,7 +35,7 @@ struct RngState {
   uint64_t seed = 0;
   std::string cpu_generator;                  // torch CPU generator get_state() bytes
   std::vector<DeviceGeneratorState> cuda;     // one per visible CUDA device
-  data::Cursor cursor;
+  Cursor cursor;
   std::vector<NamedStream> streams;           // sorted by name
 
   std::string serialize() const;

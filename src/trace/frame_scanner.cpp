@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "trace/fd_io.h"
-#include "trace/le.h"
+#include "core/le.h"
 
 namespace retrace::trace {
 namespace {

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "core/error.h"
-#include "trace/le.h"
+#include "core/le.h"
 
 namespace retrace::trace {
 

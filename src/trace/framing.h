@@ -37,6 +37,12 @@
 
 namespace retrace::trace {
 
+// The event that starts each block of frames in a set-aside file (RUN/trace.set-aside.rtrace): the
+// step frames after it continue the chain of the trace they were moved from. A reader honours it
+// only in a file whose name ends with kSetAsideSuffix, so that it cannot hide a break in a trace.
+inline constexpr const char* kSetAsideEvent = "set-aside";
+inline constexpr const char* kSetAsideSuffix = ".set-aside.rtrace";
+
 inline constexpr char kFileMagic[6] = {'R', 'T', 'R', 'A', 'C', 'E'};
 inline constexpr uint16_t kFormatVersion = 1;
 inline constexpr size_t kFileHeaderSize = 16;

@@ -13,12 +13,12 @@ using nlohmann::json;
 // Digits enough to tell steps apart in a table; the JSON and CSV views carry the full digest.
 constexpr size_t kDigestPrefix = 12;
 
-double step_ms(const Timings& t) {
+double step_ms(const records::Timings& t) {
   return t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms + t.trace_ms;
 }
 
-std::string outcome_text(const StepRecord& r) {
-  return r.outcome == Outcome::kSkip ? "SKIP:" + r.skip_reason : std::string("STEP");
+std::string outcome_text(const records::StepRecord& r) {
+  return r.outcome == records::Outcome::kSkip ? "SKIP:" + r.skip_reason : std::string("STEP");
 }
 
 // Shortest text that reads back to the same double, so the CSV view loses nothing.
@@ -34,13 +34,13 @@ std::string fixed(const char* fmt, double v) {
   return buf;
 }
 
-uint64_t param_count(const ParamInfo& p) {
+uint64_t param_count(const records::ParamInfo& p) {
   uint64_t n = 1;
   for (int64_t d : p.shape) n *= static_cast<uint64_t>(d < 0 ? 0 : d);
   return n;
 }
 
-json header_json(const TraceHeader& h) {
+json header_json(const records::TraceHeader& h) {
   json j;
   j["schema"] = h.schema;
   j["retrace_version"] = h.retrace_version;
@@ -48,21 +48,21 @@ json header_json(const TraceHeader& h) {
   j["config_hash"] = h.config_hash;
   j["seed"] = h.seed;
   json fp = json::object();
-  for (const KeyValue& kv : h.fingerprint) fp[kv.key] = kv.value;
+  for (const records::KeyValue& kv : h.fingerprint) fp[kv.key] = kv.value;
   j["fingerprint"] = fp;
   j["model_description"] = h.model_description;
   json params = json::array();
-  for (const ParamInfo& p : h.params) {
+  for (const records::ParamInfo& p : h.params) {
     params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype}});
   }
   j["params"] = params;
   json files = json::array();
-  for (const FileInfo& f : h.data_files) {
+  for (const records::FileInfo& f : h.data_files) {
     files.push_back({{"path", f.path}, {"size", f.size}, {"sha256", f.sha256}});
   }
   j["data_files"] = files;
   json faults = json::array();
-  for (const Fault& f : h.faults) faults.push_back({{"kind", f.kind}, {"step", f.step}, {"arg", f.arg}});
+  for (const records::Fault& f : h.faults) faults.push_back({{"kind", f.kind}, {"step", f.step}, {"arg", f.arg}});
   j["faults"] = faults;
   j["total_steps"] = h.total_steps;
   j["effective_batch"] = h.effective_batch;
@@ -71,7 +71,7 @@ json header_json(const TraceHeader& h) {
   return j;
 }
 
-json step_json(const StepRecord& r) {
+json step_json(const records::StepRecord& r) {
   json j;
   j["step"] = r.step;
   j["epoch"] = r.epoch;
@@ -84,7 +84,7 @@ json step_json(const StepRecord& r) {
   j["grad_norm_post"] = r.grad_norm_post;
   j["lr"] = r.lr;
   j["loss_scale"] = r.loss_scale;
-  j["outcome"] = r.outcome == Outcome::kSkip ? "SKIP" : "STEP";
+  j["outcome"] = r.outcome == records::Outcome::kSkip ? "SKIP" : "STEP";
   j["skip_reason"] = r.skip_reason;
   j["param_digest"] = r.param_digest.hex();
   j["optim_digest"] = r.optim_digest.hex();
@@ -111,16 +111,16 @@ void print_json(const TraceReader& reader, uint64_t first, uint64_t last, std::o
   json j;
   j["header"] = header_json(reader.header());
   json steps = json::array();
-  for (const StepRecord& r : reader.steps(first, last)) steps.push_back(step_json(r));
+  for (const records::StepRecord& r : reader.steps(first, last)) steps.push_back(step_json(r));
   j["steps"] = steps;
   json evals = json::array();
-  for (const EvalRecord& e : reader.evals()) {
+  for (const records::EvalRecord& e : reader.evals()) {
     evals.push_back({{"step", e.step}, {"epoch", e.epoch}, {"samples", e.samples},
                      {"loss", e.loss}, {"accuracy", e.accuracy}});
   }
   j["evals"] = evals;
   json events = json::array();
-  for (const EventRecord& e : reader.events()) {
+  for (const records::EventRecord& e : reader.events()) {
     events.push_back({{"step", e.step}, {"kind", e.kind}, {"message", e.message}});
   }
   j["events"] = events;
@@ -156,11 +156,11 @@ void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::os
          "grad_norm_post,lr,loss_scale,outcome,skip_reason,param_digest,optim_digest,rng_digest,"
          "micro_batch_sizes,micro_losses,rank_grad_digests,content_digest,chain_digest,data_ms,"
          "forward_ms,backward_ms,optimizer_ms,trace_ms,allreduce_ms,allreduce_calls,allreduce_bytes\n";
-  for (const StepRecord& r : reader.steps(first, last)) {
+  for (const records::StepRecord& r : reader.steps(first, last)) {
     out << r.step << ',' << r.epoch << ',' << r.batch_in_epoch << ',' << r.batch_size << ','
         << r.sample_digest.hex() << ',' << number(r.loss) << ',' << r.loss_bits << ','
         << number(r.grad_norm_pre) << ',' << number(r.grad_norm_post) << ',' << number(r.lr)
-        << ',' << number(r.loss_scale) << ',' << (r.outcome == Outcome::kSkip ? "SKIP" : "STEP")
+        << ',' << number(r.loss_scale) << ',' << (r.outcome == records::Outcome::kSkip ? "SKIP" : "STEP")
         << ',' << csv_field(r.skip_reason) << ',' << r.param_digest.hex() << ','
         << r.optim_digest.hex() << ',' << r.rng_digest.hex() << ','
         << joined(r.micro_batch_sizes, [](uint32_t v) { return std::to_string(v); }) << ','
@@ -181,9 +181,9 @@ std::string cell(const std::string& s, size_t width, bool right) {
 }
 
 void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
-  const TraceHeader& h = reader.header();
+  const records::TraceHeader& h = reader.header();
   uint64_t numbers = 0;
-  for (const ParamInfo& p : h.params) numbers += param_count(p);
+  for (const records::ParamInfo& p : h.params) numbers += param_count(p);
   out << "trace        " << reader.path() << '\n'
       << "schema       " << h.schema << '\n'
       << "version      " << h.retrace_version << '\n'
@@ -196,14 +196,14 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
       << "total steps  " << h.total_steps << '\n'
       << "eff. batch   " << h.effective_batch << " (micro batch x accum steps x world size)\n";
   out << "fingerprint\n";
-  for (const KeyValue& kv : h.fingerprint) out << "  " << kv.key << '=' << kv.value << '\n';
+  for (const records::KeyValue& kv : h.fingerprint) out << "  " << kv.key << '=' << kv.value << '\n';
   out << "data files\n";
-  for (const FileInfo& f : h.data_files) {
+  for (const records::FileInfo& f : h.data_files) {
     out << "  " << f.path << " (" << f.size << " bytes, sha256 " << f.sha256 << ")\n";
   }
   out << "faults\n";
   if (h.faults.empty()) out << "  none\n";
-  for (const Fault& f : h.faults) {
+  for (const records::Fault& f : h.faults) {
     out << "  " << f.kind << " at step " << f.step << (f.arg.empty() ? "" : " (" + f.arg + ")")
         << '\n';
   }
@@ -230,24 +230,24 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
   std::vector<std::string> names;
   for (const Column& c : columns) names.push_back(c.name);
   row(names);
-  for (const StepRecord& r : reader.steps(first, last)) {
+  for (const records::StepRecord& r : reader.steps(first, last)) {
     row({std::to_string(r.step), std::to_string(r.epoch), std::to_string(r.batch_in_epoch),
          fixed("%.6f", r.loss), fixed("%.4g", r.grad_norm_pre), fixed("%.4g", r.grad_norm_post),
          fixed("%.4g", r.lr), fixed("%g", r.loss_scale), outcome_text(r),
          r.param_digest.hex().substr(0, kDigestPrefix),
          r.chain_digest.hex().substr(0, kDigestPrefix), fixed("%.2f", step_ms(r.timings))});
   }
-  std::vector<EvalRecord> evals = reader.evals();
+  std::vector<records::EvalRecord> evals = reader.evals();
   out << "\nevals\n";
   if (evals.empty()) out << "  none\n";
-  for (const EvalRecord& e : evals) {
+  for (const records::EvalRecord& e : evals) {
     out << "  step " << e.step << " epoch " << e.epoch << ": loss " << fixed("%.6f", e.loss)
         << ", accuracy " << fixed("%.4f", e.accuracy) << " over " << e.samples << " samples\n";
   }
-  std::vector<EventRecord> events = reader.events();
+  std::vector<records::EventRecord> events = reader.events();
   out << "\nevents\n";
   if (events.empty()) out << "  none\n";
-  for (const EventRecord& e : events) {
+  for (const records::EventRecord& e : events) {
     out << "  step " << e.step << ' ' << e.kind << ": " << e.message << '\n';
   }
 }

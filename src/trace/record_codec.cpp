@@ -52,7 +52,7 @@ auto parse_root(const uint64_t* words, size_t n_words, const std::string& where,
 
 }  // namespace
 
-void serialize_header(const TraceHeader& h, std::string& out) {
+void serialize_header(const records::TraceHeader& h, std::string& out) {
   capnp::MallocMessageBuilder builder(kFirstSegmentWords);
   auto b = builder.initRoot<wire::Header>();
   b.setSchema(text(h.schema));
@@ -92,7 +92,7 @@ void serialize_header(const TraceHeader& h, std::string& out) {
   flatten(builder, out);
 }
 
-void serialize_step(const StepRecord& r, std::string& out) {
+void serialize_step(const records::StepRecord& r, std::string& out) {
   capnp::MallocMessageBuilder builder(kFirstSegmentWords);
   auto b = builder.initRoot<wire::Step>();
   b.setStep(r.step);
@@ -106,7 +106,7 @@ void serialize_step(const StepRecord& r, std::string& out) {
   b.setGradNormPost(r.grad_norm_post);
   b.setLr(r.lr);
   b.setLossScale(r.loss_scale);
-  b.setOutcome(r.outcome == Outcome::kSkip ? wire::Outcome::SKIP : wire::Outcome::STEP);
+  b.setOutcome(r.outcome == records::Outcome::kSkip ? wire::Outcome::SKIP : wire::Outcome::STEP);
   b.setSkipReason(text(r.skip_reason));
   set_digest(b.initParamDigest(), r.param_digest);
   set_digest(b.initOptimDigest(), r.optim_digest);
@@ -131,7 +131,7 @@ void serialize_step(const StepRecord& r, std::string& out) {
   flatten(builder, out);
 }
 
-void serialize_eval(const EvalRecord& r, std::string& out) {
+void serialize_eval(const records::EvalRecord& r, std::string& out) {
   capnp::MallocMessageBuilder builder(kFirstSegmentWords);
   auto b = builder.initRoot<wire::Eval>();
   b.setStep(r.step);
@@ -142,7 +142,7 @@ void serialize_eval(const EvalRecord& r, std::string& out) {
   flatten(builder, out);
 }
 
-void serialize_event(const EventRecord& r, std::string& out) {
+void serialize_event(const records::EventRecord& r, std::string& out) {
   capnp::MallocMessageBuilder builder(kFirstSegmentWords);
   auto b = builder.initRoot<wire::Event>();
   b.setStep(r.step);
@@ -151,9 +151,9 @@ void serialize_event(const EventRecord& r, std::string& out) {
   flatten(builder, out);
 }
 
-TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::string& where) {
+records::TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::string& where) {
   return parse_root<wire::Header>(words, n_words, where, [](wire::Header::Reader b) {
-    TraceHeader h;
+    records::TraceHeader h;
     h.schema = str(b.getSchema());
     h.retrace_version = str(b.getRetraceVersion());
     h.config_toml = str(b.getConfigToml());
@@ -162,7 +162,7 @@ TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::strin
     for (auto kv : b.getFingerprint()) h.fingerprint.push_back({str(kv.getKey()), str(kv.getValue())});
     h.model_description = str(b.getModelDescription());
     for (auto p : b.getParams()) {
-      ParamInfo info;
+      records::ParamInfo info;
       info.name = str(p.getName());
       for (int64_t d : p.getShape()) info.shape.push_back(d);
       info.dtype = str(p.getDtype());
@@ -178,9 +178,9 @@ TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::strin
   });
 }
 
-StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& where) {
+records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& where) {
   return parse_root<wire::Step>(words, n_words, where, [&where](wire::Step::Reader b) {
-    StepRecord r;
+    records::StepRecord r;
     r.step = b.getStep();
     r.epoch = b.getEpoch();
     r.batch_in_epoch = b.getBatchInEpoch();
@@ -196,7 +196,7 @@ StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& 
     RETRACE_CHECK(outcome == wire::Outcome::STEP || outcome == wire::Outcome::SKIP, FormatError,
                   where, " has step outcome ", static_cast<int>(outcome),
                   ", which this binary does not know; read it with the retrace that wrote it");
-    r.outcome = outcome == wire::Outcome::SKIP ? Outcome::kSkip : Outcome::kStep;
+    r.outcome = outcome == wire::Outcome::SKIP ? records::Outcome::kSkip : records::Outcome::kStep;
     r.skip_reason = str(b.getSkipReason());
     r.param_digest = get_digest(b.getParamDigest());
     r.optim_digest = get_digest(b.getOptimDigest());
@@ -219,9 +219,9 @@ StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& 
   });
 }
 
-EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std::string& where) {
+records::EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std::string& where) {
   return parse_root<wire::Eval>(words, n_words, where, [](wire::Eval::Reader b) {
-    EvalRecord r;
+    records::EvalRecord r;
     r.step = b.getStep();
     r.epoch = b.getEpoch();
     r.samples = b.getSamples();
@@ -231,9 +231,9 @@ EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std::string& 
   });
 }
 
-EventRecord parse_event(const uint64_t* words, size_t n_words, const std::string& where) {
+records::EventRecord parse_event(const uint64_t* words, size_t n_words, const std::string& where) {
   return parse_root<wire::Event>(words, n_words, where, [](wire::Event::Reader b) {
-    EventRecord r;
+    records::EventRecord r;
     r.step = b.getStep();
     r.kind = str(b.getKind());
     r.message = str(b.getMessage());

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::trace {
 
@@ -23,15 +23,15 @@ inline constexpr uint64_t kTraversalSlackWords = 1024;
 inline constexpr int kNestingLimit = 16;
 
 // Replace the contents of `out` with the serialized message.
-void serialize_header(const TraceHeader& h, std::string& out);
-void serialize_step(const StepRecord& r, std::string& out);
-void serialize_eval(const EvalRecord& r, std::string& out);
-void serialize_event(const EventRecord& r, std::string& out);
+void serialize_header(const records::TraceHeader& h, std::string& out);
+void serialize_step(const records::StepRecord& r, std::string& out);
+void serialize_eval(const records::EvalRecord& r, std::string& out);
+void serialize_event(const records::EventRecord& r, std::string& out);
 
 // `words` must be 8-byte aligned and hold n_words 64-bit words.
-TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::string& where);
-StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& where);
-EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std::string& where);
-EventRecord parse_event(const uint64_t* words, size_t n_words, const std::string& where);
+records::TraceHeader parse_header(const uint64_t* words, size_t n_words, const std::string& where);
+records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std::string& where);
+records::EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std::string& where);
+records::EventRecord parse_event(const uint64_t* words, size_t n_words, const std::string& where);
 
 }  // namespace retrace::trace

@@ -84,8 +84,8 @@ TraceReader TraceReader::open(const std::string& path) {
 
   r.load(r.index_[0]);
   r.header_ = parse_header(r.words_.data(), r.words_.size(), r.where(r.index_[0]));
-  RETRACE_CHECK(r.header_.schema == kTraceSchema, FormatError, "trace ", path, " has schema \"",
-                r.header_.schema, "\" but this binary reads \"", kTraceSchema,
+  RETRACE_CHECK(r.header_.schema == records::kTraceSchema, FormatError, "trace ", path, " has schema \"",
+                r.header_.schema, "\" but this binary reads \"", records::kTraceSchema,
                 "\"; it was probably written by a newer retrace: read it with that version");
 
   for (size_t i = 0; i < r.index_.size(); ++i) {
@@ -115,8 +115,8 @@ std::optional<std::pair<uint64_t, std::string>> TraceReader::find_chain_break() 
       block_start = block_start || parse_event(words_.data(), words_.size(), where(e)).kind == kSetAsideEvent;
     }
     if (e.kind != FrameKind::kStep) continue;
-    StepRecord r = load_step(e);
-    const Digest128 content = content_digest(r);
+    records::StepRecord r = load_step(e);
+    const Digest128 content = records::content_digest(r);
     if (content != r.content_digest)
       return std::make_pair(
           r.step, detail::concat("trace chain broken at step ", r.step, ": ", where(e),
@@ -128,7 +128,7 @@ std::optional<std::pair<uint64_t, std::string>> TraceReader::find_chain_break() 
       block_start = false;
       continue;
     }
-    const Digest128 expected = chain_digest(chain, content);
+    const Digest128 expected = records::chain_digest(chain, content);
     if (expected != r.chain_digest)
       return std::make_pair(
           r.step, detail::concat("trace chain broken at step ", r.step, ": ", where(e),
@@ -170,23 +170,23 @@ void TraceReader::load(const FrameIndexEntry& e) const {
                 " bytes but its header says ", e.raw_len);
 }
 
-StepRecord TraceReader::load_step(const FrameIndexEntry& e) const {
+records::StepRecord TraceReader::load_step(const FrameIndexEntry& e) const {
   load(e);
-  StepRecord r = parse_step(words_.data(), words_.size(), where(e));
+  records::StepRecord r = parse_step(words_.data(), words_.size(), where(e));
   RETRACE_CHECK(r.step == e.step, FormatError, where(e), " holds a record of step ", r.step,
                 "; the frame header and the record disagree");
   return r;
 }
 
-std::vector<StepRecord> TraceReader::steps(uint64_t first, uint64_t last) const {
-  std::vector<StepRecord> out;
+std::vector<records::StepRecord> TraceReader::steps(uint64_t first, uint64_t last) const {
+  std::vector<records::StepRecord> out;
   for (const FrameIndexEntry& e : index_) {
     if (e.kind == FrameKind::kStep && e.step >= first && e.step <= last) out.push_back(load_step(e));
   }
   return out;
 }
 
-std::optional<StepRecord> TraceReader::step(uint64_t n) const {
+std::optional<records::StepRecord> TraceReader::step(uint64_t n) const {
   // The last entry with this step number is the frame written last.
   auto it = std::upper_bound(by_step_.begin(), by_step_.end(),
                              std::make_pair(n, std::numeric_limits<size_t>::max()));
@@ -194,8 +194,8 @@ std::optional<StepRecord> TraceReader::step(uint64_t n) const {
   return load_step(index_[std::prev(it)->second]);
 }
 
-std::vector<EvalRecord> TraceReader::evals() const {
-  std::vector<EvalRecord> out;
+std::vector<records::EvalRecord> TraceReader::evals() const {
+  std::vector<records::EvalRecord> out;
   for (const FrameIndexEntry& e : index_) {
     if (e.kind != FrameKind::kEval) continue;
     load(e);
@@ -204,8 +204,8 @@ std::vector<EvalRecord> TraceReader::evals() const {
   return out;
 }
 
-std::vector<EventRecord> TraceReader::events() const {
-  std::vector<EventRecord> out;
+std::vector<records::EventRecord> TraceReader::events() const {
+  std::vector<records::EventRecord> out;
   for (const FrameIndexEntry& e : index_) {
     if (e.kind != FrameKind::kEvent) continue;
     load(e);

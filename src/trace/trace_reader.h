@@ -27,7 +27,7 @@
 
 #include "trace/fd_io.h"
 #include "trace/framing.h"
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::trace {
 
@@ -50,7 +50,7 @@ class TraceReader {
   ~TraceReader();
 
   const std::string& path() const { return path_; }
-  const TraceHeader& header() const { return header_; }
+  const records::TraceHeader& header() const { return header_; }
   // Every complete frame in file order, the header frame first.
   const std::vector<FrameIndexEntry>& index() const { return index_; }
   // Offset just after the last complete frame.
@@ -60,11 +60,11 @@ class TraceReader {
 
   // Step frames with first <= step <= last, in file order (after a rollback or resume a step
   // number may appear more than once).
-  std::vector<StepRecord> steps(uint64_t first = 0, uint64_t last = UINT64_MAX) const;
+  std::vector<records::StepRecord> steps(uint64_t first = 0, uint64_t last = UINT64_MAX) const;
   // The step frame with this number, found by binary search; the later frame when there are two.
-  std::optional<StepRecord> step(uint64_t n) const;
-  std::vector<EvalRecord> evals() const;
-  std::vector<EventRecord> events() const;
+  std::optional<records::StepRecord> step(uint64_t n) const;
+  std::vector<records::EvalRecord> evals() const;
+  std::vector<records::EventRecord> events() const;
 
   // The chain digest in force at file offset `offset` when it is a frame boundary (the offset of a
   // frame, or valid_bytes()): that of the last step frame before it, Digest128{0, 0} when there is
@@ -81,14 +81,14 @@ class TraceReader {
   // Decompresses the payload of one indexed frame into words_ (re-checking its checksum).
   void load(const FrameIndexEntry& e) const;
   std::string where(const FrameIndexEntry& e) const;
-  StepRecord load_step(const FrameIndexEntry& e) const;
+  records::StepRecord load_step(const FrameIndexEntry& e) const;
   void check_chain() const;
   // The first step whose content or chain digest does not check, with the message that says why.
   std::optional<std::pair<uint64_t, std::string>> find_chain_break() const;
 
   std::string path_;
   UniqueFd fd_;
-  TraceHeader header_;
+  records::TraceHeader header_;
   std::vector<FrameIndexEntry> index_;
   // (step, position in index_) of every step frame, sorted by step, then by position.
   std::vector<std::pair<uint64_t, size_t>> by_step_;

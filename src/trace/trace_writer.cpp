@@ -72,7 +72,7 @@ TraceWriter::~TraceWriter() {
   if (cctx_ != nullptr) ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_));
 }
 
-TraceWriter TraceWriter::create(const std::string& path, const TraceHeader& header,
+TraceWriter TraceWriter::create(const std::string& path, const records::TraceHeader& header,
                                 int zstd_level) {
   int raw_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (raw_fd < 0 && errno == EEXIST) {
@@ -148,7 +148,7 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
       // Each block of set-aside frames starts with an event that says where it came from; the
       // chain of its first step frame continues the original trace's, not this file's.
       std::string raw;
-      serialize_event(EventRecord{last_step, std::string(kSetAsideEvent),
+      serialize_event(records::EventRecord{last_step, std::string(kSetAsideEvent),
                                   detail::concat("frames after offset ", keep_bytes, " of ", path,
                                                  ", set aside when the run resumed from step ", last_step)},
                       raw);
@@ -171,21 +171,21 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
   return w;
 }
 
-void TraceWriter::append_step(StepRecord& r) {
-  r.content_digest = content_digest(r);
-  r.chain_digest = chain_digest(last_chain_, r.content_digest);
+void TraceWriter::append_step(records::StepRecord& r) {
+  r.content_digest = records::content_digest(r);
+  r.chain_digest = records::chain_digest(last_chain_, r.content_digest);
   serialize_step(r, raw_);
   append_frame(static_cast<uint8_t>(FrameKind::kStep), r.step);
   last_chain_ = r.chain_digest;
   last_step_ = r.step;
 }
 
-void TraceWriter::append_eval(const EvalRecord& r) {
+void TraceWriter::append_eval(const records::EvalRecord& r) {
   serialize_eval(r, raw_);
   append_frame(static_cast<uint8_t>(FrameKind::kEval), r.step);
 }
 
-void TraceWriter::append_event(const EventRecord& r) {
+void TraceWriter::append_event(const records::EventRecord& r) {
   serialize_event(r, raw_);
   append_frame(static_cast<uint8_t>(FrameKind::kEvent), r.step);
 }

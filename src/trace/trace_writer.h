@@ -7,7 +7,7 @@
 // flush() exists for symmetry and is a no-op: nothing is buffered in user space.
 //
 // Step frames are hash-chained: append_step() fills the record's content_digest (see
-// content_digest() in records.h) and its chain_digest = chain_digest(previous step's chain,
+// records::content_digest() in records.h) and its chain_digest = records::chain_digest(previous step's chain,
 // content), starting from Digest128{0, 0} in a new trace and from the given chain on resume.
 // Evals and events are not part of the chain.
 //
@@ -21,7 +21,7 @@
 
 #include "core/digest.h"
 #include "trace/fd_io.h"
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::trace {
 
@@ -29,7 +29,7 @@ class TraceWriter {
  public:
   // Creates a new trace at `path` (never overwrites: an existing file is an IoError) and writes
   // the file header and the header frame. zstd_level is any level zstd accepts (1..19 typical).
-  static TraceWriter create(const std::string& path, const TraceHeader& header, int zstd_level);
+  static TraceWriter create(const std::string& path, const records::TraceHeader& header, int zstd_level);
 
   // Reopens a trace to continue a run from a checkpoint. `keep_bytes` is the checkpoint's trace
   // position (bytes_written() when it was taken), `chain` and `last_step` the writer's state then.
@@ -49,9 +49,9 @@ class TraceWriter {
   ~TraceWriter();
 
   // Fills r.content_digest and r.chain_digest, then writes the step frame.
-  void append_step(StepRecord& r);
-  void append_eval(const EvalRecord& r);
-  void append_event(const EventRecord& r);
+  void append_step(records::StepRecord& r);
+  void append_eval(const records::EvalRecord& r);
+  void append_event(const records::EventRecord& r);
 
   // Size of the file = offset at which the next frame begins (a checkpoint stores this).
   uint64_t bytes_written() const { return bytes_written_; }

@@ -430,4 +430,34 @@ std::string describe_keys() {
   return out.str();
 }
 
+namespace {
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+}  // namespace
+
+std::map<std::string, std::string> config_entries(const std::string& toml_text) {
+  std::map<std::string, std::string> out;
+  std::string section;
+  std::istringstream in(toml_text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::string t = trimmed(line);
+    if (t.empty() || t[0] == '#') continue;
+    if (t.front() == '[' && t.back() == ']') {
+      // "[[x]]" (arrays of tables) does not occur in resolved configs; treated like "[x]".
+      section =
+          trimmed(t.substr(t.find_first_not_of('['), t.find_last_not_of(']') - t.find_first_not_of('[') + 1));
+      continue;
+    }
+    auto eq = t.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    std::string key = trimmed(t.substr(0, eq));
+    out[section.empty() ? key : section + "." + key] = trimmed(t.substr(eq + 1));
+  }
+  return out;
+}
+
 }  // namespace retrace::train

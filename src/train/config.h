@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -137,6 +138,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // later while it holds its legacy value (see ConfigSource), which is left out so that the text,
 // and the config hash in checkpoints, stay what older binaries wrote.
 std::string to_toml(const Config& c);
+// The entries of a resolved config as to_toml writes it (lines "key = value" under "[section]"
+// lines, '#' comments) by dotted key; values are kept as written, trimmed. Lines that are neither
+// are ignored. The diff compares configs of two traces with it.
+std::map<std::string, std::string> config_entries(const std::string& toml_text);
 // One line per key: name, type, default, choices, meaning.
 std::string describe_keys();
 

@@ -149,15 +149,15 @@ void apply_environment(const RuntimeConfig& runtime) {
   compat::set_deterministic(runtime.deterministic);
 }
 
-std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size) {
+std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size) {
   const Numerics numerics = parse_numerics(runtime.numerics);
   const CpuFeatures cpu = detect_cpu_features();
   std::string cpu_flags;
   for (const auto& f : cpu.flags) cpu_flags += (cpu_flags.empty() ? "" : ",") + f;
-  std::vector<trace::KeyValue> f;
+  std::vector<records::KeyValue> f;
   auto add = [&](std::string k, std::string v) { f.push_back({std::move(k), std::move(v)}); };
   // Numerics fields: everything that changes bits. Two runs promise equal bits only when these
-  // are all equal (trace::numerics_differences compares them and nothing else).
+  // are all equal (records::numerics_differences compares them and nothing else).
   add("retrace_version", retrace_version());
   add("numerics", numerics_name(numerics));
   add("libtorch_version", compat::libtorch_version());

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/records.h"
+#include "records/records.h"
 #include "train/config.h"
 
 namespace retrace::train {
@@ -34,11 +34,11 @@ void apply_environment(const RuntimeConfig& runtime);
 // the CPU features that steer kernel choice) and information fields, whose keys start with
 // "info." (host, CPU model and features, cores, allocator, the environment variables that were
 // set and which of them retrace set): those never make two fingerprints unequal for comparison
-// (trace::numerics_differences).
+// (records::numerics_differences).
 //
 // Under portable numerics: apply_environment refuses to start unless the pins are in force
 // (prepare_process), turns oneDNN off, and resolve_threads gives fixed thread counts.
-std::vector<trace::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size);
+std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size);
 
 // One line for the run's output: the numerics profile, what it pins, what the environment set.
 std::string numerics_summary(const RuntimeConfig& runtime);

@@ -6,8 +6,8 @@
 
 namespace retrace::train {
 
-std::vector<trace::Fault> parse_faults(const std::string& spec) {
-  std::vector<trace::Fault> out;
+std::vector<records::Fault> parse_faults(const std::string& spec) {
+  std::vector<records::Fault> out;
   std::stringstream in(spec);
   std::string item;
   const char* kinds = "nan-loss, inf-grad, spike, crash, perturb-param";
@@ -16,7 +16,7 @@ std::vector<trace::Fault> parse_faults(const std::string& spec) {
     auto at = item.find('@');
     RETRACE_CHECK(at != std::string::npos && at > 0, ConfigError, "bad fault \"", item,
                   "\": expected KIND@STEP[:ARG] with KIND one of ", kinds);
-    trace::Fault f;
+    records::Fault f;
     f.kind = item.substr(0, at);
     std::string rest = item.substr(at + 1);
     auto colon = rest.find(':');

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::train {
 
 // Parses a comma-separated list; ConfigError naming the bad item and the valid kinds.
-std::vector<trace::Fault> parse_faults(const std::string& spec);
+std::vector<records::Fault> parse_faults(const std::string& spec);
 
 }  // namespace retrace::train

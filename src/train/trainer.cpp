@@ -174,8 +174,8 @@ void Trainer::apply_perturbation(uint64_t step) {
   }
 }
 
-trace::StepRecord Trainer::run_step(bool with_digests) {
-  trace::StepRecord rec;
+records::StepRecord Trainer::run_step(bool with_digests) {
+  records::StepRecord rec;
   auto t0 = Clock::now();
   while (skip_batches_.count({cursor_.epoch, cursor_.batch_in_epoch})) cursor_ = sampler_.next(cursor_);
   const std::vector<int64_t> idx = sampler_.batch(cursor_);
@@ -224,7 +224,7 @@ trace::StepRecord Trainer::run_step(bool with_digests) {
   std::memcpy(&rec.loss_bits, &r.loss, sizeof r.loss);
   rec.grad_norm_pre = r.grad_norm_pre;
   rec.grad_norm_post = r.grad_norm_post;
-  rec.outcome = r.skipped ? trace::Outcome::kSkip : trace::Outcome::kStep;
+  rec.outcome = r.skipped ? records::Outcome::kSkip : records::Outcome::kStep;
   rec.skip_reason = r.skip_reason;
   rec.micro_batch_sizes = r.micro_sizes;
   rec.micro_losses = r.micro_losses;
@@ -256,7 +256,7 @@ std::vector<std::pair<std::string, std::string>> Trainer::take_events() {
   return out;
 }
 
-trace::EvalRecord Trainer::evaluate() {
+records::EvalRecord Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   model_.module->eval();
   const auto& test = data_.test;
@@ -278,7 +278,7 @@ trace::EvalRecord Trainer::evaluate() {
     items += targets.numel();
   }
   model_.module->train();
-  trace::EvalRecord e;
+  records::EvalRecord e;
   e.step = step_;
   e.epoch = cursor_.batch_in_epoch == 0 && cursor_.epoch > 0 ? cursor_.epoch - 1 : cursor_.epoch;
   e.samples = static_cast<uint64_t>(n);
@@ -311,10 +311,10 @@ Digest128 Trainer::rng_digest() const {
   return xxh3_128(bytes.data(), bytes.size());
 }
 
-std::vector<trace::ParamInfo> Trainer::param_info() const {
-  std::vector<trace::ParamInfo> out;
+std::vector<records::ParamInfo> Trainer::param_info() const {
+  std::vector<records::ParamInfo> out;
   for (const auto& [name, t] : model_state()) {
-    trace::ParamInfo p;
+    records::ParamInfo p;
     p.name = name;
     p.shape.assign(t.sizes().begin(), t.sizes().end());
     p.dtype = std::string(c10::toString(t.scalar_type()));

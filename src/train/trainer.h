@@ -19,7 +19,7 @@
 #include "model/gpt.h"
 #include "model/model.h"
 #include "rng/rng_state.h"
-#include "trace/records.h"
+#include "records/records.h"
 #include "train/config.h"
 #include "train/guards.h"
 #include "train/loss_scaler.h"
@@ -43,9 +43,9 @@ class Trainer {
 
   // Runs the step at the current cursor (skipping batches set aside by a rollback) and advances.
   // Fills every StepRecord field except the trace writer's digests and timings.trace_ms.
-  trace::StepRecord run_step(bool with_digests);
+  records::StepRecord run_step(bool with_digests);
   // Evaluates on the test split (eval mode, no gradients, no RNG draws).
-  trace::EvalRecord evaluate();
+  records::EvalRecord evaluate();
   // Messages for the trace (kind, text) produced since the last call: guard warnings, faults.
   std::vector<std::pair<std::string, std::string>> take_events();
 
@@ -69,7 +69,7 @@ class Trainer {
   Digest128 param_digest() const;
   Digest128 optimizer_digest();
   Digest128 rng_digest() const;
-  std::vector<trace::ParamInfo> param_info() const;
+  std::vector<records::ParamInfo> param_info() const;
 
   // State of the step's policies (scaler, guards, fired faults, batches set aside) as strings.
   std::map<std::string, std::string> policy_state() const;
@@ -109,7 +109,7 @@ class Trainer {
   LossScaler scaler_;
   SkipRateGuard skip_guard_;
   SpikeGuard spike_guard_;
-  std::vector<trace::Fault> faults_;
+  std::vector<records::Fault> faults_;
   std::set<std::string> fired_;
   std::set<std::pair<uint64_t, uint64_t>> skip_batches_;  // (epoch, batch_in_epoch)
   std::vector<std::pair<std::string, std::string>> events_;

@@ -17,7 +17,7 @@ namespace {
 
 using testing::run_binary;
 
-std::vector<trace::StepRecord> steps_of(const std::string& run_dir) {
+std::vector<records::StepRecord> steps_of(const std::string& run_dir) {
   return trace::TraceReader::open(run_dir + "/trace.rtrace").steps();
 }
 

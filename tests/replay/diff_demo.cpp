@@ -38,10 +38,10 @@ int main(int argc, char** argv) {
   for (uint64_t s = at(120); s <= n; ++s) {
     auto& r = steps_b[s - 1];
     const double k = static_cast<double>(s - at(120) + 1) * 200.0 / static_cast<double>(n);
-    if (r.outcome == trace::Outcome::kStep) testing::set_loss(r, r.loss + 0.002 * k);
+    if (r.outcome == records::Outcome::kStep) testing::set_loss(r, r.loss + 0.002 * k);
     r.grad_norm_pre *= 1.0 + 0.004 * k;
   }
-  std::vector<trace::EvalRecord> evals_a, evals_b;
+  std::vector<records::EvalRecord> evals_a, evals_b;
   for (uint64_t s = at(50); s <= n; s += at(50)) {
     const double f = static_cast<double>(s) / static_cast<double>(n);
     const bool after = s > at(120);

@@ -117,14 +117,6 @@ TEST(Diff, ConfigDifferencesListKeysWithSections) {
   EXPECT_NE(text.find("(absent)"), std::string::npos) << text;
 }
 
-TEST(Diff, FlattenConfigTracksSections) {
-  const auto m = flatten_config("# c\ntop = 1\n[a]\nx = \"v = w\"\n[a.b]\n y=2 \n\nnot a key\n");
-  EXPECT_EQ(m.size(), 3u);
-  EXPECT_EQ(m.at("top"), "1");
-  EXPECT_EQ(m.at("a.x"), "\"v = w\"");
-  EXPECT_EQ(m.at("a.b.y"), "2");
-}
-
 TEST(Diff, FingerprintDifferencesIgnoreInfoKeys) {
   Pair p;
   auto hb = demo_header();
@@ -153,7 +145,7 @@ TEST(Diff, FingerprintDifferencesIgnoreInfoKeys) {
 }
 
 TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
-  using trace::is_numerics_key;
+  using records::is_numerics_key;
   EXPECT_TRUE(is_numerics_key("blas_core"));
   EXPECT_TRUE(is_numerics_key("numerics"));
   EXPECT_TRUE(is_numerics_key("cpu_features"));  // native numerics: the features steer kernel choice
@@ -164,9 +156,9 @@ TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
   EXPECT_FALSE(is_numerics_key("cuda_device_count"));
   EXPECT_FALSE(is_numerics_key("env.OPENBLAS_CORETYPE"));
 
-  const std::vector<trace::KeyValue> a = {{"numerics", "portable"}, {"blas_core", "Haswell"}, {"blas_threads", "2"},
+  const std::vector<records::KeyValue> a = {{"numerics", "portable"}, {"blas_core", "Haswell"}, {"blas_threads", "2"},
                                           {"info.env.OPENBLAS_L2_SIZE", ""}, {"info.host", "a"}};
-  std::vector<trace::KeyValue> b = a;
+  std::vector<records::KeyValue> b = a;
   b[3].value = "256";  // information only
   b[4].value = "b";
   EXPECT_TRUE(diff_fingerprints(a, b).empty());
@@ -176,8 +168,8 @@ TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
   ASSERT_EQ(d.size(), 2u);
   EXPECT_EQ(d[0].key, "blas_core");
   EXPECT_EQ(d[1].key, "blas_threads");
-  EXPECT_EQ(trace::numerics_fields(a).size(), 3u);
-  EXPECT_EQ(trace::numerics_differences(a, b), (std::vector<std::string>{"blas_core", "blas_threads"}));
+  EXPECT_EQ(records::numerics_fields(a).size(), 3u);
+  EXPECT_EQ(records::numerics_differences(a, b), (std::vector<std::string>{"blas_core", "blas_threads"}));
 }
 
 TEST(Compare, CrossNumericsRuleIsTightEarlyLooserLateAndExactOnTheSchedule) {
@@ -237,8 +229,8 @@ TEST(Diff, SkipDifferencesCarryReasons) {
   const DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
   ASSERT_EQ(r.skips.size(), 1u);
   EXPECT_EQ(r.skips[0].step, 10u);
-  EXPECT_EQ(r.skips[0].a, trace::Outcome::kStep);
-  EXPECT_EQ(r.skips[0].b, trace::Outcome::kSkip);
+  EXPECT_EQ(r.skips[0].a, records::Outcome::kStep);
+  EXPECT_EQ(r.skips[0].b, records::Outcome::kSkip);
   EXPECT_EQ(r.skips[0].reason_b, "non_finite_loss");
   EXPECT_EQ(r.first_by_field.at("outcome").step, 10u);
   EXPECT_NE(render_text(r).find("SKIP non_finite_loss"), std::string::npos) << render_text(r);

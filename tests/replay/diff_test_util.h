@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "trace/records.h"
+#include "records/records.h"
 #include "trace/trace_writer.h"
 
 namespace retrace::replay::testing {
 
-inline trace::TraceHeader demo_header() {
-  trace::TraceHeader h;
+inline records::TraceHeader demo_header() {
+  records::TraceHeader h;
   h.retrace_version = "0.1.0";
   h.config_toml =
       "[run]\nseed = 7\nsteps = 200\n\n[optim]\nname = \"adamw\"\nlr = 0.001\n\n[model]\nhidden = [128]\n";
@@ -30,8 +30,8 @@ inline trace::TraceHeader demo_header() {
 }
 
 // A decaying, slightly wiggly loss; every digest is a function of the step.
-inline trace::StepRecord demo_step(uint64_t n) {
-  trace::StepRecord r;
+inline records::StepRecord demo_step(uint64_t n) {
+  records::StepRecord r;
   r.step = n;
   r.epoch = n / 50;
   r.batch_in_epoch = n % 50;
@@ -53,24 +53,24 @@ inline trace::StepRecord demo_step(uint64_t n) {
   return r;
 }
 
-inline void set_loss(trace::StepRecord& r, double loss) {
+inline void set_loss(records::StepRecord& r, double loss) {
   r.loss = loss;
   const float f = static_cast<float>(loss);
   std::memcpy(&r.loss_bits, &f, 4);
   r.micro_losses = {loss};
 }
 
-inline void make_skip(trace::StepRecord& r, const std::string& reason) {
-  r.outcome = trace::Outcome::kSkip;
+inline void make_skip(records::StepRecord& r, const std::string& reason) {
+  r.outcome = records::Outcome::kSkip;
   r.skip_reason = reason;
   r.grad_norm_pre = INFINITY;
 }
 
 // Writes a trace with the given header, steps, evals and events (steps are appended in order).
-inline void write_trace(const std::string& path, const trace::TraceHeader& h,
-                        std::vector<trace::StepRecord> steps,
-                        const std::vector<trace::EvalRecord>& evals = {},
-                        const std::vector<trace::EventRecord>& events = {}) {
+inline void write_trace(const std::string& path, const records::TraceHeader& h,
+                        std::vector<records::StepRecord> steps,
+                        const std::vector<records::EvalRecord>& evals = {},
+                        const std::vector<records::EventRecord>& events = {}) {
   auto w = trace::TraceWriter::create(path, h, 3);
   size_t ie = 0, iv = 0;
   for (auto& s : steps) {
@@ -82,8 +82,8 @@ inline void write_trace(const std::string& path, const trace::TraceHeader& h,
   for (; ie < evals.size(); ++ie) w.append_eval(evals[ie]);
 }
 
-inline std::vector<trace::StepRecord> demo_steps(uint64_t n) {
-  std::vector<trace::StepRecord> v;
+inline std::vector<records::StepRecord> demo_steps(uint64_t n) {
+  std::vector<records::StepRecord> v;
   for (uint64_t i = 1; i <= n; ++i) v.push_back(demo_step(i));
   return v;
 }

@@ -9,22 +9,22 @@
 #include "trace/trace_reader.h"
 #include "trace/trace_writer.h"
 #include "train/config.h"
-#include "train/run.h"
+#include "run/run.h"
 
 namespace retrace::replay {
 namespace {
 
 void record_into(const std::string& dir, std::vector<std::string> sets) {
   sets.push_back("train.eval_each_epoch=false");
-  train::RecordOptions o;
+  run::RecordOptions o;
   o.out_dir = dir;
-  train::record(train::parse_config("", "test", sets), o, {});
+  run::record(train::parse_config("", "test", sets), o, {});
 }
 
 // Writes header(a) + steps(b) to `out`.
 void splice(const std::string& a, const std::string& b, const std::string& out) {
-  auto ra = trace::TraceReader::open(train::trace_path(a));
-  auto rb = trace::TraceReader::open(train::trace_path(b));
+  auto ra = trace::TraceReader::open(run::trace_path(a));
+  auto rb = trace::TraceReader::open(run::trace_path(b));
   auto w = trace::TraceWriter::create(out, ra.header(), 3);
   for (auto s : rb.steps()) w.append_step(s);
   w.sync();

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "trace/framing.h"
 #include "trace/inspect.h"
-#include "trace/le.h"
+#include "core/le.h"
 #include "trace/record_codec.h"
 #include "trace/trace_reader.h"
 #include "trace/trace_writer.h"
@@ -33,15 +33,15 @@ constexpr int kLevel = 3;
 
 // Writes a header, steps 1..n, an eval every 5 steps and one event; returns the steps as written
 // (with their digests filled by the writer).
-std::vector<StepRecord> write_trace(const std::string& path, uint64_t n) {
+std::vector<records::StepRecord> write_trace(const std::string& path, uint64_t n) {
   TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
-  std::vector<StepRecord> written;
+  std::vector<records::StepRecord> written;
   for (uint64_t i = 1; i <= n; ++i) {
-    StepRecord r = sample_step(i);
+    records::StepRecord r = sample_step(i);
     w.append_step(r);
     written.push_back(r);
-    if (i % 5 == 0) w.append_eval(EvalRecord{i, i / 10, 1000, 0.5, 0.75});
-    if (i == 3) w.append_event(EventRecord{i, "warning", "loss spike, ratio 3.1"});
+    if (i % 5 == 0) w.append_eval(records::EvalRecord{i, i / 10, 1000, 0.5, 0.75});
+    if (i == 3) w.append_event(records::EventRecord{i, "warning", "loss spike, ratio 3.1"});
   }
   w.flush();
   w.sync();
@@ -70,25 +70,25 @@ std::string error_message(F f) {
 TEST(TraceTest, RoundTripKeepsEveryField) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");
-  std::vector<StepRecord> written = write_trace(path, 20);
+  std::vector<records::StepRecord> written = write_trace(path, 20);
 
   TraceReader reader = TraceReader::open(path);
   EXPECT_TRUE(testing::headers_equal(reader.header(), sample_header()));
   EXPECT_FALSE(reader.tail_warning());
   EXPECT_EQ(reader.valid_bytes(), std::filesystem::file_size(path));
-  std::vector<StepRecord> read = reader.steps();
+  std::vector<records::StepRecord> read = reader.steps();
   ASSERT_EQ(read.size(), written.size());
   for (size_t i = 0; i < read.size(); ++i) {
     EXPECT_TRUE(steps_equal(read[i], written[i])) << "step " << written[i].step;
-    EXPECT_EQ(read[i].content_digest, content_digest(read[i]));
+    EXPECT_EQ(read[i].content_digest, records::content_digest(read[i]));
   }
-  EXPECT_EQ(read[0].chain_digest, chain_digest(Digest128{}, read[0].content_digest));
-  std::vector<EvalRecord> evals = reader.evals();
+  EXPECT_EQ(read[0].chain_digest, records::chain_digest(Digest128{}, read[0].content_digest));
+  std::vector<records::EvalRecord> evals = reader.evals();
   ASSERT_EQ(evals.size(), 4u);
   EXPECT_EQ(evals[1].step, 10u);
   EXPECT_EQ(evals[1].samples, 1000u);
   EXPECT_EQ(evals[1].accuracy, 0.75);
-  std::vector<EventRecord> events = reader.events();
+  std::vector<records::EventRecord> events = reader.events();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, "warning");
   EXPECT_EQ(events[0].message, "loss spike, ratio 3.1");
@@ -99,22 +99,22 @@ TEST(TraceTest, RoundTripKeepsEveryField) {
 }
 
 TEST(TraceTest, ContentDigestIgnoresTimingsAndCoversEveryOtherField) {
-  StepRecord a = sample_step(4);
-  StepRecord b = a;
+  records::StepRecord a = sample_step(4);
+  records::StepRecord b = a;
   b.timings.forward_ms += 1;
   b.content_digest = {1, 2};
   b.chain_digest = {3, 4};
-  EXPECT_EQ(content_digest(a), content_digest(b));
+  EXPECT_EQ(records::content_digest(a), records::content_digest(b));
   b = a;
   b.micro_losses.push_back(0);
-  EXPECT_NE(content_digest(a), content_digest(b));
+  EXPECT_NE(records::content_digest(a), records::content_digest(b));
   b = a;
   b.skip_reason = "x";
-  EXPECT_NE(content_digest(a), content_digest(b));
+  EXPECT_NE(records::content_digest(a), records::content_digest(b));
   b = a;
   b.loss_bits ^= 1;
-  EXPECT_NE(content_digest(a), content_digest(b));
-  EXPECT_NE(chain_digest({0, 0}, {1, 2}), chain_digest({0, 0}, {2, 1}));
+  EXPECT_NE(records::content_digest(a), records::content_digest(b));
+  EXPECT_NE(records::chain_digest({0, 0}, {1, 2}), records::chain_digest({0, 0}, {2, 1}));
 }
 
 TEST(TraceTest, CreateRefusesExistingFileAndMissingDirectory) {
@@ -137,7 +137,7 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
   {
     TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
     for (uint64_t i = 1; i <= 10; ++i) {
-      StepRecord r = sample_step(i);
+      records::StepRecord r = sample_step(i);
       w.append_step(r);
       if (i == 6) {  // the checkpoint
         keep = w.bytes_written();
@@ -145,21 +145,21 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
         EXPECT_EQ(w.last_step(), 6u);
       }
     }
-    w.append_event(EventRecord{10, "fault", "crash"});
+    w.append_event(records::EventRecord{10, "fault", "crash"});
   }
   {
     TraceWriter w = TraceWriter::resume(path, keep, chain, 6, side, kLevel);
     EXPECT_EQ(w.bytes_written(), keep);
     EXPECT_EQ(std::filesystem::file_size(path), keep);
-    w.append_event(EventRecord{6, "resume", "from step 6"});
+    w.append_event(records::EventRecord{6, "resume", "from step 6"});
     for (uint64_t i = 7; i <= 9; ++i) {
-      StepRecord r = sample_step(i);
+      records::StepRecord r = sample_step(i);
       r.loss += 1;  // the rerun differs, which must not matter to the chain's validity
       w.append_step(r);
     }
   }
   TraceReader main = TraceReader::open(path);
-  std::vector<StepRecord> steps = main.steps();
+  std::vector<records::StepRecord> steps = main.steps();
   ASSERT_EQ(steps.size(), 9u);
   for (uint64_t i = 0; i < 9; ++i) EXPECT_EQ(steps[i].step, i + 1);
   EXPECT_EQ(steps[6].loss, sample_step(7).loss + 1);
@@ -169,7 +169,7 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
 
   TraceReader orphans = TraceReader::open(side);
   EXPECT_TRUE(testing::headers_equal(orphans.header(), sample_header()));
-  std::vector<StepRecord> moved = orphans.steps();
+  std::vector<records::StepRecord> moved = orphans.steps();
   ASSERT_EQ(moved.size(), 4u);
   EXPECT_EQ(moved.front().step, 7u);
   EXPECT_EQ(moved.back().step, 10u);
@@ -190,7 +190,7 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
   {
     TraceWriter w = TraceWriter::resume(path, bytes.size(), main.steps().back().chain_digest, 9,
                                         side, kLevel);
-    StepRecord r = sample_step(10);
+    records::StepRecord r = sample_step(10);
     w.append_step(r);
   }
   std::string full = read_bytes(path);
@@ -201,7 +201,7 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
     EXPECT_EQ(w.last_chain(), chain2);
   }
   TraceReader orphans2 = TraceReader::open(side);
-  std::vector<StepRecord> moved2 = orphans2.steps();
+  std::vector<records::StepRecord> moved2 = orphans2.steps();
   ASSERT_EQ(moved2.size(), 5u);
   EXPECT_EQ(moved2.back().step, 9u);
   EXPECT_FALSE(orphans2.tail_warning());
@@ -249,7 +249,7 @@ TEST(TraceTest, TruncatedAtAnyOffsetYieldsTheCompleteFrames) {
       EXPECT_NE(reader.tail_warning()->find(std::to_string(cut - ends[complete - 1]) + " bytes"),
                 std::string::npos);
     }
-    std::vector<StepRecord> steps = reader.steps();
+    std::vector<records::StepRecord> steps = reader.steps();
     size_t expected_steps = 0;
     for (size_t f = 0; f < complete; ++f) {
       if (reader.index()[f].kind == FrameKind::kStep) ++expected_steps;
@@ -419,7 +419,7 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
 
   // Step 5 rewritten with another loss and a valid checksum.
   size_t f5 = frame_of_step(5);
-  StepRecord edited = *reader.step(5);
+  records::StepRecord edited = *reader.step(5);
   edited.loss = 0.001;
   std::string raw;
   serialize_step(edited, raw);
@@ -469,7 +469,7 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
 
   // A set-aside marker does not excuse a break in a trace: it counts only in a set-aside file.
   std::string marker_raw;
-  serialize_event(EventRecord{5, kSetAsideEvent, "hide the gap"}, marker_raw);
+  serialize_event(records::EventRecord{5, kSetAsideEvent, "hide the gap"}, marker_raw);
   std::string marked = bytes.substr(0, s3) + encode_frame(FrameKind::kEvent, 5, marker_raw, kLevel) + bytes.substr(s4);
   write_bytes(swapped_path, marked);
   EXPECT_NE(chain_error(swapped_path).find("trace chain broken at step 7"), std::string::npos);
@@ -478,10 +478,10 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
 TEST(TraceTest, StepSeeksAndPrefersTheLaterFrame) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");
-  std::vector<StepRecord> written = write_trace(path, 40);
+  std::vector<records::StepRecord> written = write_trace(path, 40);
   TraceReader reader = TraceReader::open(path);
   for (uint64_t n : {1, 17, 40}) {
-    std::optional<StepRecord> r = reader.step(n);
+    std::optional<records::StepRecord> r = reader.step(n);
     ASSERT_TRUE(r);
     EXPECT_TRUE(steps_equal(*r, written[n - 1]));
   }
@@ -492,9 +492,9 @@ TEST(TraceTest, StepSeeksAndPrefersTheLaterFrame) {
   {
     TraceWriter w = TraceWriter::resume(path, std::filesystem::file_size(path),
                                         written.back().chain_digest, 40, dir.file("side"), kLevel);
-    w.append_event(EventRecord{40, "rollback", "loss spike; back to step 37"});
+    w.append_event(records::EventRecord{40, "rollback", "loss spike; back to step 37"});
     for (uint64_t n = 38; n <= 40; ++n) {
-      StepRecord r = sample_step(n);
+      records::StepRecord r = sample_step(n);
       r.lr = 5e-4;
       w.append_step(r);
     }
@@ -509,7 +509,7 @@ TEST(TraceTest, StepSeeksAndPrefersTheLaterFrame) {
 TEST(TraceTest, NewerSchemaIsRejected) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");
-  TraceHeader h = sample_header();
+  records::TraceHeader h = sample_header();
   h.schema = "retrace.trace.v9";
   { TraceWriter::create(path, h, kLevel); }
   std::string message;
@@ -519,7 +519,7 @@ TEST(TraceTest, NewerSchemaIsRejected) {
     message = e.what();
   }
   EXPECT_NE(message.find("retrace.trace.v9"), std::string::npos) << message;
-  EXPECT_NE(message.find(kTraceSchema), std::string::npos) << message;
+  EXPECT_NE(message.find(records::kTraceSchema), std::string::npos) << message;
 }
 
 TEST(TraceTest, EmptyGarbageAndWrongVersionAreFormatErrors) {
@@ -572,13 +572,13 @@ TEST(TraceTest, OverLimitLengthIsRejectedBeforeAllocating) {
 TEST(TraceTest, InspectViews) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");
-  std::vector<StepRecord> written = write_trace(path, 12);
+  std::vector<records::StepRecord> written = write_trace(path, 12);
   TraceReader reader = TraceReader::open(path);
 
   std::ostringstream json_out;
   print_inspect(reader, InspectFormat::kJson, 0, UINT64_MAX, json_out);
   nlohmann::json j = nlohmann::json::parse(json_out.str());
-  EXPECT_EQ(j["header"]["schema"], kTraceSchema);
+  EXPECT_EQ(j["header"]["schema"], records::kTraceSchema);
   EXPECT_EQ(j["header"]["seed"], 7);
   EXPECT_EQ(j["header"]["fingerprint"]["blas"], "openblas");
   EXPECT_EQ(j["header"]["params"].size(), 3u);
@@ -626,12 +626,12 @@ TEST(TraceTest, AppendCostAndSize) {
   constexpr int kSteps = 5000;
   TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
   std::string raw;
-  StepRecord probe = sample_step(1);
+  records::StepRecord probe = sample_step(1);
   serialize_step(probe, raw);
   uint64_t start_bytes = w.bytes_written();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 1; i <= kSteps; ++i) {
-    StepRecord r = sample_step(static_cast<uint64_t>(i));
+    records::StepRecord r = sample_step(static_cast<uint64_t>(i));
     w.append_step(r);
   }
   auto t1 = std::chrono::steady_clock::now();

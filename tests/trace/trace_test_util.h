@@ -12,7 +12,7 @@
 #include <iterator>
 #include <string>
 
-#include "trace/records.h"
+#include "records/records.h"
 
 namespace retrace::trace::testing {
 
@@ -50,8 +50,8 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 
 inline bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
 
-inline TraceHeader sample_header() {
-  TraceHeader h;
+inline records::TraceHeader sample_header() {
+  records::TraceHeader h;
   h.retrace_version = "0.1.0";
   h.config_toml = "[run]\nseed = 7\nsteps = 40\n";
   h.config_hash = "ab12cd34";
@@ -69,8 +69,8 @@ inline TraceHeader sample_header() {
 }
 
 // A typical record: two micro-batches on two ranks.
-inline StepRecord sample_step(uint64_t n) {
-  StepRecord r;
+inline records::StepRecord sample_step(uint64_t n) {
+  records::StepRecord r;
   r.step = n;
   r.epoch = n / 10;
   r.batch_in_epoch = n % 10;
@@ -84,7 +84,7 @@ inline StepRecord sample_step(uint64_t n) {
   r.lr = 1e-3;
   r.loss_scale = 65536;
   if (n % 7 == 5) {
-    r.outcome = Outcome::kSkip;
+    r.outcome = records::Outcome::kSkip;
     r.skip_reason = "non_finite_loss";
   }
   r.param_digest = {0x1111 * n, 0x2222 + n};
@@ -98,7 +98,7 @@ inline StepRecord sample_step(uint64_t n) {
 }
 
 
-inline bool steps_equal(const StepRecord& a, const StepRecord& b) {
+inline bool steps_equal(const records::StepRecord& a, const records::StepRecord& b) {
   return a.step == b.step && a.epoch == b.epoch && a.batch_in_epoch == b.batch_in_epoch &&
          a.batch_size == b.batch_size && a.sample_digest == b.sample_digest &&
          same_bits(a.loss, b.loss) && a.loss_bits == b.loss_bits &&
@@ -119,15 +119,15 @@ inline bool steps_equal(const StepRecord& a, const StepRecord& b) {
          same_bits(a.timings.trace_ms, b.timings.trace_ms);
 }
 
-inline bool headers_equal(const TraceHeader& a, const TraceHeader& b) {
-  auto kv_eq = [](const KeyValue& x, const KeyValue& y) { return x.key == y.key && x.value == y.value; };
-  auto p_eq = [](const ParamInfo& x, const ParamInfo& y) {
+inline bool headers_equal(const records::TraceHeader& a, const records::TraceHeader& b) {
+  auto kv_eq = [](const records::KeyValue& x, const records::KeyValue& y) { return x.key == y.key && x.value == y.value; };
+  auto p_eq = [](const records::ParamInfo& x, const records::ParamInfo& y) {
     return x.name == y.name && x.shape == y.shape && x.dtype == y.dtype;
   };
-  auto f_eq = [](const FileInfo& x, const FileInfo& y) {
+  auto f_eq = [](const records::FileInfo& x, const records::FileInfo& y) {
     return x.path == y.path && x.size == y.size && x.sha256 == y.sha256;
   };
-  auto fault_eq = [](const Fault& x, const Fault& y) {
+  auto fault_eq = [](const records::Fault& x, const records::Fault& y) {
     return x.kind == y.kind && x.step == y.step && x.arg == y.arg;
   };
   return a.schema == b.schema && a.retrace_version == b.retrace_version &&

@@ -97,4 +97,13 @@ TEST(Config, BadValuesNameKeyAndRange) {
 }
 
 }  // namespace
+TEST(Config, EntriesTrackSections) {
+  const auto m = config_entries("# c\ntop = 1\n[a]\nx = \"v = w\"\n[a.b]\n y=2 \n\nnot a key\n");
+  EXPECT_EQ(m.size(), 3u);
+  EXPECT_EQ(m.at("top"), "1");
+  EXPECT_EQ(m.at("a.x"), "\"v = w\"");
+  EXPECT_EQ(m.at("a.b.y"), "2");
+}
+
+
 }  // namespace retrace::train

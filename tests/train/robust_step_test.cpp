@@ -13,31 +13,31 @@
 #include "testing/temp_dir.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
-#include "train/run.h"
+#include "run/run.h"
 
 namespace retrace {
 namespace {
 
 using testing::run_binary;
 
-std::vector<trace::StepRecord> steps_of(const std::string& run_dir) {
-  return trace::TraceReader::open(train::trace_path(run_dir)).steps();
+std::vector<records::StepRecord> steps_of(const std::string& run_dir) {
+  return trace::TraceReader::open(run::trace_path(run_dir)).steps();
 }
 
 TEST(RobustStep, SpikeRollbackRestoresTheExactPreSpikeState) {
   testing::TempDir tmp;
   train::Config c = train::parse_config("", "test", {"train.steps=45", "checkpoint.every_steps=25",
                                                      "train.eval_each_epoch=false", "faults.inject=\"spike@40\""});
-  train::RecordOptions o;
+  run::RecordOptions o;
   o.out_dir = tmp.file("r");
-  train::record(c, o, {});
-  auto reader = trace::TraceReader::open(train::trace_path(tmp.file("r")));
+  run::record(c, o, {});
+  auto reader = trace::TraceReader::open(run::trace_path(tmp.file("r")));
   // Steps 26..40 appear twice: before the spike and after the rollback to step 25.
-  std::map<uint64_t, std::vector<trace::StepRecord>> by_step;
+  std::map<uint64_t, std::vector<records::StepRecord>> by_step;
   for (auto& s : reader.steps()) by_step[s.step].push_back(s);
   ASSERT_EQ(by_step[40].size(), 2u);
   EXPECT_EQ(by_step[40][0].skip_reason, "loss_spike");
-  EXPECT_EQ(by_step[40][1].outcome, trace::Outcome::kStep);
+  EXPECT_EQ(by_step[40][1].outcome, records::Outcome::kStep);
   for (uint64_t s = 26; s < 40; ++s) {
     ASSERT_EQ(by_step[s].size(), 2u) << s;
     // The re-run from the restored checkpoint reproduces every digest: the state was exact.
@@ -84,18 +84,18 @@ TEST(RobustStep, ScalerScheduleAndSamplerContinueExactlyAfterResume) {
 
 TEST(RobustStep, CheckpointPoliciesDoNotChangeAGptRun) {
   testing::TempDir tmp;
-  std::vector<std::vector<trace::StepRecord>> runs;
+  std::vector<std::vector<records::StepRecord>> runs;
   for (const char* policy : {"none", "full", "sqrt", "selective"}) {
     train::Config c = train::parse_config(
         "", "test",
         {"model.kind=\"gpt\"", "data.dir=\"/usr/share/common-licenses\"", "model.d_model=32", "model.n_layers=3",
          "model.n_heads=2", "data.context=16", "data.batch_size=4", "train.steps=4", "train.eval_each_epoch=false",
          "model.checkpoint_every=2", std::string("model.checkpoint=\"") + policy + "\""});
-    train::RecordOptions o;
+    run::RecordOptions o;
     o.out_dir = tmp.file(policy);
-    train::record(c, o, {});
+    run::record(c, o, {});
     runs.push_back(steps_of(tmp.file(policy)));
-    auto h = trace::TraceReader::open(train::trace_path(tmp.file(policy))).header();
+    auto h = trace::TraceReader::open(run::trace_path(tmp.file(policy))).header();
     EXPECT_NE(h.config_toml.find(std::string("checkpoint = '") + policy + "'"), std::string::npos);
   }
   for (size_t i = 1; i < runs.size(); ++i) {

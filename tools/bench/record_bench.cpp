@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "train/config.h"
-#include "train/run.h"
+#include "run/run.h"
 
 using namespace retrace;
 
@@ -40,26 +40,26 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string dir = (std::filesystem::temp_directory_path() / "retrace-record-bench").string();
-    auto run = [&](bool traced, train::RunSummary* out) {
+    auto run_once = [&](bool traced, run::RunSummary* out) {
       std::vector<std::string> s = sets;
       s.push_back("train.steps=" + std::to_string(steps));
       s.push_back("train.eval_each_epoch=false");
       s.push_back(std::string("trace.enabled=") + (traced ? "true" : "false"));
       s.push_back(std::string("trace.digests=") + (traced ? "true" : "false"));
       train::Config c = train::parse_config("", "record_bench", s);
-      train::RecordOptions o;
+      run::RecordOptions o;
       o.out_dir = dir;
       o.force = true;
-      *out = train::record(c, o, {});
+      *out = run::record(c, o, {});
     };
-    train::RunSummary warm;
-    run(false, &warm);  // warm-up: page in the data set, BLAS thread pool
+    run::RunSummary warm;
+    run_once(false, &warm);  // warm-up: page in the data set, BLAS thread pool
     std::vector<double> off, on, ratios;
     double bytes_per_step = 0, trace_ms = 0, step_ms = 0;
     for (int64_t r = 0; r < rounds; ++r) {
-      train::RunSummary a, b;
-      run(false, &a);
-      run(true, &b);
+      run::RunSummary a, b;
+      run_once(false, &a);
+      run_once(true, &b);
       off.push_back(a.steps_per_second);
       on.push_back(b.steps_per_second);
       ratios.push_back(b.steps_per_second / a.steps_per_second);

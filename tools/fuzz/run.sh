@@ -29,15 +29,15 @@ mkdir -p "$out/gen/trace"
 if [[ ! -f "$out/gen/trace/trace.capnp.c++" || "$repo/src/trace/trace.capnp" -nt "$out/gen/trace/trace.capnp.c++" ]]; then
   capnp compile -oc++:"$out/gen" --src-prefix="$repo/src" "$repo/src/trace/trace.capnp"
 fi
-sources=(src/core/digest.cpp src/core/file_util.cpp src/ckpt/strict_json.cpp src/ckpt/shard_writer.cpp
-         src/ckpt/shard_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp
+sources=(src/core/digest.cpp src/core/file_util.cpp src/core/strict_json.cpp src/core/safetensors_writer.cpp
+         src/core/safetensors_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp
          src/trace/fd_io.cpp src/trace/frame_scanner.cpp src/trace/framing.cpp src/trace/record_codec.cpp
-         src/trace/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++")
+         src/records/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++")
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -I"$repo/src" -I"$out/gen")
 
 # Rebuild an object only when its source or a header changed since.
-newest_header="$(find "$repo/src/core" "$repo/src/ckpt" "$repo/src/trace" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
+newest_header="$(find "$repo/src/core" "$repo/src/records" "$repo/src/ckpt" "$repo/src/trace" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
 objs=()
 for src in "${sources[@]}"; do
   [[ $src == /* ]] || src="$repo/$src"

@@ -26,8 +26,8 @@
 #include "trace/trace_reader.h"
 #include "model/memory_plan.h"
 #include "train/config.h"
-#include "train/memory_report.h"
-#include "train/run.h"
+#include "run/memory_report.h"
+#include "run/run.h"
 
 namespace retrace::cli {
 namespace {
@@ -53,8 +53,8 @@ class StepPrinter {
  public:
   explicit StepPrinter(bool live) : live_(live), start_(std::chrono::steady_clock::now()) {}
 
-  void step(const trace::StepRecord& r, uint64_t total) {
-    const bool skip = r.outcome == trace::Outcome::kSkip;
+  void step(const records::StepRecord& r, uint64_t total) {
+    const bool skip = r.outcome == records::Outcome::kSkip;
     if (!live_ || skip) {
       clear();
       print_row(r);
@@ -68,7 +68,7 @@ class StepPrinter {
       std::fflush(stdout);
     }
   }
-  void eval(const trace::EvalRecord& e) {
+  void eval(const records::EvalRecord& e) {
     clear();
     std::printf("EVAL  step %6llu  epoch %llu  test loss %.6f  test accuracy %.4f\n", static_cast<ull>(e.step),
                 static_cast<ull>(e.epoch), e.loss, e.accuracy);
@@ -84,8 +84,8 @@ class StepPrinter {
   }
 
  private:
-  static void print_row(const trace::StepRecord& r) {
-    const bool skip = r.outcome == trace::Outcome::kSkip;
+  static void print_row(const records::StepRecord& r) {
+    const bool skip = r.outcome == records::Outcome::kSkip;
     std::printf("%s  step %6llu  epoch %llu  batch %5llu  loss %.6f  grad %.4f -> %.4f  lr %.3e  scale %g%s%s\n",
                 skip ? "SKIP" : "STEP", static_cast<ull>(r.step), static_cast<ull>(r.epoch),
                 static_cast<ull>(r.batch_in_epoch), r.loss, r.grad_norm_pre, r.grad_norm_post, r.lr,
@@ -97,15 +97,15 @@ class StepPrinter {
   uint64_t done_ = 0;
 };
 
-train::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p) {
-  train::RunCallbacks cb;
-  cb.on_step = [p](const trace::StepRecord& r, uint64_t total) { p->step(r, total); };
-  cb.on_eval = [p](const trace::EvalRecord& e) { p->eval(e); };
+run::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p) {
+  run::RunCallbacks cb;
+  cb.on_step = [p](const records::StepRecord& r, uint64_t total) { p->step(r, total); };
+  cb.on_eval = [p](const records::EvalRecord& e) { p->eval(e); };
   cb.on_message = [p](const std::string& m) { p->message(m); };
   return cb;
 }
 
-void print_summary(const train::RunSummary& s) {
+void print_summary(const run::RunSummary& s) {
   std::printf("%s %llu steps (%llu..%llu of %llu, %llu skipped) in %.2f s, %.1f steps/s; final loss %.6f",
               s.resumed_from.empty() ? "recorded" : "resumed and recorded", static_cast<ull>(s.steps),
               static_cast<ull>(s.first_step), static_cast<ull>(s.last_step), static_cast<ull>(s.total_steps),
@@ -189,8 +189,8 @@ int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& 
   if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size),
                                   {"resume", re, "--plain", "--world-size", std::to_string(a.world_size)}))
     return rc;
-  auto sa = trace::TraceReader::open(train::trace_path(un)).steps();
-  auto sb = trace::TraceReader::open(train::trace_path(re)).steps();
+  auto sa = trace::TraceReader::open(run::trace_path(un)).steps();
+  auto sb = trace::TraceReader::open(run::trace_path(re)).steps();
   replay::CompareReport rep = replay::compare_steps(sa, sb, replay::CompareMode::kBitwise);
   const bool ok = rep.only_in_a == 0 && rep.only_in_b == 0 && rep.compared > 0 && rep.max_loss_diff < 1e-4;
   print_resume_check(rep, ok);
@@ -240,7 +240,7 @@ int run_record(const RecordArgs& a, const std::vector<std::string>& argv) {
     print_resume_check(r.bitwise, r.verified);
     return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
   }
-  train::RecordOptions opts;
+  run::RecordOptions opts;
   opts.out_dir = a.out;
   opts.force = a.force;
   opts.scratch = a.scratch;
@@ -250,7 +250,7 @@ int run_record(const RecordArgs& a, const std::vector<std::string>& argv) {
     opts.control.checkpoint_at.insert(static_cast<uint64_t>(s));
   }
   opts.process_group = pg.get();
-  train::RunSummary s = train::record(config, opts, quiet ? train::RunCallbacks{} : callbacks_for(printer));
+  run::RunSummary s = run::record(config, opts, quiet ? run::RunCallbacks{} : callbacks_for(printer));
   printer->clear();
   if (!quiet) print_summary(s);
   return 0;
@@ -262,9 +262,9 @@ int run_resume(const ResumeArgs& a, const std::vector<std::string>& argv) {
   if (!pg && a.world_size > 1) return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);
   const bool quiet = pg && pg->rank() != 0;
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
-  train::LoopControl control;
+  run::LoopControl control;
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
-  train::RunSummary s = train::resume(a.run, control, quiet ? train::RunCallbacks{} : callbacks_for(printer), pg.get());
+  run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get());
   printer->clear();
   if (!quiet) print_summary(s);
   return 0;
@@ -315,12 +315,12 @@ int run_verify(const VerifyArgs& a) {
   return 0;
 }
 
-void print_diff_context(const char* label, const std::optional<trace::StepRecord>& r) {
+void print_diff_context(const char* label, const std::optional<records::StepRecord>& r) {
   if (!r) return;
   std::printf("  %-9s step %llu epoch %llu batch %llu: loss %.9g  grad %.6g -> %.6g  lr %.6g  scale %g  %s%s%s\n",
               label, static_cast<ull>(r->step), static_cast<ull>(r->epoch), static_cast<ull>(r->batch_in_epoch),
               r->loss, r->grad_norm_pre, r->grad_norm_post, r->lr, r->loss_scale,
-              r->outcome == trace::Outcome::kStep ? "STEP" : "SKIP", r->skip_reason.empty() ? "" : " ",
+              r->outcome == records::Outcome::kStep ? "STEP" : "SKIP", r->skip_reason.empty() ? "" : " ",
               r->skip_reason.c_str());
 }
 
@@ -336,7 +336,7 @@ int run_replay(const ReplayArgs& a) {
   o.scratch_dir = a.out;
   o.force = a.force;
   auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
-  train::RunCallbacks cb = callbacks_for(printer);
+  run::RunCallbacks cb = callbacks_for(printer);
   if (a.quiet) cb = {};
   replay::ReplayResult r = replay::replay_run(a.run, o, cb);
   printer->clear();
@@ -389,7 +389,7 @@ int run_golden_check(const GoldenArgs& a) {
                                   ? (std::filesystem::temp_directory_path() / "retrace-golden-check").string()
                                   : a.scratch;
   int failed = 0;
-  std::vector<trace::KeyValue> printed_numerics;
+  std::vector<records::KeyValue> printed_numerics;
   for (const auto& n : names) {
     replay::GoldenResult r = replay::check_golden(a.dir, n, sets, scratch, {});
     const auto& rep = r.report;
@@ -432,7 +432,7 @@ int run_golden_check(const GoldenArgs& a) {
 
 int run_bisect(const BisectArgs& a) {
   auto printer = std::make_shared<StepPrinter>(false);
-  train::RunCallbacks cb;
+  run::RunCallbacks cb;
   cb.on_message = [printer](const std::string& m) { printer->message(m); };
   replay::BisectReport r = replay::bisect_runs(a.a, a.b, cb);
   if (a.json) {
@@ -457,8 +457,8 @@ double gb(double bytes) { return bytes / 1e9; }
 
 int run_memory(const MemoryArgs& a) {
   train::Config c = train::load_config(a.config_path, a.sets);
-  std::vector<train::PolicyMeasurement> plan =
-      train::plan_memory(c, a.world_size, a.rounds, a.steps);
+  std::vector<run::PolicyMeasurement> plan =
+      run::plan_memory(c, a.world_size, a.rounds, a.steps);
   const auto& e0 = plan.front().estimate;
   std::printf("memory plan: %s, gpt d_model %lld, %lld layers, %lld heads, batch %lld, context %lld, %s\n",
               a.config_path.c_str(), static_cast<long long>(c.model.d_model), static_cast<long long>(c.model.n_layers),
@@ -623,7 +623,7 @@ train::Numerics numerics_of(const train::Config& c) { return train::parse_numeri
 // command that cannot read it reports that itself, with its own message.
 std::optional<train::Config> recorded_config(const std::string& run_or_trace) {
   namespace stdfs = std::filesystem;
-  const std::string path = stdfs::is_directory(run_or_trace) ? train::trace_path(run_or_trace) : run_or_trace;
+  const std::string path = run::trace_of(run_or_trace);
   if (!stdfs::exists(path)) return std::nullopt;
   trace::TraceReader r = trace::TraceReader::open(path);
   return train::parse_config(r.header().config_toml, path + " (header)", {}, train::ConfigSource::kRecorded);
@@ -638,7 +638,7 @@ std::optional<train::Numerics> numerics_for(CLI::App& app, const CliArgs& args) 
     return numerics_of(resolve_config(a.config_path, a.sets, a.steps, a.inject));
   }
   if (app.got_subcommand("resume")) {
-    const std::string cfg = (stdfs::path(args.resume.run) / "config.toml").string();
+    const std::string cfg = run::config_path(args.resume.run);
     if (!stdfs::exists(cfg)) return std::nullopt;
     return numerics_of(train::load_config(cfg, {}, train::ConfigSource::kRecorded));
   }
@@ -658,7 +658,7 @@ std::optional<train::Numerics> numerics_for(CLI::App& app, const CliArgs& args) 
     const std::vector<std::string> sets = golden_sets(g);
     if (gold->got_subcommand("update")) {
       if (g.names.size() != 1) return std::nullopt;
-      const stdfs::path cfg = stdfs::path(g.dir) / g.names[0] / "config.toml";
+      const stdfs::path cfg = run::config_path((stdfs::path(g.dir) / g.names[0]).string());
       return numerics_of(stdfs::exists(cfg) ? train::load_config(cfg.string(), sets, train::ConfigSource::kRecorded)
                                             : train::parse_config("", "built-in default", sets));
     }
@@ -667,7 +667,7 @@ std::optional<train::Numerics> numerics_for(CLI::App& app, const CliArgs& args) 
     std::error_code ec;
     if (!stdfs::is_directory(g.dir, ec)) return std::nullopt;
     for (const auto& name : g.names.empty() ? replay::list_goldens(g.dir) : g.names) {
-      const stdfs::path cfg = stdfs::path(g.dir) / name / "config.toml";
+      const stdfs::path cfg = run::config_path((stdfs::path(g.dir) / name).string());
       if (!stdfs::exists(cfg)) continue;
       const train::Numerics here = numerics_of(train::load_config(cfg.string(), sets, train::ConfigSource::kRecorded));
       RETRACE_CHECK(!n || *n == here, ConfigError, "golden ", first, " runs with runtime.numerics = \"",

@@ -1,13 +1,13 @@
-#include "trace/records.h"
+#include "records/records.h"
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
 
-#include "trace/le.h"
+#include "core/le.h"
 
-namespace retrace::trace {
+namespace retrace::records {
 
 bool is_numerics_key(const std::string& key) {
   return key.rfind("info.", 0) != 0 && key.rfind("env.", 0) != 0 && key != "allocator" && key != "cuda_device_count";
@@ -108,4 +108,4 @@ Digest128 chain_digest(const Digest128& previous_chain, const Digest128& content
   return xxh3_128(b, sizeof(b));
 }
 
-}  // namespace retrace::trace
+}  // namespace retrace::records

@@ -8,15 +8,10 @@
 
 #include "core/digest.h"
 
-namespace retrace::trace {
+namespace retrace::records {
 
 // Bumped whenever trace.capnp or the framing changes in a way old readers cannot read.
 inline constexpr const char* kTraceSchema = "retrace.trace.v1";
-// The event that starts each block of frames in a set-aside file (RUN/trace.set-aside.rtrace): the
-// step frames after it continue the chain of the trace they were moved from. A reader honours it
-// only in a file whose name ends with kSetAsideSuffix, so that it cannot hide a break in a trace.
-inline constexpr const char* kSetAsideEvent = "set-aside";
-inline constexpr const char* kSetAsideSuffix = ".set-aside.rtrace";
 
 enum class Outcome : uint8_t { kStep = 0, kSkip = 1 };
 
@@ -130,4 +125,4 @@ struct EventRecord {
 Digest128 content_digest(const StepRecord& r);
 Digest128 chain_digest(const Digest128& previous_chain, const Digest128& content);
 
-}  // namespace retrace::trace
+}  // namespace retrace::records

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <limits>
 
-#include "ckpt/shard.h"
-#include "ckpt/strict_json.h"
+#include "core/safetensors.h"
+#include "core/strict_json.h"
 #include "core/error.h"
 #include "core/file_util.h"
 
-namespace retrace::ckpt {
+namespace retrace::safetensors {
+using jsonfmt::json_text;
+using jsonfmt::json_type_text;
+using jsonfmt::parse_strict_json;
 namespace {
 
 using nlohmann::json;
@@ -141,4 +144,4 @@ ShardData read_shard(const std::string& path) {
   return parse_shard(fs::read_file(path, std::numeric_limits<uint64_t>::max()), path);
 }
 
-}  // namespace retrace::ckpt
+}  // namespace retrace::safetensors

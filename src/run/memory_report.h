@@ -16,7 +16,7 @@
 #include "model/memory_plan.h"
 #include "train/config.h"
 
-namespace retrace::train {
+namespace retrace::run {
 
 struct PolicyMeasurement {
   std::string name;    // "none", "full k=4", "sqrt", "selective"
@@ -30,6 +30,6 @@ struct PolicyMeasurement {
 };
 
 // Estimates (and, when rounds > 0, measures) every policy for config's GPT shape.
-std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps);
+std::vector<PolicyMeasurement> plan_memory(const train::Config& config, int64_t world_size, int rounds, int steps);
 
-}  // namespace retrace::train
+}  // namespace retrace::run

@@ -1,4 +1,4 @@
-#include "train/run.h"
+#include "run/run.h"
 
 #include <torch/torch.h>
 
@@ -29,8 +29,11 @@
 #include "train/environment.h"
 #include "train/faults.h"
 #include "train/trainer.h"
+#include "run/layout.h"
+#include "run/run_dir.h"
 
-namespace retrace::train {
+namespace retrace::run {
+using namespace train;  // the run drives the training part: its types read unqualified here
 namespace {
 using Clock = std::chrono::steady_clock;
 namespace stdfs = std::filesystem;
@@ -42,50 +45,7 @@ std::string utc_now() {
   return buf;
 }
 
-std::string scratch_marker_text() {
-  return "made by retrace for a re-executed run; retrace replaces this directory when it needs it again\n";
-}
 
-void clear_dir(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& entry : stdfs::directory_iterator(dir, ec)) stdfs::remove_all(entry.path(), ec);
-  RETRACE_CHECK(!ec, IoError, "cannot clear directory ", dir, ": ", ec.message());
-}
-
-// Creates the run directory with its config.toml in one step: both are made in a sibling
-// directory that is renamed into place, so a run directory never exists without its config (a
-// run killed in its first second leaves only "DIR.tmp-PID" behind, which nothing mistakes for a run).
-void create_run_dir(const std::string& dir, bool force, bool scratch, const std::string& config_text) {
-  std::error_code ec;
-  stdfs::path target = stdfs::path(dir).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();  // "run/" names "run"
-  stdfs::path parent = stdfs::absolute(target).parent_path();
-  RETRACE_CHECK(stdfs::exists(parent, ec), IoError, "cannot create run directory ", dir,
-                ": parent directory ", parent.string(), " does not exist");
-  if (scratch) {
-    claim_scratch_dir(dir, force);  // marked, and empty but for the marker
-  } else if (stdfs::exists(dir, ec)) {
-    RETRACE_CHECK(stdfs::is_directory(dir, ec), IoError, "cannot create run directory ", dir,
-                  ": it exists and is not a directory; choose another --out");
-    if (!stdfs::is_empty(dir, ec)) {
-      RETRACE_CHECK(force, ConfigError, "run directory ", dir,
-                    " already exists; pass --force to replace it, `retrace resume ", dir,
-                    "` to continue it, or choose another --out");
-      clear_dir(dir);
-    }
-  }
-  const std::string staging = target.string() + ".tmp-" + std::to_string(::getpid());
-  stdfs::remove_all(staging, ec);
-  fs::make_writable_dir(staging);
-  if (scratch) fs::write_file_atomic((stdfs::path(staging) / kScratchMarker).string(), scratch_marker_text());
-  fs::write_file_atomic((stdfs::path(staging) / "config.toml").string(), config_text);
-  if (stdfs::exists(target, ec)) stdfs::remove_all(target, ec);  // empty, or only the marker (checked above)
-  RETRACE_CHECK(::rename(staging.c_str(), target.c_str()) == 0, IoError, "cannot move ", staging, " to ", dir, ": ",
-                fs::errno_text(errno));
-  fs::fsync_dir(parent.string());
-}
-
-std::string fired_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "faults.fired").string(); }
 
 // Marks a crash fault as fired in the run directory before the process kills itself, so a resume
 // does not crash again at the same step.
@@ -117,7 +77,7 @@ constexpr uint64_t kMaxRollbacksInARow = 16;
 
 // A loss spike: go back to the newest checkpoint that verifies and set the batches that led to the
 // spike aside, so that the deterministic re-run does not meet the same spike again.
-void roll_back(Trainer& trainer, const trace::StepRecord& spike, const std::string& run_dir,
+void roll_back(Trainer& trainer, const records::StepRecord& spike, const std::string& run_dir,
                trace::TraceWriter* writer, const RunCallbacks& cb) {
   const data::Cursor at{spike.epoch, spike.batch_in_epoch};
   const int64_t count = trainer.config().guards.spike_skip_batches;
@@ -184,7 +144,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     const uint64_t epoch_before = trainer.cursor().epoch;
     stats = {};
     rank_digests.clear();
-    trace::StepRecord rec = trainer.run_step(digests);
+    records::StepRecord rec = trainer.run_step(digests);
     rec.rank_grad_digests = rank_digests;
     rec.allreduce_calls = stats.calls;
     rec.allreduce_bytes = stats.bytes;
@@ -199,7 +159,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     }
     summary.steps += 1;
     summary.last_step = rec.step;
-    summary.skipped += rec.outcome == trace::Outcome::kSkip ? 1 : 0;
+    summary.skipped += rec.outcome == records::Outcome::kSkip ? 1 : 0;
     summary.final_loss = rec.loss;
     summary.data_ms += rec.timings.data_ms;
     summary.forward_ms += rec.timings.forward_ms;
@@ -219,7 +179,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       roll_back(trainer, rec, run_dir, writer, cb);
       continue;
     }
-    if (rec.outcome == trace::Outcome::kStep) rollbacks_in_a_row = 0;
+    if (rec.outcome == records::Outcome::kStep) rollbacks_in_a_row = 0;
     std::string crash_rank;
     if (trainer.fault_due("crash", rec.step, &crash_rank) &&
         (crash_rank.empty() || crash_rank == std::to_string(trainer.rank()))) {
@@ -235,7 +195,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     const bool interrupt = control.interrupt_at != 0 && s == control.interrupt_at;
     const bool epoch_done = trainer.cursor().epoch != epoch_before;
     if (((epoch_done && config.train.eval_each_epoch) || last) && !interrupt) {
-      trace::EvalRecord e = trainer.evaluate();
+      records::EvalRecord e = trainer.evaluate();
       if (writer) writer->append_eval(e);
       summary.test_accuracy = e.accuracy;
       if (cb.on_eval) cb.on_eval(e);
@@ -301,36 +261,6 @@ data::Dataset load_dataset(const Config& config) {
   return d;
 }
 
-bool is_scratch_dir(const std::string& dir) {
-  std::error_code ec;
-  return stdfs::symlink_status(stdfs::path(dir) / kScratchMarker, ec).type() == stdfs::file_type::regular;
-}
-
-void claim_scratch_dir(const std::string& dir, bool force) {
-  std::error_code ec;
-  const auto type = stdfs::symlink_status(dir, ec).type();
-  if (type != stdfs::file_type::not_found) {
-    RETRACE_CHECK(type == stdfs::file_type::directory, ConfigError, dir,
-                  " exists and is not a directory; choose another directory for the scratch run");
-    if (!stdfs::is_empty(dir, ec)) {
-      RETRACE_CHECK(force || is_scratch_dir(dir), ConfigError, dir,
-                    " exists and is not a scratch directory that retrace made (it has no ", kScratchMarker,
-                    "); nothing in it was touched. Pass --force to replace it, or choose another directory");
-      clear_dir(dir);
-    }
-  }
-  fs::make_writable_dir(dir);
-  fs::write_file_atomic((stdfs::path(dir) / kScratchMarker).string(), scratch_marker_text());
-}
-
-void remove_scratch_dir(const std::string& dir) {
-  if (!is_scratch_dir(dir)) return;
-  std::error_code ec;
-  stdfs::remove_all(dir, ec);
-}
-
-std::string checkpoint_root(const std::string& run_dir) { return (stdfs::path(run_dir) / "checkpoints").string(); }
-std::string trace_path(const std::string& run_dir) { return (stdfs::path(run_dir) / "trace.rtrace").string(); }
 
 RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& cb) {
   resolve_threads(config.runtime);
@@ -355,7 +285,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
-    trace::TraceHeader h;
+    records::TraceHeader h;
     h.retrace_version = retrace_version();
     h.config_toml = config_text;
     h.config_hash = ckpt::config_hash(config_text);
@@ -378,7 +308,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
                   dist::ProcessGroup* pg) {
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
-  const std::string cfg_path = (stdfs::path(run_dir) / "config.toml").string();
+  const std::string cfg_path = config_path(run_dir);
   RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no config.toml in it",
                 " (is it a run directory made by `retrace record`?)");
   Config config = load_config(cfg_path, {}, ConfigSource::kRecorded);
@@ -411,13 +341,13 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   summary.resumed_from = pick->dir;
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
-    const std::string side = (stdfs::path(run_dir) / (std::string("trace") + trace::kSetAsideSuffix)).string();
+    const std::string side = set_aside_path(run_dir);
     // The trace is checked whole (frames and hash chain) before anything is changed, and the
     // checkpoint must sit on one of its frame boundaries with the same chain digest there.
     RETRACE_CHECK(stdfs::exists(summary.trace_path), IntegrityError, "cannot resume ", run_dir, ": its trace ",
                   summary.trace_path, " is missing; the checkpoints are kept, but the run's record cannot continue "
                   "without it. Restore the trace, or start again with `retrace record --force`");
-    std::vector<trace::KeyValue> recorded;
+    std::vector<records::KeyValue> recorded;
     {
       const trace::TraceReader before = trace::TraceReader::open(summary.trace_path);
       recorded = before.header().fingerprint;
@@ -445,10 +375,10 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     // The header's fingerprint is the first process's; a resume under other numerics (another
     // machine in native mode, another kernel set in the environment) is said and recorded.
     const auto now = fingerprint(config.runtime, world);
-    if (const auto keys = trace::numerics_differences(recorded, now); !keys.empty()) {
+    if (const auto keys = records::numerics_differences(recorded, now); !keys.empty()) {
       std::string what;
       for (const auto& k : keys) {
-        auto value = [&](const std::vector<trace::KeyValue>& f) {
+        auto value = [&](const std::vector<records::KeyValue>& f) {
           for (const auto& kv : f)
             if (kv.key == k) return kv.value;
           return std::string("(absent)");
@@ -466,4 +396,4 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   return summary;
 }
 
-}  // namespace retrace::train
+}  // namespace retrace::run

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace retrace::trace {
+namespace retrace {
 
 inline void put_u16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v);
@@ -30,4 +30,4 @@ inline uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
-}  // namespace retrace::trace
+}  // namespace retrace

@@ -1,11 +1,11 @@
-#include "ckpt/strict_json.h"
+#include "core/strict_json.h"
 
 #include <set>
 #include <vector>
 
 #include "core/error.h"
 
-namespace retrace::ckpt {
+namespace retrace::jsonfmt {
 
 using nlohmann::json;
 
@@ -64,4 +64,4 @@ const char* json_type_text(const nlohmann::json& value) {
   }
 }
 
-}  // namespace retrace::ckpt
+}  // namespace retrace::jsonfmt

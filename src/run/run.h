@@ -1,11 +1,7 @@
 // The loop: `record` trains a fresh run into a run directory (DESIGN.md "File layout of a run"),
 // `resume` continues one from its newest checkpoint that verifies. The loop is thin: it calls the
 // trainer, the trace writer and the checkpointer, and reports through callbacks.
-//
-//   RUN/config.toml                 the resolved config, as used
-//   RUN/trace.rtrace                the step trace
-//   RUN/trace.set-aside.rtrace      frames a dead run wrote after its last checkpoint (on resume)
-//   RUN/checkpoints/step-N/         manifest + one shard per rank; RUN/checkpoints/LATEST
+// The directory layout is in layout.h.
 #pragma once
 
 #include <cstdint>
@@ -14,18 +10,20 @@
 #include <string>
 
 #include "data/dataset.h"
-#include "trace/records.h"
+#include "run/layout.h"
+#include "run/run_dir.h"
+#include "records/records.h"
 #include "train/config.h"
 
 namespace retrace::dist {
 class ProcessGroup;
 }
 
-namespace retrace::train {
+namespace retrace::run {
 
 struct RunCallbacks {
-  std::function<void(const trace::StepRecord&, uint64_t total_steps)> on_step;
-  std::function<void(const trace::EvalRecord&)> on_eval;
+  std::function<void(const records::StepRecord&, uint64_t total_steps)> on_step;
+  std::function<void(const records::EvalRecord&)> on_eval;
   std::function<void(const std::string&)> on_message;
 };
 
@@ -74,7 +72,7 @@ struct RunSummary {
 // Trains `config` into options.out_dir. Validates everything (config, data set, output
 // directory) before creating anything, so a failure never leaves a half-written run. An existing
 // non-empty directory is refused (ConfigError) unless options.force.
-RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& callbacks);
+RunSummary record(train::Config config, const RecordOptions& options, const RunCallbacks& callbacks);
 
 // Continues the run in run_dir from its newest checkpoint that verifies (falling back past torn or
 // corrupt ones, each reported through on_message), truncating the trace to the checkpoint's
@@ -83,19 +81,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   dist::ProcessGroup* process_group = nullptr);
 
 // Loads the data set the config names (Fashion-MNIST IDX files, or a text corpus for model.kind gpt).
-data::Dataset load_dataset(const Config& config);
+data::Dataset load_dataset(const train::Config& config);
 
-std::string checkpoint_root(const std::string& run_dir);
-std::string trace_path(const std::string& run_dir);
 
-// Scratch directories: where retrace re-executes runs (RUN/replay, golden check's scratch, the
-// runs of --verify-resume and --accum-grid). No command removes a directory it did not make: a
-// scratch directory holds kScratchMarker, and only such a directory (or an empty one, or any with
-// `force`) is cleared for reuse. ConfigError otherwise, with nothing touched.
-inline constexpr const char* kScratchMarker = ".retrace-scratch";
-bool is_scratch_dir(const std::string& dir);
-void claim_scratch_dir(const std::string& dir, bool force);
-// Removes `dir` if it is a scratch directory; leaves anything else alone.
-void remove_scratch_dir(const std::string& dir);
-
-}  // namespace retrace::train
+}  // namespace retrace::run

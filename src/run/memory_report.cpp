@@ -1,4 +1,4 @@
-#include "train/memory_report.h"
+#include "run/memory_report.h"
 
 #include <torch/torch.h>
 
@@ -11,10 +11,11 @@
 #include "model/gpt.h"
 #include "rng/rng_state.h"
 #include "train/environment.h"
-#include "train/run.h"
+#include "run/run.h"
 #include "train/trainer.h"
 
-namespace retrace::train {
+namespace retrace::run {
+using namespace train;  // the run drives the training part: its types read unqualified here
 namespace {
 
 struct ChildResult {
@@ -103,4 +104,4 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   return out;
 }
 
-}  // namespace retrace::train
+}  // namespace retrace::run

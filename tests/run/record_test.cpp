@@ -7,10 +7,12 @@
 #include "testing/temp_dir.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
-#include "train/run.h"
+#include "run/run.h"
 
-namespace retrace::train {
+namespace retrace::run {
 namespace {
+using train::Config;
+using train::parse_config;
 
 RunSummary record_into(const std::string& dir, std::vector<std::string> sets) {
   Config c = parse_config("", "test", sets);
@@ -19,7 +21,7 @@ RunSummary record_into(const std::string& dir, std::vector<std::string> sets) {
   return record(c, o, {});
 }
 
-void expect_same_records(const trace::StepRecord& a, const trace::StepRecord& b) {
+void expect_same_records(const records::StepRecord& a, const records::StepRecord& b) {
   SCOPED_TRACE("step " + std::to_string(a.step));
   EXPECT_EQ(a.step, b.step);
   EXPECT_EQ(a.epoch, b.epoch);
@@ -67,7 +69,7 @@ TEST(Record, HeaderCarriesConfigFingerprintModelAndData) {
   record_into(tmp.file("r"), {"train.steps=2"});
   auto reader = trace::TraceReader::open(tmp.file("r/trace.rtrace"));
   const auto& h = reader.header();
-  EXPECT_EQ(h.schema, trace::kTraceSchema);
+  EXPECT_EQ(h.schema, records::kTraceSchema);
   EXPECT_NE(h.config_toml.find("batch_size = 128"), std::string::npos);
   EXPECT_EQ(h.seed, 1234u);
   EXPECT_EQ(h.data_files.size(), 4u);
@@ -96,4 +98,4 @@ TEST(Record, RefusesExistingRunAndBadDataWithoutWriting) {
 }
 
 }  // namespace
-}  // namespace retrace::train
+}  // namespace retrace::run

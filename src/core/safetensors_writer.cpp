@@ -12,14 +12,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ckpt/strict_json.h"
+#include "core/strict_json.h"
 
-#include "ckpt/shard.h"
+#include "core/safetensors.h"
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/file_util.h"
 
-namespace retrace::ckpt {
+namespace retrace::safetensors {
+using jsonfmt::json_text;
+using jsonfmt::json_type_text;
+using jsonfmt::parse_strict_json;
 namespace {
 
 using nlohmann::json;
@@ -245,4 +248,4 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   return ShardFileInfo{p.filename().string(), total, sha.finish_hex()};
 }
 
-}  // namespace retrace::ckpt
+}  // namespace retrace::safetensors
