@@ -26,6 +26,8 @@ retrace_gtest(torch_test
   tests/train/step_test.cpp
   tests/train/optimizer_test.cpp
   tests/model/dropout_test.cpp
+  tests/model/torchscript_test.cpp
+  tests/data/user_data_test.cpp
 )
 target_link_libraries(torch_test PRIVATE retrace_replay)
 target_precompile_headers(torch_test REUSE_FROM retrace_core_torch)
@@ -48,6 +50,16 @@ set_tests_properties(train_props PROPERTIES TIMEOUT 300)
 
 add_test(NAME cli_errors COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/cli_errors_test.sh $<TARGET_FILE:retrace>)
 set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)
+
+# Users' own models and data: TorchScript, safetensors and token files, their bad input, export.
+add_test(NAME user_models COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/user_models_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(user_models PROPERTIES TIMEOUT 600)
+
+# The example project in examples/spirals, built against the installed package (cmake --install).
+add_test(NAME example_project COMMAND bash ${CMAKE_SOURCE_DIR}/examples/spirals/run_example.sh ${CMAKE_BINARY_DIR}
+         ${CMAKE_SOURCE_DIR} $<TARGET_FILE:retrace>)
+set_tests_properties(example_project PROPERTIES TIMEOUT 1200)
 
 add_test(NAME numerics_cli COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/numerics_cli_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR}/golden)

@@ -40,6 +40,8 @@ target_link_libraries(retrace_rng_torch PUBLIC retrace_rng retrace_core_torch)
 retrace_torch_part(retrace_data_torch
   src/data/fashion_mnist.cpp
   src/data/text_corpus.cpp
+  src/data/tensor_files.cpp
+  src/data/token_files.cpp
 )
 target_link_libraries(retrace_data_torch PUBLIC retrace_data retrace_rng_torch)
 
@@ -49,6 +51,7 @@ retrace_torch_part(retrace_model
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp
   src/model/memory_plan.cpp
+  src/model/torchscript.cpp
 )
 target_link_libraries(retrace_model PUBLIC retrace_rng_torch retrace_records)
 
@@ -60,6 +63,7 @@ retrace_torch_part(retrace_train_torch
   src/train/loss_scaler.cpp
   src/train/probe.cpp
   src/train/trainer.cpp
+  src/train/registry.cpp
 )
 target_link_libraries(retrace_train_torch PUBLIC retrace_train retrace_model retrace_data_torch)
 
@@ -104,8 +108,34 @@ target_include_directories(retrace_replay PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRE
 target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_run tomlplusplus::tomlplusplus)
 target_precompile_headers(retrace_replay REUSE_FROM retrace_core_torch)
 
-add_executable(retrace tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
-target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)
+# api: the public API's registry and the recorder for users' own loops (include/retrace/).
+retrace_torch_part(retrace_api src/api/api.cpp src/api/recorder.cpp)
+target_link_libraries(retrace_api PUBLIC retrace_replay)
+
+# The CLI, one file per command, as a library: the retrace binary and users' own binaries
+# (retrace::run_cli) run the same commands.
+set(RETRACE_CLI_SOURCES
+  tools/retrace/cli.cpp
+  tools/retrace/common.cpp
+  tools/retrace/cmd_record.cpp
+  tools/retrace/cmd_resume.cpp
+  tools/retrace/cmd_inspect.cpp
+  tools/retrace/cmd_export.cpp
+  tools/retrace/cmd_verify.cpp
+  tools/retrace/cmd_replay.cpp
+  tools/retrace/cmd_diff.cpp
+  tools/retrace/cmd_bisect.cpp
+  tools/retrace/cmd_memory.cpp
+  tools/retrace/cmd_golden.cpp
+  tools/retrace/public_cli.cpp
+)
+retrace_torch_part(retrace_cli ${RETRACE_CLI_SOURCES})
+target_link_libraries(retrace_cli PUBLIC retrace_api PRIVATE CLI11::CLI11)
+target_include_directories(retrace_cli PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
+
+add_executable(retrace tools/retrace/main.cpp)
+target_link_libraries(retrace PRIVATE retrace_cli CLI11::CLI11)
+target_include_directories(retrace PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
 
 # Allocator: tcmalloc for the retrace binary when Debian's libtcmalloc-minimal4 is installed
 # (measured: glibc malloc takes about 20k page faults per GPT step). -DRETRACE_TCMALLOC=OFF
@@ -113,8 +143,9 @@ target_link_libraries(retrace PRIVATE retrace_replay CLI11::CLI11)
 # binary without it, built on demand for the allocator benchmark.
 option(RETRACE_TCMALLOC "Link the retrace binary with tcmalloc when available" ON)
 find_library(TCMALLOC_MINIMAL NAMES tcmalloc_minimal libtcmalloc_minimal.so.4)
-add_executable(retrace_glibc EXCLUDE_FROM_ALL tools/retrace/main.cpp tools/retrace/cli_commands.cpp)
-target_link_libraries(retrace_glibc PRIVATE retrace_replay CLI11::CLI11)
+add_executable(retrace_glibc EXCLUDE_FROM_ALL tools/retrace/main.cpp)
+target_link_libraries(retrace_glibc PRIVATE retrace_cli CLI11::CLI11)
+target_include_directories(retrace_glibc PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
 if(RETRACE_TCMALLOC AND TCMALLOC_MINIMAL)
   message(STATUS "retrace links tcmalloc: ${TCMALLOC_MINIMAL}")
   target_link_libraries(retrace PRIVATE -Wl,--no-as-needed ${TCMALLOC_MINIMAL} -Wl,--as-needed)

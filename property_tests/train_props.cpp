@@ -98,7 +98,7 @@ std::shared_ptr<model::MlpImpl> build_mlp(const AccumCase& c, torch::ScalarType 
   o.inputs = c.inputs;
   o.hidden = c.hidden;
   o.outputs = c.outputs;
-  o.activation = c.activation;
+  o.activation = *model::from_name<model::Activation>(model::kActivationNames, c.activation.c_str());
   o.dropout = 0;
   auto m = std::make_shared<model::MlpImpl>(o);
   m->to(dtype);

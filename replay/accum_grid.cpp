@@ -14,7 +14,7 @@
 namespace retrace::replay {
 
 std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vector<int64_t>& grid,
-                                     const std::string& out_dir) {
+                                     const std::string& out_dir, const train::Registry& registry) {
   RETRACE_CHECK(!grid.empty(), ConfigError, "--accum-grid needs at least one setting, e.g. 1,2,4,8,16");
   const int64_t effective = config.data.batch_size * config.train.accum_steps;
   for (int64_t a : grid)
@@ -36,6 +36,7 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
       run::RecordOptions o;
       o.out_dir = row.run_dir;
       o.scratch = true;
+      o.registry = &registry;
       run::record(c, o, {});
       return peak_rss_mib();
     });

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "train/registry.h"
 
 namespace retrace::replay {
 
@@ -24,6 +25,6 @@ struct AccumGridRow {
 };
 
 std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vector<int64_t>& grid,
-                                     const std::string& out_dir);
+                                     const std::string& out_dir, const train::Registry& registry = train::builtin_registry());
 
 }  // namespace retrace::replay

@@ -34,13 +34,14 @@ std::string run_dir_of(const std::string& p) {
 // Re-executes step `s` of the run whose trace header is `h`, from its newest checkpoint before s,
 // under numerics profile `numerics` (one process runs one profile).
 Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uint64_t s, const std::string& label,
-                  const std::string& numerics) {
+                  train::Numerics numerics, const train::Registry& registry) {
   train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
   cfg.runtime.numerics = numerics;
   train::resolve_threads(cfg.runtime);
   train::apply_environment(cfg.runtime);
-  data::Dataset data = run::load_dataset(cfg);
-  train::Trainer t(cfg, data);
+  registry.check(cfg);
+  data::Dataset data = registry.load_data(cfg);
+  train::Trainer t(cfg, data, registry);
   Probed out;
   for (const auto& [step, dir] : ckpt::list_step_dirs(run::checkpoint_root(run_dir))) {
     if (step >= s) continue;
@@ -105,7 +106,8 @@ std::string BisectReport::summary() const {
   return o.str();
 }
 
-BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& cb) {
+BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& cb,
+                         const train::Registry& registry) {
   const std::string dir_a = run_dir_of(a), dir_b = run_dir_of(b);
   trace::TraceReader ra = trace::TraceReader::open(run::trace_of(a));
   trace::TraceReader rb = trace::TraceReader::open(run::trace_of(b));
@@ -162,13 +164,13 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
   const auto numerics_of = [](const records::TraceHeader& h) {
     return train::parse_config(h.config_toml, "trace header", {}, train::ConfigSource::kRecorded).runtime.numerics;
   };
-  const std::string numerics = numerics_of(ha);
+  const train::Numerics numerics = numerics_of(ha);
   if (numerics_of(hb) != numerics)
-    rep.notes.push_back("run B was recorded with runtime.numerics = \"" + numerics_of(hb) + "\" and is re-executed "
-                        "under run A's \"" + numerics + "\": a difference that the numerics alone make does not "
+    rep.notes.push_back(std::string("run B was recorded with runtime.numerics = \"") + train::numerics_name(numerics_of(hb)) +
+                        "\" and is re-executed under run A's \"" + train::numerics_name(numerics) + "\": a difference that the numerics alone make does not "
                         "show in the re-execution");
-  Probed pa = probe_step(dir_a, ha, hi, "run A", numerics);
-  Probed pb = probe_step(dir_b, hb, hi, "run B", numerics);
+  Probed pa = probe_step(dir_a, ha, hi, "run A", numerics, registry);
+  Probed pb = probe_step(dir_b, hb, hi, "run B", numerics, registry);
   rep.replay_start_a = pa.start;
   rep.replay_start_b = pb.start;
   rep.notes.insert(rep.notes.end(), pa.notes.begin(), pa.notes.end());

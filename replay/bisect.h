@@ -34,6 +34,7 @@ struct BisectReport {
 
 // `a` and `b` are run directories (or their traces; the checkpoints must sit beside the trace).
 // ConfigError when the traces are of different models (use diff for those).
-BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& callbacks);
+BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& callbacks,
+                         const train::Registry& registry = train::builtin_registry());
 
 }  // namespace retrace::replay

@@ -56,13 +56,14 @@ GoldenSpec read_spec(const std::string& dir, const std::string& name, bool autoc
 
 // Records the run into `out` (interrupted at spec.interrupt_at and resumed when set).
 void run_into(const train::Config& config, int64_t interrupt_at, const std::string& out,
-              const run::RunCallbacks& cb) {
+              const run::RunCallbacks& cb, const train::Registry& registry) {
   run::RecordOptions o;
+  o.registry = &registry;
   o.out_dir = out;
   o.scratch = true;
   o.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, interrupt_at));
   run::record(config, o, cb);
-  if (interrupt_at > 0) run::resume(out, {}, cb);
+  if (interrupt_at > 0) run::resume(out, {}, cb, nullptr, registry);
 }
 
 std::string today() {
@@ -85,7 +86,7 @@ std::vector<std::string> list_goldens(const std::string& golden_dir) {
 
 GoldenResult check_golden(const std::string& golden_dir, const std::string& name,
                           const std::vector<std::string>& overrides, const std::string& scratch_root,
-                          const run::RunCallbacks& cb) {
+                          const run::RunCallbacks& cb, const train::Registry& registry) {
   const stdfs::path dir = stdfs::path(golden_dir) / name;
   RETRACE_CHECK(stdfs::exists(dir / "golden.toml"), IoError, "no golden named ", name, " in ", golden_dir,
                 "; known: ", [&] {
@@ -94,12 +95,12 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
                   return s;
                 }());
   train::Config config = train::load_config(run::config_path(dir.string()), overrides, train::ConfigSource::kRecorded);
-  GoldenSpec spec = read_spec(golden_dir, name, config.amp.mode != "off");
+  GoldenSpec spec = read_spec(golden_dir, name, config.amp.mode != train::AmpMode::kOff);
   GoldenResult r;
   r.name = name;
   r.scratch_dir = (stdfs::path(scratch_root) / name).string();
   fs::make_writable_dir(scratch_root);
-  run_into(config, spec.interrupt_at, r.scratch_dir, cb);
+  run_into(config, spec.interrupt_at, r.scratch_dir, cb, registry);
 
   trace::TraceReader golden = trace::TraceReader::open(run::trace_path(dir.string()));
   trace::TraceReader now = trace::TraceReader::open(run::trace_path(r.scratch_dir));
@@ -114,7 +115,7 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
 
 void update_golden(const std::string& golden_dir, const std::string& name, const std::string& reason,
                    const std::vector<std::string>& overrides, int64_t interrupt_at,
-                   const run::RunCallbacks& cb) {
+                   const run::RunCallbacks& cb, const train::Registry& registry) {
   RETRACE_CHECK(!reason.empty(), ConfigError, "golden update needs --reason \"why the golden trace changes\"");
   const stdfs::path dir = stdfs::path(golden_dir) / name;
   const bool exists = stdfs::exists(run::config_path(dir.string()));
@@ -125,7 +126,7 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   if (interrupt_at >= 0) spec.interrupt_at = interrupt_at;
 
   const std::string scratch = (stdfs::temp_directory_path() / ("retrace-golden-" + name)).string();
-  run_into(config, spec.interrupt_at, scratch, cb);
+  run_into(config, spec.interrupt_at, scratch, cb, registry);
   fs::make_writable_dir(dir.string());
   fs::write_file_atomic(run::trace_path(dir.string()), fs::read_file(run::trace_path(scratch)));
   fs::write_file_atomic(run::config_path(dir.string()), fs::read_file(run::config_path(scratch)));

@@ -39,7 +39,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   run::LoopControl control;
   control.checkpoint_on_interrupt = false;
   // A crash fault is a process event, not a training event: the replay runs through it.
-  for (const auto& f : train::parse_faults(config.faults.inject))
+  for (const auto& f : config.faults.parsed)
     if (f.kind == "crash") control.fired.insert("crash@" + std::to_string(f.step));
   uint64_t last_recorded = 0;
   for (const auto& e : recorded.index())
@@ -53,6 +53,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
     ro.scratch = true;
     ro.force = options.force;
     ro.control = control;
+    ro.registry = options.registry;
     run::record(config, ro, cb);
   } else {
     // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
@@ -86,7 +87,8 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
       std::ofstream fired(run::fired_path(res.replay_dir), std::ios::app);
       fired << id << "\n";
     }
-    run::resume(res.replay_dir, control, cb);
+    run::resume(res.replay_dir, control, cb, nullptr,
+                options.registry ? *options.registry : train::builtin_registry());
   }
 
   trace::TraceReader replayed = trace::TraceReader::open(run::trace_path(res.replay_dir));

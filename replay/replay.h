@@ -23,6 +23,7 @@ struct ReplayOptions {
   bool bitwise = false;                      // forces bitwise mode
   std::string scratch_dir;                   // where the replay runs; default RUN/replay
   bool force = false;                        // replace scratch_dir even if retrace did not make it
+  const train::Registry* registry = nullptr; // what the run's config may name; nullptr: the built-ins
 };
 
 struct ReplayResult {

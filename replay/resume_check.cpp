@@ -7,9 +7,15 @@
 #include "trace/trace_reader.h"
 
 namespace retrace::replay {
+namespace {
+run::RecordOptions with_registry(run::RecordOptions o, const train::Registry& registry) {
+  o.registry = &registry;
+  return o;
+}
+}  // namespace
 
 ResumeCheck check_resume(const train::Config& config, const std::string& out_dir, uint64_t interrupt_at,
-                         const run::RunCallbacks& cb, bool force) {
+                         const run::RunCallbacks& cb, bool force, const train::Registry& registry) {
   RETRACE_CHECK(interrupt_at > 0, ConfigError, "--interrupt-at must be at least 1");
   fs::make_writable_dir(out_dir);
   ResumeCheck r;
@@ -22,17 +28,17 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   a.scratch = true;
   a.force = force;
   say("== uninterrupted run -> " + r.uninterrupted_dir);
-  run::record(config, a, cb);
+  run::record(config, with_registry(a, registry), cb);
 
   run::RecordOptions b = a;
   b.out_dir = r.resumed_dir;
   b.control.interrupt_at = interrupt_at;
   say("== run interrupted after step " + std::to_string(interrupt_at) + " -> " + r.resumed_dir);
-  run::RunSummary first = run::record(config, b, cb);
+  run::RunSummary first = run::record(config, with_registry(b, registry), cb);
   RETRACE_CHECK(first.interrupted, ConfigError, "--interrupt-at ", interrupt_at,
                 " is not before the last step ", first.last_step, ": nothing to resume");
   say("== resume " + r.resumed_dir);
-  run::resume(r.resumed_dir, {}, cb);
+  run::resume(r.resumed_dir, {}, cb, nullptr, registry);
 
   auto sa = trace::TraceReader::open(run::trace_path(r.uninterrupted_dir)).steps();
   auto sb = trace::TraceReader::open(run::trace_path(r.resumed_dir)).steps();

@@ -8,6 +8,7 @@
 
 #include "replay/compare.h"
 #include "train/config.h"
+#include "train/registry.h"
 #include "run/run.h"
 
 namespace retrace::replay {
@@ -22,6 +23,7 @@ struct ResumeCheck {
 
 // Runs into out_dir/uninterrupted and out_dir/resumed (both replaced if present).
 ResumeCheck check_resume(const train::Config& config, const std::string& out_dir, uint64_t interrupt_at,
-                         const run::RunCallbacks& callbacks, bool force = false);
+                         const run::RunCallbacks& callbacks, bool force = false,
+                         const train::Registry& registry = train::builtin_registry());
 
 }  // namespace retrace::replay

@@ -4,7 +4,7 @@
 Each folder below is one part. A file of a part may include headers of the parts listed for it,
 and of its own part; anything else in quotes is a wrong-way include and fails the check. The public
 headers (include/retrace/) may include only each other and system headers: users compile them
-without retrace's internals.
+without retrace's internals. retrace/error.h, the one error hierarchy, is public and below every part.
 
     tools/check_layering.py [ROOT]            check the tree at ROOT (default: this repository)
     tools/check_layering.py --plant ROOT      copy ROOT to a temporary directory, add one wrong-way
@@ -77,6 +77,8 @@ def check(root):
                         m = INCLUDE.match(line)
                         if not m:
                             continue
+                        if m.group(1) == "retrace/error.h":
+                            continue  # the error hierarchy is public and below everything
                         target = part_of_include(m.group(1), dirpath)
                         if target is None:
                             continue

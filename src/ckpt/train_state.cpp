@@ -82,11 +82,10 @@ std::string config_hash(const std::string& config_toml) {
   return sha256_hex(config_toml.data(), config_toml.size());
 }
 
-std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
-                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync, RotationReport* rotation) {
-  const uint64_t step = trainer.step();
-  const uint32_t rank = trainer.rank(), world = trainer.world_size();
+std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
+                          uint32_t keep_last, const ShardSync* sync, RotationReport* rotation) {
+  const uint64_t step = snap.step;
+  const uint32_t rank = snap.rank, world = snap.world_size;
   RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs a ShardSync");
   std::string dir = root + "/" + step_dir_name(step);
   if (rank == 0) dir = prepare_checkpoint_dir(root, step);
@@ -101,22 +100,15 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
     views.push_back({name, dtype_name(c.scalar_type()),
                      std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), c.data_ptr(), c.nbytes()});
   };
-  for (const auto& [name, t] : trainer.model_state()) add("model/" + name, t);
-  for (const auto& [name, t] : trainer.optimizer_state()) add("optim/" + name, t);
-  const std::string rng = trainer.rng_state().serialize();
-  views.push_back({"rng/state", "U8", {static_cast<int64_t>(rng.size())}, rng.data(), rng.size()});
+  for (const auto& [name, t] : snap.model) add("model/" + name, t);
+  for (const auto& [name, t] : snap.optim) add("optim/" + name, t);
+  views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
 
-  const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
   auto meta = shard_metadata(step, rank, world);
-  meta["epoch"] = std::to_string(trainer.cursor().epoch);
-  meta["batch_in_epoch"] = std::to_string(trainer.cursor().batch_in_epoch);
-  meta["samples_seen"] = std::to_string(trainer.samples_seen());
-  meta["config_hash"] = cfg_hash;
-  meta["optim"] = trainer.config().optim.name;
+  for (const auto& [k, v] : snap.metadata) meta[k] = v;
+  meta["config_hash"] = snap.config_hash;
   meta["trace_position"] = std::to_string(pos.bytes);
   meta["trace_chain"] = pos.chain.hex();
-  for (const auto& [k, v] : trainer.policy_state()) meta["x." + k] = v;
-  for (const auto& [k, v] : extra) meta["x." + k] = v;
 
   const std::string shard_path = dir + "/" + shard_file_name(rank);
   ShardFileInfo info = write_shard(shard_path, meta, views);
@@ -145,7 +137,7 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   Manifest m;
   m.step = step;
   m.world_size = world;
-  m.config_hash = cfg_hash;
+  m.config_hash = snap.config_hash;
   m.versions = versions();
   m.rng_format_version = rng::kRngFormatVersion;
   m.trace_position = pos.bytes;
@@ -157,61 +149,91 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   return committed;
 }
 
-RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
+std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
+                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
+                            const ShardSync* sync, RotationReport* rotation) {
+  StateSnapshot snap;
+  snap.step = trainer.step();
+  snap.rank = trainer.rank();
+  snap.world_size = trainer.world_size();
+  snap.model = trainer.model_state();
+  snap.optim = trainer.optimizer_state();
+  snap.rng = trainer.rng_state().serialize();
+  snap.config_hash = config_hash(train::to_toml(trainer.config()));
+  snap.metadata["epoch"] = std::to_string(trainer.cursor().epoch);
+  snap.metadata["batch_in_epoch"] = std::to_string(trainer.cursor().batch_in_epoch);
+  snap.metadata["samples_seen"] = std::to_string(trainer.samples_seen());
+  snap.metadata["optim"] = train::optimizer_name(trainer.config().optim.name);
+  for (const auto& [k, v] : trainer.policy_state()) snap.metadata["x." + k] = v;
+  for (const auto& [k, v] : extra) snap.metadata["x." + k] = v;
+  return save_snapshot(snap, root, pos, keep_last, sync, rotation);
+}
+
+LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank) {
+  LoadedSnapshot out;
   // This rank's shard is hashed from the bytes that are parsed (load_shard below), the others here.
-  Manifest m = verify_checkpoint(dir, trainer.world_size(), trainer.rank());
-  const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
-  RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
-                " was made with another config (config hash ", m.config_hash.substr(0, 12),
-                ", this run's is ", cfg_hash.substr(0, 12),
-                "); resume with the run directory's own config.toml");
+  out.manifest = verify_checkpoint(dir, world_size, rank);
+  const Manifest& m = out.manifest;
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ",
                 rng::kRngFormatVersion);
-  ShardData shard = load_shard(dir, m, trainer.rank(), /*check_digest=*/true);
+  ShardData shard = load_shard(dir, m, rank, /*check_digest=*/true);
+  out.where = shard.source;
   const std::string& where = shard.source;
-
-  NamedTensors model, optim;
-  std::string rng_bytes;
   for (const auto& e : shard.tensors) {
     if (e.name == "rng/state") {
-      rng_bytes.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+      out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
       continue;
     }
     torch::Tensor t = torch::empty(e.shape, scalar_type(e.dtype, where));
     RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, where, ": tensor ",
                   e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
     std::memcpy(t.data_ptr(), shard.data(e), e.nbytes);
-    if (e.name.rfind("model/", 0) == 0) model.emplace_back(e.name.substr(6), t);
-    else if (e.name.rfind("optim/", 0) == 0) optim.emplace_back(e.name.substr(6), t);
+    if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
+    else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
     else RETRACE_FAIL(FormatError, where, ": unexpected tensor ", e.name);
   }
-  RETRACE_CHECK(!rng_bytes.empty(), FormatError, where, ": no rng/state tensor");
-  auto meta_it = shard.metadata.find("optim");
-  RETRACE_CHECK(meta_it != shard.metadata.end() && meta_it->second == trainer.config().optim.name,
-                FormatError, where, ": optimizer in checkpoint does not match optim.name");
-
-  trainer.load_model_state(model);
-  trainer.load_optimizer_state(optim);
-  rng::RngState rng = rng::RngState::deserialize(rng_bytes);
-  trainer.restore_position(m.step, rng, parse_u64(shard.metadata, "samples_seen", where));
-
-  RestoredState out;
-  out.dir = dir;
-  out.manifest = m;
+  RETRACE_CHECK(!out.rng.empty(), FormatError, where, ": no rng/state tensor");
+  out.metadata = shard.metadata;
   out.position.bytes = parse_u64(shard.metadata, "trace_position", where);
   auto chain_it = shard.metadata.find("trace_chain");
   RETRACE_CHECK(chain_it != shard.metadata.end(), FormatError, where, ": no trace_chain");
   out.position.chain = parse_digest(chain_it->second, where);
   // The manifest says the same, or one of the two was edited: trust neither. (Rank 0 writes the
   // trace; the other ranks' shards carry no position.)
-  RETRACE_CHECK(trainer.rank() != 0 ||
-                    (m.trace_position == out.position.bytes && m.trace_chain_hex == out.position.chain.hex()),
+  RETRACE_CHECK(rank != 0 || (m.trace_position == out.position.bytes && m.trace_chain_hex == out.position.chain.hex()),
                 IntegrityError,
                 where, ": the shard records trace position ", out.position.bytes, " and chain ", out.position.chain.hex(),
                 ", the manifest ", m.trace_position, " and ", m.trace_chain_hex,
                 "; one of them was edited after the save; resume from an older checkpoint or restore the files");
-  for (const auto& [k, v] : shard.metadata)
+  return out;
+}
+
+uint64_t metadata_u64(const LoadedSnapshot& s, const std::string& key) { return parse_u64(s.metadata, key, s.where); }
+
+RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
+  // The config is checked before any tensor is read: the manifest holds its hash.
+  const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
+  LoadedSnapshot snap = load_snapshot(dir, trainer.world_size(), trainer.rank());
+  const Manifest& m = snap.manifest;
+  RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
+                " was made with another config (config hash ", m.config_hash.substr(0, 12),
+                ", this run's is ", cfg_hash.substr(0, 12),
+                "); resume with the run directory's own config.toml");
+  auto meta_it = snap.metadata.find("optim");
+  RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(trainer.config().optim.name),
+                FormatError, snap.where, ": optimizer in checkpoint does not match optim.name");
+
+  trainer.load_model_state(snap.model);
+  trainer.load_optimizer_state(snap.optim);
+  rng::RngState rng = rng::RngState::deserialize(snap.rng);
+  trainer.restore_position(m.step, rng, metadata_u64(snap, "samples_seen"));
+
+  RestoredState out;
+  out.dir = dir;
+  out.manifest = m;
+  out.position = snap.position;
+  for (const auto& [k, v] : snap.metadata)
     if (k.rfind("x.", 0) == 0) out.extra[k.substr(2)] = v;
   trainer.load_policy_state(out.extra);
   return out;

@@ -15,6 +15,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/manifest.h"
 #include "core/digest.h"
+#include "core/tensor_digest.h"
 
 namespace retrace::train {
 class Trainer;
@@ -43,6 +44,38 @@ struct ShardSync {
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra,
                             const ShardSync* sync = nullptr, RotationReport* rotation = nullptr);
+
+// A rank's state as plain data, what its shard holds: the Trainer's (save_checkpoint) or a user's
+// own loop's (the recorder of include/retrace/retrace.h).
+struct StateSnapshot {
+  uint64_t step = 0;
+  uint32_t rank = 0, world_size = 1;
+  NamedTensors model;  // stored as "model/<name>"
+  NamedTensors optim;  // stored as "optim/<name>"
+  std::string rng;     // rng::RngState::serialize()
+  std::string config_hash;
+  std::map<std::string, std::string> metadata;  // counters, optimizer name, "x." policy state
+};
+
+// Writes the snapshot's shard and commits the checkpoint (see save_checkpoint). Returns the step
+// directory.
+std::string save_snapshot(const StateSnapshot& snapshot, const std::string& root, const TracePosition& pos,
+                          uint32_t keep_last, const ShardSync* sync = nullptr, RotationReport* rotation = nullptr);
+
+struct LoadedSnapshot {
+  Manifest manifest;
+  NamedTensors model, optim;
+  std::string rng;
+  std::map<std::string, std::string> metadata;
+  TracePosition position;
+  std::string where;  // the shard, for messages
+};
+
+// Verifies `dir` for `world_size` (verify.h) and reads rank `rank`'s shard, hashed from the very
+// bytes it parses; checks the RNG format and that shard and manifest agree on the trace position.
+LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank);
+// A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
+uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
 
 struct RestoredState {
   std::string dir;

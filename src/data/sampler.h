@@ -19,7 +19,7 @@
 
 namespace retrace::data {
 
-enum class LastBatch { kDrop, kKeep };
+enum class LastBatch : uint8_t { kDrop, kKeep };  // data.last_batch: "drop" | "keep"
 
 // The position in the data (rng/cursor.h): the sampler's whole state.
 using Cursor = rng::Cursor;

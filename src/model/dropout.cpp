@@ -11,13 +11,11 @@
 
 namespace retrace::model {
 
-at::Tensor dropout(const at::Tensor& x, double p, bool training, const std::string& impl) {
+at::Tensor dropout(const at::Tensor& x, double p, bool training, DropoutImpl impl) {
   if (!training || p == 0.0) return x;
   RETRACE_CHECK(p > 0.0 && p < 1.0, ConfigError, "bad value for model.dropout: ", p, " (need 0 <= dropout < 1)");
-  if (impl == "torch" || !x.device().is_cpu())
+  if (impl == DropoutImpl::kTorch || !x.device().is_cpu())
     return torch::nn::functional::dropout(x, torch::nn::functional::DropoutFuncOptions().p(p).training(true));
-  RETRACE_CHECK(impl == "philox", ConfigError, "bad value for model.dropout_impl: \"", impl,
-                "\" is not one of \"philox\", \"torch\"");
   uint64_t key = 0;
   {
     auto* gen = at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());

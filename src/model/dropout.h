@@ -9,11 +9,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <string>
+#include "model/options.h"
 
 namespace retrace::model {
 
 // x * mask, mask elements 0 (probability p) or 1 / (1 - p); x itself when not training or p == 0.
-at::Tensor dropout(const at::Tensor& x, double p, bool training, const std::string& impl);
+at::Tensor dropout(const at::Tensor& x, double p, bool training, DropoutImpl impl);
 
 }  // namespace retrace::model

@@ -25,14 +25,12 @@ void validate(const GptOptions& o) {
                 " does not divide model.d_model = ", o.d_model, "; choose a divisor of d_model");
   RETRACE_CHECK(o.dropout >= 0.0 && o.dropout < 1.0, ConfigError, "bad value for model.dropout: ", o.dropout,
                 " (need 0 <= dropout < 1)");
-  RETRACE_CHECK(is_checkpoint_policy(o.checkpoint), ConfigError, "bad value for model.checkpoint: \"",
-                o.checkpoint, "\" is not one of \"none\", \"full\", \"sqrt\", \"selective\"");
   RETRACE_CHECK(o.checkpoint_every >= 1, ConfigError, "bad value for model.checkpoint_every: ",
                 o.checkpoint_every, " (need >= 1 layers per segment)");
 }
 
-BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, std::string dropout_impl)
-    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout), dropout_impl_(std::move(dropout_impl)) {
+BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl)
+    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout), dropout_impl_(dropout_impl) {
   // One statement per layer, in a fixed order: each draws its initial weights in turn.
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   qkv_ = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model)));
@@ -119,15 +117,15 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
 
   const bool active = is_training() && torch::GradMode::is_enabled();
   const int64_t n = options_.n_layers;
-  if (active && (options_.checkpoint == "full" || options_.checkpoint == "sqrt")) {
+  if (active && (options_.checkpoint == CheckpointPolicy::kFull || options_.checkpoint == CheckpointPolicy::kSqrt)) {
     int64_t begin = 0;
-    for (int64_t length : checkpoint_segment_lengths(options_.checkpoint, n, options_.checkpoint_every)) {
+    for (int64_t length : checkpoint_segment_lengths(option_name(options_.checkpoint), n, options_.checkpoint_every)) {
       const int64_t end = begin + length;
       x = checkpoint([this, begin, end](const torch::Tensor& in) { return run_blocks(in, begin, end, false); }, x);
       begin = end;
     }
   } else {
-    x = run_blocks(x, 0, n, /*checkpoint_attention=*/active && options_.checkpoint == "selective");
+    x = run_blocks(x, 0, n, /*checkpoint_attention=*/active && options_.checkpoint == CheckpointPolicy::kSelective);
   }
   return head_->forward(ln_f_->forward(x));
 }
@@ -136,9 +134,9 @@ std::string GptImpl::describe() const {
   std::ostringstream out;
   out << "gpt vocab=" << options_.vocab_size << " context=" << options_.context << " d_model=" << options_.d_model
       << " n_layers=" << options_.n_layers << " n_heads=" << options_.n_heads << " dropout=" << options_.dropout
-      << " checkpoint=" << options_.checkpoint;
-  if (options_.checkpoint == "full") out << "(every " << options_.checkpoint_every << ")";
-  if (options_.checkpoint == "sqrt") out << "(every " << sqrt_segment_length(options_.n_layers) << ")";
+      << " checkpoint=" << option_name(options_.checkpoint);
+  if (options_.checkpoint == CheckpointPolicy::kFull) out << "(every " << options_.checkpoint_every << ")";
+  if (options_.checkpoint == CheckpointPolicy::kSqrt) out << "(every " << sqrt_segment_length(options_.n_layers) << ")";
   out << " params=" << count_parameters(*this);
   return out.str();
 }

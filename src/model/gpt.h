@@ -35,6 +35,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/options.h"
+
 namespace retrace::model {
 
 struct GptOptions {
@@ -44,8 +46,8 @@ struct GptOptions {
   int64_t n_layers = 8;
   int64_t n_heads = 4;     // must divide d_model
   double dropout = 0.1;    // embeddings, attention weights, attention and MLP outputs
-  std::string dropout_impl = "philox";  // philox | torch (model/dropout.h)
-  std::string checkpoint = "none";  // none | full | sqrt | selective
+  DropoutImpl dropout_impl = DropoutImpl::kPhilox;  // model/dropout.h
+  CheckpointPolicy checkpoint = CheckpointPolicy::kNone;
   int64_t checkpoint_every = 4;     // layers per segment with "full"
 };
 
@@ -54,7 +56,7 @@ void validate(const GptOptions& options);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t d_model, int64_t n_heads, double dropout, std::string dropout_impl = "philox");
+  BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl = DropoutImpl::kPhilox);
   // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
   // through checkpoint() (the selective policy).
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
@@ -65,7 +67,7 @@ class BlockImpl : public torch::nn::Module {
   int64_t d_model_;
   int64_t n_heads_;
   double dropout_;
-  std::string dropout_impl_;
+  DropoutImpl dropout_impl_;
   torch::nn::LayerNorm ln_1_{nullptr};
   torch::nn::Linear qkv_{nullptr};
   torch::nn::Linear proj_{nullptr};

@@ -31,15 +31,10 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
     x = layers_[i]->as<torch::nn::Linear>()->forward(x);
     if (probe_) probe_->end_module(name, "Linear", x);
     if (i + 1 == n) break;
-    if (options_.activation == "relu") {
-      x = torch::relu(x);
-    } else if (options_.activation == "gelu") {
-      x = torch::gelu(x);
-    } else if (options_.activation == "tanh") {
-      x = torch::tanh(x);
-    } else {
-      RETRACE_FAIL(ConfigError, "bad value for model.activation: \"", options_.activation,
-                   "\" is not one of \"relu\", \"gelu\", \"tanh\"");
+    switch (options_.activation) {
+      case Activation::kRelu: x = torch::relu(x); break;
+      case Activation::kGelu: x = torch::gelu(x); break;
+      case Activation::kTanh: x = torch::tanh(x); break;
     }
     if (options_.dropout > 0) x = dropout(x, options_.dropout, is_training(), options_.dropout_impl);
   }
@@ -50,7 +45,7 @@ std::string MlpImpl::describe() const {
   std::ostringstream out;
   out << "mlp " << options_.inputs;
   for (auto h : options_.hidden) out << "-" << h;
-  out << "-" << options_.outputs << " activation=" << options_.activation
+  out << "-" << options_.outputs << " activation=" << option_name(options_.activation)
       << " dropout=" << options_.dropout;
   return out.str();
 }

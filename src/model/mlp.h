@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/module_probe.h"
+#include "model/options.h"
 
 namespace retrace::model {
 
@@ -20,9 +21,9 @@ struct MlpOptions {
   int64_t inputs = 784;
   std::vector<int64_t> hidden = {512, 256};
   int64_t outputs = 10;
-  std::string activation = "relu";  // relu | gelu | tanh
+  Activation activation = Activation::kRelu;
   double dropout = 0.1;
-  std::string dropout_impl = "philox";  // philox | torch (model/dropout.h)
+  DropoutImpl dropout_impl = DropoutImpl::kPhilox;  // model/dropout.h
 };
 
 class MlpImpl : public torch::nn::Module {

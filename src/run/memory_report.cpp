@@ -32,7 +32,7 @@ double median(std::vector<double> v) {
 // The config's GPT with another checkpointing policy.
 model::GptOptions gpt_options_with(const Config& c, int64_t vocab, const std::string& policy, int64_t k) {
   model::GptOptions o = gpt_options(c, vocab);
-  o.checkpoint = policy;
+  o.checkpoint = *model::from_name<model::CheckpointPolicy>(model::kCheckpointPolicyNames, policy.c_str());
   o.checkpoint_every = k;
   return o;
 }
@@ -67,12 +67,12 @@ ChildResult measure_child(Config c, const data::Dataset& data, const std::string
 std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps) {
   RETRACE_CHECK(config.model.kind == "gpt", ConfigError,
                 "retrace memory plans a GPT config (model.kind = \"gpt\"); try --config configs/char-gpt.toml");
-  data::Dataset data = load_dataset(config);
+  data::Dataset data = builtin_registry().load_data(config);
   std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
                                         {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
   rng::seed_all(static_cast<uint64_t>(config.seed));
   const int64_t params = model::count_parameters(*model::Gpt(gpt_options_with(config, data.vocab_size, "none", 4)));
-  const int64_t dtype_bytes = config.amp.mode == "off" ? 4 : 2;
+  const int64_t dtype_bytes = config.amp.mode == AmpMode::kOff ? 4 : 2;
   for (auto& m : out)
     m.estimate = model::estimate_memory(params, config.data.batch_size, config.data.context, config.model.d_model,
                                         config.model.n_layers, config.model.n_heads, dtype_bytes, m.policy, m.k,

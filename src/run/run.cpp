@@ -20,8 +20,6 @@
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/file_util.h"
-#include "data/fashion_mnist.h"
-#include "data/text_corpus.h"
 #include "core/tensor_digest.h"
 #include "dist/process_group.h"
 #include "trace/trace_reader.h"
@@ -248,17 +246,11 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 }
 }  // namespace
 
-data::Dataset load_dataset(const Config& config) {
-  if (config.model.kind != "gpt") return data::load_fashion_mnist(config.data.dir);
-  data::TextCorpus corpus = data::load_text_corpus(config.data.dir, config.data.context, config.data.test_fraction);
-  data::Dataset d;
-  d.train = {corpus.train_inputs, corpus.train_targets};
-  d.test = {corpus.test_inputs, corpus.test_targets};
-  d.files = corpus.files;
-  d.vocab_size = corpus.vocab_size;
-  d.description = "text corpus " + config.data.dir + ", " + std::to_string(corpus.characters) + " characters, vocabulary " +
-                  std::to_string(corpus.vocab_size);
-  return d;
+std::vector<records::KeyValue> run_fingerprint(const Config& config, const model::ModelHandle& model,
+                                               uint32_t world_size) {
+  std::vector<records::KeyValue> f = fingerprint(config.runtime, world_size);
+  f.insert(f.end(), model.numerics.begin(), model.numerics.end());
+  return f;
 }
 
 
@@ -270,10 +262,12 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   const std::string config_text = to_toml(config);
 
   // Everything that can fail on bad input happens before the run directory is touched.
-  data::Dataset data = load_dataset(config);
+  const Registry& registry = options.registry ? *options.registry : builtin_registry();
+  registry.check(config);
+  data::Dataset data = registry.load_data(config);
   dist::ProcessGroup* pg = options.process_group;
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
-  Trainer trainer(config, data, rank, world);
+  Trainer trainer(config, data, registry, rank, world);
   if (rank == 0) {
     create_run_dir(options.out_dir, options.force, options.scratch, config_text);
   }
@@ -290,11 +284,12 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.config_toml = config_text;
     h.config_hash = ckpt::config_hash(config_text);
     h.seed = static_cast<uint64_t>(config.seed);
-    h.fingerprint = fingerprint(config.runtime, world);
+    h.fingerprint = run_fingerprint(config, trainer.model(), world);
     h.model_description = trainer.model().description;
-    h.faults = parse_faults(config.faults.inject);
+    h.faults = config.faults.parsed;
     h.params = trainer.param_info();
     h.data_files = data.files;
+    h.data_files.insert(h.data_files.end(), trainer.model().files.begin(), trainer.model().files.end());
     h.total_steps = trainer.total_steps();
     h.world_size = world;
     h.effective_batch = static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps) * world;
@@ -306,7 +301,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 }
 
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-                  dist::ProcessGroup* pg) {
+                  dist::ProcessGroup* pg, const Registry& registry) {
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   const std::string cfg_path = config_path(run_dir);
   RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no config.toml in it",
@@ -330,8 +325,9 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   picks[0], "; are the ranks looking at the same run directory?");
   }
 
-  data::Dataset data = load_dataset(config);
-  Trainer trainer(config, data, rank, world);
+  registry.check(config);
+  data::Dataset data = registry.load_data(config);
+  Trainer trainer(config, data, registry, rank, world);
   ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
   load_fired(run_dir, trainer);
 
@@ -374,7 +370,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     if (cb.on_message) cb.on_message(msg);
     // The header's fingerprint is the first process's; a resume under other numerics (another
     // machine in native mode, another kernel set in the environment) is said and recorded.
-    const auto now = fingerprint(config.runtime, world);
+    const auto now = run_fingerprint(config, trainer.model(), world);
     if (const auto keys = records::numerics_differences(recorded, now); !keys.empty()) {
       std::string what;
       for (const auto& k : keys) {

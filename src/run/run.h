@@ -14,6 +14,7 @@
 #include "run/run_dir.h"
 #include "records/records.h"
 #include "train/config.h"
+#include "train/registry.h"
 
 namespace retrace::dist {
 class ProcessGroup;
@@ -48,6 +49,8 @@ struct RecordOptions {
   bool scratch = false;
   LoopControl control;
   dist::ProcessGroup* process_group = nullptr;  // data parallelism: this process is one rank
+  // What model.kind, data.kind and train.loss may name; nullptr: the built-ins.
+  const train::Registry* registry = nullptr;
 };
 
 struct RunSummary {
@@ -78,10 +81,13 @@ RunSummary record(train::Config config, const RecordOptions& options, const RunC
 // corrupt ones, each reported through on_message), truncating the trace to the checkpoint's
 // position after setting the frames beyond it aside, and appending a "resume" event.
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks,
-                  dist::ProcessGroup* process_group = nullptr);
+                  dist::ProcessGroup* process_group = nullptr,
+                  const train::Registry& registry = train::builtin_registry());
 
-// Loads the data set the config names (Fashion-MNIST IDX files, or a text corpus for model.kind gpt).
-data::Dataset load_dataset(const train::Config& config);
+// The environment fingerprint of a run's trace header: the runtime's (train/environment.h) and the
+// model's own numerics settings (a TorchScript model's executor).
+std::vector<records::KeyValue> run_fingerprint(const train::Config& config, const model::ModelHandle& model,
+                                               uint32_t world_size);
 
 
 }  // namespace retrace::run

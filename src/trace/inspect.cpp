@@ -129,6 +129,40 @@ void print_json(const TraceReader& reader, uint64_t first, uint64_t last, std::o
   out << j.dump(2, ' ', false, json::error_handler_t::replace) << '\n';
 }
 
+void print_jsonl(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
+  auto line = [&out](json j) { out << j.dump(-1, ' ', false, json::error_handler_t::replace) << '\n'; };
+  json h = header_json(reader.header());
+  h["type"] = "header";
+  line(h);
+  const auto evals = reader.evals();
+  const auto events = reader.events();
+  size_t ev = 0, en = 0;
+  auto rows_until = [&](uint64_t step) {  // evals and events of steps <= `step`, in step order
+    while (ev < evals.size() || en < events.size()) {
+      const bool take_eval = ev < evals.size() && (en >= events.size() || evals[ev].step < events[en].step);
+      const uint64_t s = take_eval ? evals[ev].step : events[en].step;
+      if (s > step) return;
+      if (take_eval) {
+        const auto& e = evals[ev++];
+        if (e.step >= first && e.step <= last)
+          line({{"type", "eval"}, {"step", e.step}, {"epoch", e.epoch}, {"samples", e.samples}, {"loss", e.loss},
+                {"accuracy", e.accuracy}});
+      } else {
+        const auto& e = events[en++];
+        if (e.step >= first && e.step <= last)
+          line({{"type", "event"}, {"step", e.step}, {"kind", e.kind}, {"message", e.message}});
+      }
+    }
+  };
+  for (const records::StepRecord& r : reader.steps(first, last)) {
+    rows_until(r.step == 0 ? 0 : r.step - 1);
+    json j = step_json(r);
+    j["type"] = "step";
+    line(j);
+  }
+  rows_until(UINT64_MAX);
+}
+
 // Quotes a CSV field when it needs it (RFC 4180).
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
@@ -260,6 +294,7 @@ void print_inspect(const TraceReader& reader, InspectFormat format, uint64_t fir
     case InspectFormat::kTable: print_table(reader, first, last, out); break;
     case InspectFormat::kJson: print_json(reader, first, last, out); break;
     case InspectFormat::kCsv: print_csv(reader, first, last, out); break;
+    case InspectFormat::kJsonl: print_jsonl(reader, first, last, out); break;
   }
 }
 

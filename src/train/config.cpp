@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <type_traits>
 #include <toml++/toml.h>
 
 #include "core/error.h"
@@ -33,6 +34,8 @@ struct Field {
 
 template <typename S, typename M>
 std::function<void*(Config&)> at(S Config::*section, M S::*member) {
+  // A choice is stored as an enum whose values follow the order of its names (assign, to_toml).
+  if constexpr (std::is_enum_v<M>) static_assert(std::is_same_v<std::underlying_type_t<M>, uint8_t>);
   return [section, member](Config& c) -> void* { return &((c.*section).*member); };
 }
 
@@ -41,8 +44,13 @@ std::vector<Field> fields() {
   std::vector<Field> f;
   f.push_back({"seed", Kind::kInt, "seed of every random stream (init, dropout, data order)", {}, 0,
                9.007199254740992e15, false, false, [](C& c) -> void* { return &c.seed; }});
-  f.push_back({"data.dir", Kind::kString, "directory of the IDX files", {}, 0, 0, false, false,
-               at(&C::data, &DataConfig::dir)});
+  f.push_back({"data.kind", Kind::kString,
+               "data set: auto (text for model.kind gpt, else fashion-mnist), fashion-mnist (IDX files), text "
+               "(a text file or directory), tensors (train/test.safetensors with inputs and targets), tokens "
+               "(llm.c train.bin/val.bin), or a kind your binary registers", {}, 0, 0, false, false,
+               at(&C::data, &DataConfig::kind), "'auto'"});
+  f.push_back({"data.dir", Kind::kString, "where the data set is: a directory (or, for text, a file)", {}, 0, 0,
+               false, false, at(&C::data, &DataConfig::dir)});
   f.push_back({"data.batch_size", Kind::kInt, "samples per step per rank", {}, 1, 65536, false, false,
                at(&C::data, &DataConfig::batch_size)});
   f.push_back({"data.last_batch", Kind::kChoice, "the last partial batch of an epoch", {"drop", "keep"},
@@ -51,10 +59,15 @@ std::vector<Field> fields() {
                false, false, at(&C::data, &DataConfig::eval_batch_size)});
   f.push_back({"data.context", Kind::kInt, "gpt: tokens per sample", {}, 1, 1 << 16, false, false,
                at(&C::data, &DataConfig::context)});
+  f.push_back({"data.vocab_size", Kind::kInt, "tokens: vocabulary size (0: the largest token + 1)", {}, 0,
+               1 << 30, false, false, at(&C::data, &DataConfig::vocab_size), "0"});
   f.push_back({"data.test_fraction", Kind::kFloat, "gpt: share of the corpus held out for evaluation", {}, 0, 1,
                false, true, at(&C::data, &DataConfig::test_fraction)});
-  f.push_back({"model.kind", Kind::kChoice, "model family: mlp (Fashion-MNIST), gpt (character language model)",
-               {"mlp", "gpt"}, 0, 0, false, false, at(&C::model, &ModelConfig::kind)});
+  f.push_back({"model.kind", Kind::kString,
+               "model: mlp (Fashion-MNIST), gpt (character language model), torchscript (model.path), or a kind "
+               "your binary registers", {}, 0, 0, false, false, at(&C::model, &ModelConfig::kind)});
+  f.push_back({"model.path", Kind::kString, "torchscript: the file saved with torch.jit.save", {}, 0, 0, false,
+               false, at(&C::model, &ModelConfig::path), "''"});
   f.push_back({"model.hidden", Kind::kIntList, "widths of the hidden layers", {}, 1, 1 << 16, false,
                false, at(&C::model, &ModelConfig::hidden)});
   f.push_back({"model.activation", Kind::kChoice, "activation between layers", {"relu", "gelu", "tanh"},
@@ -110,6 +123,8 @@ std::vector<Field> fields() {
                1e12, false, false, at(&C::train, &TrainConfig::max_norm)});
   f.push_back({"train.eval_each_epoch", Kind::kBool, "evaluate on the test split after every epoch", {},
                0, 0, false, false, at(&C::train, &TrainConfig::eval_each_epoch)});
+  f.push_back({"train.loss", Kind::kString, "loss: cross_entropy, or a loss your binary registers", {}, 0, 0,
+               false, false, at(&C::train, &TrainConfig::loss), "'cross_entropy'"});
   f.push_back({"amp.mode", Kind::kChoice, "autocast: off, bf16 (CPU or CUDA), fp16 (CUDA only)",
                {"off", "bf16", "fp16"}, 0, 0, false, false, at(&C::amp, &AmpConfig::mode)});
   f.push_back({"amp.scaler", Kind::kChoice, "loss scaler: auto (on for fp16), on (forced, e.g. to test it on CPU), off",
@@ -258,11 +273,12 @@ void assign(const Field& f, Config& c, const toml::node& node, const std::string
     case Kind::kChoice: {
       if (!node.is_string()) type_error();
       std::string v = *node.value<std::string>();
-      bool ok = false;
-      for (const auto& ch : f.choices) ok = ok || ch == v;
-      RETRACE_CHECK(ok, ConfigError, "bad value for ", f.key, " in ", where, ": \"", v,
+      size_t index = f.choices.size();
+      for (size_t i = 0; i < f.choices.size(); ++i)
+        if (f.choices[i] == v) index = i;
+      RETRACE_CHECK(index < f.choices.size(), ConfigError, "bad value for ", f.key, " in ", where, ": \"", v,
                     "\" is not one of ", join(f.choices));
-      *static_cast<std::string*>(p) = v;
+      *static_cast<uint8_t*>(p) = static_cast<uint8_t>(index);
       break;
     }
     case Kind::kIntList: {
@@ -288,10 +304,31 @@ const Field& find_field(const std::vector<Field>& fs, const std::string& key, co
                valid_keys_near(fs, key));
 }
 
+// The text of a TOML value as to_toml writes values ([user] keys keep it).
+std::string value_text(const toml::node& node) {
+  std::ostringstream out;
+  node.visit([&out](const auto& v) { out << v; });
+  return out.str();
+}
+
+void walk_user(const toml::table& t, const std::string& prefix, Config& c) {
+  for (const auto& [k, node] : t) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = node.as_table()) walk_user(*sub, key, c);
+    else c.user[key] = value_text(node);
+  }
+}
+
 void walk(const toml::table& t, const std::string& prefix, const std::vector<Field>& fs, Config& c,
           const std::string& where) {
   for (const auto& [k, node] : t) {
     std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (prefix.empty() && key == "user") {
+      const toml::table* sub = node.as_table();
+      RETRACE_CHECK(sub, ConfigError, "bad value for user in ", where, ": expected a table [user] of your own keys");
+      walk_user(*sub, "", c);
+      continue;
+    }
     if (const toml::table* sub = node.as_table()) {
       bool known_section = false;
       for (const auto& f : fs) known_section = known_section || f.key.rfind(key + ".", 0) == 0;
@@ -304,14 +341,16 @@ void walk(const toml::table& t, const std::string& prefix, const std::vector<Fie
   }
 }
 
-void validate(const Config& c) {
+void validate(Config& c) {
   RETRACE_CHECK(!c.model.hidden.empty(), ConfigError,
                 "bad value for model.hidden: at least one hidden layer is needed");
-  RETRACE_CHECK(!(c.amp.mode == "fp16" && c.runtime.device == "cpu"), ConfigError,
+  RETRACE_CHECK(!(c.amp.mode == AmpMode::kFp16 && c.runtime.device == DeviceKind::kCpu), ConfigError,
                 "bad value for amp.mode: \"fp16\" autocast needs runtime.device = \"cuda\"; on CPU use \"bf16\"");
-  parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
-  RETRACE_CHECK(c.runtime.device == "cpu" || c.runtime.device == "cuda", ConfigError,
-                "bad value for runtime.device");
+  c.faults.parsed = parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
+  RETRACE_CHECK(!c.model.kind.empty(), ConfigError, "bad value for model.kind: it is empty");
+  RETRACE_CHECK(c.model.kind != "torchscript" || !c.model.path.empty(), ConfigError,
+                "model.kind = \"torchscript\" needs model.path, the file saved with torch.jit.save "
+                "(e.g. --set model.path=model.pt)");
 }
 
 std::string toml_string(const std::string& s) {
@@ -337,6 +376,9 @@ std::string number(double v) {
 
 }  // namespace
 
+const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::kSgd ? "sgd" : "adamw"; }
+const char* amp_name(AmpMode m) { return m == AmpMode::kBf16 ? "bf16" : m == AmpMode::kFp16 ? "fp16" : "off"; }
+
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides, ConfigSource source) {
   const auto fs = fields();
@@ -359,8 +401,17 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     RETRACE_CHECK(eq != std::string::npos && eq > 0, ConfigError, "--set expects key=value, got '", ov,
                   "'");
     std::string key = ov.substr(0, eq), value = ov.substr(eq + 1);
-    const Field& f = find_field(fs, key, "--set " + ov);
     toml::table t;
+    if (key.rfind("user.", 0) == 0 && key.size() > 5) {
+      try {
+        t = toml::parse("v = " + value);
+      } catch (const toml::parse_error&) {
+        t = toml::table{{"v", value}};
+      }
+      c.user[key.substr(5)] = value_text(*t.get("v"));
+      continue;
+    }
+    const Field& f = find_field(fs, key, "--set " + ov);
     try {
       t = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
@@ -402,8 +453,8 @@ std::string to_toml(const Config& cfg) {
       case Kind::kInt: value << *static_cast<int64_t*>(p); break;
       case Kind::kFloat: value << number(*static_cast<double*>(p)); break;
       case Kind::kBool: value << (*static_cast<bool*>(p) ? "true" : "false"); break;
-      case Kind::kString:
-      case Kind::kChoice: value << toml_string(*static_cast<std::string*>(p)); break;
+      case Kind::kString: value << toml_string(*static_cast<std::string*>(p)); break;
+      case Kind::kChoice: value << toml_string(f.choices.at(*static_cast<uint8_t*>(p))); break;
       case Kind::kIntList: {
         value << "[";
         const auto& v = *static_cast<std::vector<int64_t>*>(p);
@@ -414,6 +465,11 @@ std::string to_toml(const Config& cfg) {
     }
     if (!f.legacy.empty() && value.str() == f.legacy) continue;
     out << name << " = " << value.str() << "\n";
+  }
+  // Users' keys last, sorted; a config without any writes no [user] section (older hashes stay).
+  if (!c.user.empty()) {
+    out << "\n[user]\n";
+    for (const auto& [k, v] : c.user) out << k << " = " << v << "\n";
   }
   return out.str();
 }

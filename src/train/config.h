@@ -10,32 +10,54 @@
 #include <utility>
 #include <vector>
 
+#include "data/sampler.h"
+#include "model/options.h"
+#include "records/records.h"
+#include "train/numerics.h"
+
 namespace retrace::train {
 
+// Choices of the config as enums, in the order of their names in config.cpp's table (the TOML
+// text keeps the names; the enums are what the code compares).
+enum class OptimizerKind : uint8_t { kAdamW, kSgd };      // optim.name: adamw | sgd
+enum class ScheduleKind : uint8_t { kCosine, kConstant };  // schedule.kind: cosine | constant
+enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };       // amp.mode: off | bf16 | fp16
+enum class ScalerMode : uint8_t { kAuto, kOn, kOff };      // amp.scaler: auto | on | off
+enum class DeviceKind : uint8_t { kCpu, kCuda };           // runtime.device: cpu | cuda
+const char* optimizer_name(OptimizerKind k);
+const char* amp_name(AmpMode m);
+
 struct DataConfig {
+  // Which data set: a registered data kind, or "auto" (a text corpus for model.kind "gpt",
+  // Fashion-MNIST otherwise). Built in: fashion-mnist, text, tensors (a directory of safetensors
+  // files), tokens (llm.c token files).
+  std::string kind = "auto";
   std::string dir = "/usr/share/datasets/fashion-mnist";
   int64_t batch_size = 128;
-  std::string last_batch = "drop";  // drop | keep
+  data::LastBatch last_batch = data::LastBatch::kDrop;
   int64_t eval_batch_size = 1000;
-  int64_t context = 128;        // gpt: tokens per sample
+  int64_t context = 128;        // gpt, tokens: tokens per sample
+  int64_t vocab_size = 0;       // tokens: vocabulary (0: largest token + 1)
   double test_fraction = 0.1;   // gpt: share of the corpus held out for evaluation
 };
 
 struct ModelConfig {
-  std::string kind = "mlp";  // mlp | gpt
+  // A registered model kind. Built in: mlp, gpt, torchscript (model.path names the file).
+  std::string kind = "mlp";
+  std::string path;  // torchscript: the saved module
   std::vector<int64_t> hidden = {512, 256};  // mlp
-  std::string activation = "relu";  // mlp: relu | gelu | tanh
+  model::Activation activation = model::Activation::kRelu;  // mlp
   double dropout = 0.1;
-  std::string dropout_impl = "philox";  // philox | torch (how CPU dropout masks are drawn)
+  model::DropoutImpl dropout_impl = model::DropoutImpl::kPhilox;  // how CPU dropout masks are drawn
   int64_t d_model = 128;     // gpt
   int64_t n_layers = 8;      // gpt
   int64_t n_heads = 4;       // gpt
-  std::string checkpoint = "none";  // gpt activation checkpointing: none | full | sqrt | selective
+  model::CheckpointPolicy checkpoint = model::CheckpointPolicy::kNone;  // gpt activation checkpointing
   int64_t checkpoint_every = 4;     // gpt: layers per segment with "full"
 };
 
 struct OptimConfig {
-  std::string name = "adamw";  // adamw | sgd
+  OptimizerKind name = OptimizerKind::kAdamW;
   double lr = 1e-3;
   double weight_decay = 0.01;
   double momentum = 0.9;  // sgd
@@ -47,7 +69,7 @@ struct OptimConfig {
 };
 
 struct ScheduleConfig {
-  std::string kind = "cosine";  // cosine | constant
+  ScheduleKind kind = ScheduleKind::kCosine;
   int64_t warmup_steps = 100;
   double min_lr_ratio = 0.05;
 };
@@ -58,11 +80,14 @@ struct TrainConfig {
   int64_t accum_steps = 1;  // micro-batches per optimizer step (data.batch_size each)
   double max_norm = 1.0;  // 0 disables clipping
   bool eval_each_epoch = true;
+  // A registered loss: outputs and targets of a batch -> the sum of per-item losses (retrace
+  // divides by the item count of the effective batch). Built in: cross_entropy.
+  std::string loss = "cross_entropy";
 };
 
 struct AmpConfig {
-  std::string mode = "off";     // off | bf16 | fp16 (fp16 needs CUDA)
-  std::string scaler = "auto";  // auto (on for fp16 only) | on | off
+  AmpMode mode = AmpMode::kOff;  // fp16 needs CUDA
+  ScalerMode scaler = ScalerMode::kAuto;  // auto: on for fp16 only
   double init_scale = 65536.0;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -78,12 +103,13 @@ struct GuardConfig {
 };
 
 struct FaultConfig {
-  std::string inject;  // "KIND@STEP[:ARG],..." (see faults.h)
+  std::string inject;  // "KIND@STEP[:ARG],..." (see faults.h), as written
+  std::vector<records::Fault> parsed;  // the same, parsed once when the config is
 };
 
 struct RuntimeConfig {
-  std::string device = "cpu";  // cpu | cuda
-  std::string numerics = "portable";  // portable | native (train/numerics.h)
+  DeviceKind device = DeviceKind::kCpu;
+  Numerics numerics = Numerics::kPortable;  // train/numerics.h
   int64_t threads = 0;          // torch intra-op threads; 0 = auto (resolved and recorded)
   int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto (portable: 2; native: the core count, at most 8)
   int64_t interop_threads = 1;
@@ -119,6 +145,9 @@ struct Config {
   RuntimeConfig runtime;
   TraceConfig trace;
   CheckpointConfig checkpoint;
+  // [user]: keys for users' own models, data sets and losses, free-form. Values are kept as TOML
+  // text ("64", "'relu'", "[1, 2]"), written back sorted by key, and part of the config hash.
+  std::map<std::string, std::string> user;
 };
 
 // Where a config's text comes from. kUser: a file or text a person wrote; a missing key takes the

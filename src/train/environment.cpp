@@ -77,7 +77,7 @@ std::string allocator() {
 std::string retrace_version() { return "0.1.0"; }
 
 std::string numerics_summary(const RuntimeConfig& runtime) {
-  const Numerics n = parse_numerics(runtime.numerics);
+  const Numerics n = runtime.numerics;
   std::string s = describe_numerics(n, plan_environment(n));
   if (n == Numerics::kNative) s += "; OpenBLAS " + blas_core() + ", ATen " + cpu_capability();
   return s + "; torch " + std::to_string(runtime.threads) + " + BLAS " + std::to_string(runtime.blas_threads) +
@@ -85,7 +85,7 @@ std::string numerics_summary(const RuntimeConfig& runtime) {
 }
 
 ThreadLayout resolve_threads(RuntimeConfig& runtime) {
-  const Numerics n = parse_numerics(runtime.numerics);
+  const Numerics n = runtime.numerics;
   int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   if (runtime.threads == 0) runtime.threads = n == Numerics::kPortable ? kPortableTorchThreads : 1;
   if (runtime.blas_threads == 0)
@@ -96,7 +96,7 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime) {
 void apply_environment(const RuntimeConfig& runtime) {
   RETRACE_CHECK(runtime.threads > 0 && runtime.blas_threads > 0, InvariantError,
                 "thread counts must be resolved before apply_environment");
-  const Numerics numerics = parse_numerics(runtime.numerics);
+  const Numerics numerics = runtime.numerics;
   check_cpu(numerics, detect_cpu_features());
   const EnvPlan plan = plan_environment(numerics);
   if (!plan.ready()) {
@@ -130,7 +130,7 @@ void apply_environment(const RuntimeConfig& runtime) {
   // its kernel by CPU features (AVX-512 BF16, AMX): a path chosen by the chip. Portable keeps them on
   // ATen's own kernels, whose level is pinned.
   at::globalContext().setUserEnabledMkldnn(numerics == Numerics::kNative);
-  if (runtime.device == "cuda") {
+  if (runtime.device == DeviceKind::kCuda) {
     RETRACE_CHECK(torch::cuda::is_available(), IoError,
                   "runtime.device = \"cuda\" but this LibTorch has no usable CUDA device; "
                   "use --set runtime.device=cpu");
@@ -150,7 +150,7 @@ void apply_environment(const RuntimeConfig& runtime) {
 }
 
 std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_t world_size) {
-  const Numerics numerics = parse_numerics(runtime.numerics);
+  const Numerics numerics = runtime.numerics;
   const CpuFeatures cpu = detect_cpu_features();
   std::string cpu_flags;
   for (const auto& f : cpu.flags) cpu_flags += (cpu_flags.empty() ? "" : ",") + f;
@@ -183,7 +183,7 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("interop_threads", std::to_string(at::get_num_interop_threads()));
   add("deterministic_algorithms", at::globalContext().deterministicAlgorithms() ? "true" : "false");
   add("onednn", at::globalContext().userEnabledMkldnn() ? "on" : "off");
-  add("device", runtime.device);
+  add("device", runtime.device == DeviceKind::kCuda ? "cuda" : "cpu");
   add("world_size", std::to_string(world_size));
   // Native numerics let the kernel libraries choose by CPU feature (oneDNN's BF16 path on AVX-512
   // BF16 or AMX parts), so there the features are numerics; portable pins the path, so there they

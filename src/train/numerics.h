@@ -31,7 +31,7 @@
 
 namespace retrace::train {
 
-enum class Numerics { kPortable, kNative };
+enum class Numerics : uint8_t { kPortable, kNative };
 
 // "portable" | "native"; ConfigError naming runtime.numerics for anything else.
 Numerics parse_numerics(const std::string& name);

@@ -83,19 +83,16 @@ class FusedAdamW final : public torch::optim::AdamW {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                                         torch::nn::Module& model) {
-  if (c.name == "sgd") {
+  if (c.name == OptimizerKind::kSgd) {
     return std::make_unique<torch::optim::SGD>(
         model.parameters(), torch::optim::SGDOptions(c.lr)
                                 .momentum(c.momentum)
                                 .nesterov(c.nesterov)
                                 .weight_decay(c.weight_decay));
   }
-  if (c.name == "adamw") {
-    auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
-    if (c.fused) return std::make_unique<FusedAdamW>(model.parameters(), options);
-    return std::make_unique<torch::optim::AdamW>(model.parameters(), options);
-  }
-  RETRACE_FAIL(ConfigError, "bad value for optim.name: \"", c.name, "\" is not one of \"adamw\", \"sgd\"");
+  auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+  if (c.fused) return std::make_unique<FusedAdamW>(model.parameters(), options);
+  return std::make_unique<torch::optim::AdamW>(model.parameters(), options);
 }
 
 int64_t fused_adamw_steps(const torch::optim::Optimizer& opt) {
@@ -108,13 +105,13 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
 }
 
 NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                             const std::string& optim_name) {
+                             OptimizerKind optim_name) {
   NamedTensors out;
   for (const auto& item : model.named_parameters()) {
     auto* st = compat::find_param_state(opt, item.value());
     if (!st) continue;
     const std::string& n = item.key();
-    if (optim_name == "adamw") {
+    if (optim_name == OptimizerKind::kAdamW) {
       auto& s = static_cast<torch::optim::AdamWParamState&>(*st);
       out.emplace_back(n + "/step", torch::tensor(static_cast<int64_t>(s.step()), torch::kInt64));
       out.emplace_back(n + "/exp_avg", s.exp_avg());
@@ -128,7 +125,7 @@ NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Modu
 }
 
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                          const std::string& optim_name, const NamedTensors& state) {
+                          OptimizerKind optim_name, const NamedTensors& state) {
   std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
   auto take = [&](const std::string& key, const torch::Tensor& like) -> torch::Tensor {
     auto it = by_name.find(key);
@@ -141,7 +138,7 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module&
   for (const auto& item : model.named_parameters()) {
     const std::string& n = item.key();
     const auto& p = item.value();
-    if (optim_name == "adamw") {
+    if (optim_name == OptimizerKind::kAdamW) {
       if (!by_name.count(n + "/step")) continue;  // no state yet for this parameter
       auto s = std::make_unique<torch::optim::AdamWParamState>();
       s->step(take(n + "/step", {}).item<int64_t>());

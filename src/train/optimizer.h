@@ -22,10 +22,10 @@ int64_t fused_adamw_steps(const torch::optim::Optimizer& opt);
 // The optimizer state as named tensors "<param>/<field>" (e.g. "layers.0.weight/exp_avg",
 // ".../step" as an int64 scalar). Parameters without state yet are absent. Order: by name.
 NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                             const std::string& optim_name);
+                             OptimizerKind optim_name);
 // Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
 // the first missing or mis-shaped entry.
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                          const std::string& optim_name, const NamedTensors& state);
+                          OptimizerKind optim_name, const NamedTensors& state);
 
 }  // namespace retrace::train

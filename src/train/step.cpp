@@ -11,6 +11,7 @@
 #include "train/guards.h"
 #include "train/loss_scaler.h"
 #include "train/probe.h"
+#include "train/registry.h"
 
 namespace retrace::train {
 namespace {
@@ -19,11 +20,6 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-}
 }  // namespace
 
 double global_grad_norm(const std::vector<torch::Tensor>& params) {
@@ -68,7 +64,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     {
       compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
       torch::Tensor logits = forward(mb.inputs);
-      loss = summed_loss(logits, mb.targets) * inv_count;
+      loss = (policy.loss ? policy.loss(logits, mb.targets) : cross_entropy_sum(logits, mb.targets)) * inv_count;
     }
     if (i == 0 && faults.nan_loss) loss = loss * std::numeric_limits<float>::quiet_NaN();
     if (faults.loss_factor != 1.0) loss = loss * faults.loss_factor;

@@ -48,6 +48,8 @@ struct StepPolicy {
   // every rank takes the same decision.
   std::function<float(float)> reduce_loss;
   StepProbe* probe = nullptr;  // bisection only
+  // outputs, targets -> the sum of the per-item losses (registry.h); empty: cross entropy.
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
 };
 
 struct StepFaults {

@@ -20,50 +20,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kFaultPurpose = 0x6661756c74733031ull;  // "faults01"
 
-data::LastBatch last_batch_of(const Config& c) {
-  return c.data.last_batch == "keep" ? data::LastBatch::kKeep : data::LastBatch::kDrop;
-}
-
-model::ModelHandle build_model(const Config& c, const data::Dataset& data) {
+model::ModelHandle build_model(const Config& c, const data::Dataset& data, const Registry& registry) {
   rng::seed_all(static_cast<uint64_t>(c.seed));
-  return make_model(c, data);
+  return registry.model(c.model.kind)(ModelContext{c, data});
 }
 
 std::string fault_id(const std::string& kind, uint64_t step) { return kind + "@" + std::to_string(step); }
 }  // namespace
-
-model::ModelHandle make_model(const Config& c, const data::Dataset& data) {
-  if (c.model.kind == "mlp") {
-    model::MlpOptions o;
-    o.inputs = data.train.inputs.size(1);
-    o.hidden = c.model.hidden;
-    o.activation = c.model.activation;
-    o.dropout = c.model.dropout;
-    o.dropout_impl = c.model.dropout_impl;
-    auto mlp = std::make_shared<model::MlpImpl>(o);
-    return {mlp, [mlp](const torch::Tensor& x) { return mlp->forward(x); }, mlp->describe(),
-            [mlp](model::ModuleProbe* p) { mlp->set_probe(p); }};
-  }
-  if (c.model.kind == "gpt") {
-    auto gpt = std::make_shared<model::GptImpl>(gpt_options(c, data.vocab_size));
-    return {gpt, [gpt](const torch::Tensor& x) { return gpt->forward(x); }, gpt->describe(), nullptr};
-  }
-  RETRACE_FAIL(ConfigError, "bad value for model.kind: \"", c.model.kind, "\"");
-}
-
-model::GptOptions gpt_options(const Config& c, int64_t vocab_size) {
-  model::GptOptions o;
-  o.vocab_size = vocab_size;
-  o.context = c.data.context;
-  o.d_model = c.model.d_model;
-  o.n_layers = c.model.n_layers;
-  o.n_heads = c.model.n_heads;
-  o.dropout = c.model.dropout;
-  o.dropout_impl = c.model.dropout_impl;
-  o.checkpoint = c.model.checkpoint;
-  o.checkpoint_every = c.model.checkpoint_every;
-  return o;
-}
 
 uint64_t total_steps_for(const Config& c, uint64_t batches_per_epoch) {
   return c.train.steps > 0 ? static_cast<uint64_t>(c.train.steps)
@@ -71,33 +34,36 @@ uint64_t total_steps_for(const Config& c, uint64_t batches_per_epoch) {
 }
 
 at::ScalarType autocast_dtype(const Config& c) {
-  if (c.amp.mode == "bf16") return at::kBFloat16;
-  if (c.amp.mode == "fp16") return at::kHalf;
+  if (c.amp.mode == AmpMode::kBf16) return at::kBFloat16;
+  if (c.amp.mode == AmpMode::kFp16) return at::kHalf;
   return at::ScalarType::Undefined;
 }
 
 bool scaler_enabled(const Config& c) {
-  if (c.amp.scaler == "on") return true;
-  if (c.amp.scaler == "off") return false;
-  return c.amp.mode == "fp16";
+  if (c.amp.scaler == ScalerMode::kOn) return true;
+  if (c.amp.scaler == ScalerMode::kOff) return false;
+  return c.amp.mode == AmpMode::kFp16;
 }
 
-Trainer::Trainer(const Config& config, const data::Dataset& data, uint32_t rank, uint32_t world_size)
+Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry& registry, uint32_t rank,
+                 uint32_t world_size)
     : config_(config),
       data_(data),
       rank_(rank),
       world_size_(world_size),
       sampler_(static_cast<uint64_t>(config.seed), static_cast<uint64_t>(data.train.size()),
-               static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), last_batch_of(config),
+               static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), config.data.last_batch,
                rank, world_size),
-      model_(build_model(config, data)),
+      model_(build_model(config, data, registry)),
       optimizer_(make_optimizer(config.optim, *model_.module)),
       schedule_(config.schedule, config.optim.lr, total_steps_for(config, sampler_.batches_per_epoch())),
       scaler_(config.amp, scaler_enabled(config)),
       skip_guard_(config.guards.skip_window, config.guards.skip_warn_rate),
       spike_guard_(config.guards.spike_factor, config.guards.spike_window),
-      faults_(parse_faults(config.faults.inject)),
+      faults_(config.faults.parsed),
+      loss_(registry.loss(config.train.loss)),
       total_steps_(total_steps_for(config, sampler_.batches_per_epoch())) {
+  check_model_fits(config, model_, loss_, data);
   model_.module->to(device());
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   for (const auto& f : faults_) {
@@ -114,7 +80,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, uint32_t rank,
 }
 
 torch::Device Trainer::device() const {
-  if (config_.runtime.device != "cuda") return torch::kCPU;
+  if (config_.runtime.device != DeviceKind::kCuda) return torch::kCPU;
   // One device per rank: LOCAL_RANK is rank within the host; world size 1 uses device 0.
   const char* local = std::getenv("LOCAL_RANK");
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local ? std::atoi(local) : 0));
@@ -207,7 +173,7 @@ records::StepRecord Trainer::run_step(bool with_digests) {
   model_.module->train();
   StepPolicy policy;
   policy.max_norm = config_.train.max_norm;
-  policy.device = config_.runtime.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  policy.device = config_.runtime.device == DeviceKind::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
   policy.autocast_dtype = autocast_dtype(config_);
   policy.scaler = &scaler_;
   policy.spike = &spike_guard_;
@@ -218,6 +184,7 @@ records::StepRecord Trainer::run_step(bool with_digests) {
   policy.reduce_loss = reduce_loss_;
   policy.after_last_backward = after_last_backward_;
   policy.probe = probe_;
+  policy.loss = loss_;
   StepResult r = train_step(*model_.module, model_.forward, *optimizer_, micro, policy, faults_for(rec.step));
 
   rec.loss = static_cast<double>(r.loss);
@@ -262,20 +229,21 @@ records::EvalRecord Trainer::evaluate() {
   const auto& test = data_.test;
   const int64_t n = test.size();
   const int64_t bs = config_.data.eval_batch_size;
+  const bool classification = !c10::isFloatingType(test.targets.scalar_type());
   double loss_sum = 0;
   int64_t correct = 0, items = 0;
   for (int64_t start = 0; start < n; start += bs) {
     int64_t end = std::min(n, start + bs);
     torch::Tensor x = test.inputs.slice(0, start, end).to(device());
     torch::Tensor y = test.targets.slice(0, start, end).to(device());
-    torch::Tensor logits = model_.forward(x).to(torch::kFloat32);
-    torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
-    torch::Tensor targets = y.reshape({-1});
-    loss_sum += torch::nn::functional::cross_entropy(
-                    flat, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
-    correct += flat.argmax(1).eq(targets).sum().item<int64_t>();
-    items += targets.numel();
+    torch::Tensor outputs = model_.forward(x);
+    loss_sum += loss_(outputs, y).item<double>();
+    // Accuracy where it has a meaning: class indices against one score per class.
+    if (classification) {
+      torch::Tensor flat = outputs.reshape({-1, outputs.size(-1)});
+      correct += flat.argmax(1).eq(y.reshape({-1})).sum().item<int64_t>();
+    }
+    items += y.numel();
   }
   model_.module->train();
   records::EvalRecord e;
@@ -284,6 +252,7 @@ records::EvalRecord Trainer::evaluate() {
   e.samples = static_cast<uint64_t>(n);
   e.loss = items ? loss_sum / static_cast<double>(items) : 0;
   e.accuracy = items ? static_cast<double>(correct) / static_cast<double>(items) : 0;
+  if (!classification) e.accuracy = -1;  // none: the targets are not classes
   return e;
 }
 

@@ -25,21 +25,19 @@
 #include "train/loss_scaler.h"
 #include "train/schedule.h"
 #include "train/probe.h"
+#include "train/registry.h"
 #include "train/step.h"
 
 namespace retrace::train {
 
-// Builds the model the config names, drawing its initial weights from torch's CPU generator
-// (seeded by the caller).
-model::ModelHandle make_model(const Config& config, const data::Dataset& data);
-// The GPT's options as the config gives them (model.kind = "gpt"), for a vocabulary of vocab_size.
-model::GptOptions gpt_options(const Config& config, int64_t vocab_size);
 
 class Trainer {
  public:
-  // Seeds every generator from config.seed, then builds the model and the optimizer. `data`
-  // must outlive the trainer.
-  Trainer(const Config& config, const data::Dataset& data, uint32_t rank = 0, uint32_t world_size = 1);
+  // Seeds every generator from config.seed, then builds the model (from the factory `registry`
+  // has for model.kind) and the optimizer, and checks that the model fits the data and the loss
+  // (check_model_fits). `data` must outlive the trainer; the registry need not.
+  Trainer(const Config& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
+          uint32_t rank = 0, uint32_t world_size = 1);
 
   // Runs the step at the current cursor (skipping batches set aside by a rollback) and advances.
   // Fills every StepRecord field except the trace writer's digests and timings.trace_ms.
@@ -115,6 +113,7 @@ class Trainer {
   std::vector<std::pair<std::string, std::string>> events_;
   std::function<void()> after_last_backward_;
   std::function<float(float)> reduce_loss_;
+  LossFn loss_;
   StepProbe* probe_ = nullptr;
   uint64_t total_steps_;
   uint64_t step_ = 0;

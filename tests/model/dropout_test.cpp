@@ -12,7 +12,7 @@ namespace {
 TEST(Dropout, PhiloxMaskScalesKeptElementsAndPassesTheSameMaskToTheGradient) {
   torch::manual_seed(1);
   auto x = torch::randn({64, 515}).requires_grad_();
-  auto y = dropout(x, 0.2, /*training=*/true, "philox");
+  auto y = dropout(x, 0.2, /*training=*/true, DropoutImpl::kPhilox);
   const auto mask = y.detach() / x.detach();
   const float scale = 1.0f / static_cast<float>(1.0 - 0.2);
   const auto kept = mask != 0;
@@ -27,29 +27,29 @@ TEST(Dropout, MaskIsAFunctionOfTheCpuGeneratorStateWhichItAdvances) {
   auto x = torch::ones({1000});
   torch::manual_seed(5);
   auto state = at::detail::getDefaultCPUGenerator().get_state();
-  auto a = dropout(x, 0.5, true, "philox");
-  auto b = dropout(x, 0.5, true, "philox");
+  auto a = dropout(x, 0.5, true, DropoutImpl::kPhilox);
+  auto b = dropout(x, 0.5, true, DropoutImpl::kPhilox);
   EXPECT_FALSE(torch::equal(a, b)) << "each call must draw a new key";
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(state);
-  EXPECT_TRUE(torch::equal(dropout(x, 0.5, true, "philox"), a)) << "same generator state, same mask";
-  EXPECT_TRUE(torch::equal(dropout(x, 0.5, true, "philox"), b));
+  EXPECT_TRUE(torch::equal(dropout(x, 0.5, true, DropoutImpl::kPhilox), a)) << "same generator state, same mask";
+  EXPECT_TRUE(torch::equal(dropout(x, 0.5, true, DropoutImpl::kPhilox), b));
 }
 
 TEST(Dropout, TorchImplIsLibTorchsDropoutAndEvalIsIdentity) {
   auto x = torch::randn({32, 33});
   torch::manual_seed(9);
-  auto ours = dropout(x, 0.3, true, "torch");
+  auto ours = dropout(x, 0.3, true, DropoutImpl::kTorch);
   torch::manual_seed(9);
   auto theirs = torch::nn::functional::dropout(x, torch::nn::functional::DropoutFuncOptions().p(0.3).training(true));
   EXPECT_TRUE(torch::equal(ours, theirs));
-  EXPECT_TRUE(dropout(x, 0.3, /*training=*/false, "philox").is_same(x));
-  EXPECT_TRUE(dropout(x, 0.0, true, "philox").is_same(x));
+  EXPECT_TRUE(dropout(x, 0.3, /*training=*/false, DropoutImpl::kPhilox).is_same(x));
+  EXPECT_TRUE(dropout(x, 0.0, true, DropoutImpl::kPhilox).is_same(x));
 }
 
 TEST(Dropout, KeepsBFloat16InputsInBFloat16) {
   auto x = torch::randn({8, 40}).to(torch::kBFloat16);
-  auto y = dropout(x, 0.1, true, "philox");
+  auto y = dropout(x, 0.1, true, DropoutImpl::kPhilox);
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(y.sizes(), x.sizes());
 }

@@ -27,7 +27,7 @@ GptOptions tiny(const std::string& policy = "none", int64_t every = 4) {
   o.n_layers = 4;
   o.n_heads = 4;
   o.dropout = 0.1;
-  o.checkpoint = policy;
+  o.checkpoint = *from_name<CheckpointPolicy>(kCheckpointPolicyNames, policy.c_str());
   o.checkpoint_every = every;
   return o;
 }
@@ -210,9 +210,6 @@ TEST(Gpt, ValidationNamesTheKey) {
   GptOptions o = tiny();
   o.n_heads = 3;
   EXPECT_NE(message(o).find("model.n_heads"), std::string::npos) << message(o);
-  o = tiny("bogus");
-  EXPECT_NE(message(o).find("selective"), std::string::npos) << message(o);
-  EXPECT_NE(message(o).find("model.checkpoint"), std::string::npos);
   o = tiny();
   o.vocab_size = 0;
   EXPECT_NE(message(o).find("model.vocab_size"), std::string::npos);

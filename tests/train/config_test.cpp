@@ -24,7 +24,7 @@ TEST(Config, BuiltInDefaultEqualsShippedFile) {
 
 TEST(Config, ResolvedTomlRoundTrips) {
   Config c = parse_config("", "x", {"optim.name=sgd", "optim.lr=0.05", "model.hidden=[64, 32]"});
-  EXPECT_EQ(c.optim.name, "sgd");
+  EXPECT_EQ(c.optim.name, OptimizerKind::kSgd);
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.05);
   EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{64, 32}));
   Config again = parse_config(to_toml(c), "resolved", {});
@@ -39,12 +39,12 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   ASSERT_EQ(old_text.find("dropout_impl"), std::string::npos);
   ASSERT_EQ(old_text.find("fused"), std::string::npos);
   Config recorded = parse_config(old_text, "old run", {}, ConfigSource::kRecorded);
-  EXPECT_EQ(recorded.model.dropout_impl, "torch");
+  EXPECT_EQ(recorded.model.dropout_impl, model::DropoutImpl::kTorch);
   EXPECT_FALSE(recorded.optim.fused);
   EXPECT_EQ(to_toml(recorded), old_text);
   // The same text written by a person takes today's defaults, and says so when written back.
   Config user = parse_config(old_text, "user file", {});
-  EXPECT_EQ(user.model.dropout_impl, "philox");
+  EXPECT_EQ(user.model.dropout_impl, model::DropoutImpl::kPhilox);
   EXPECT_TRUE(user.optim.fused);
   const std::string now = to_toml(user);
   EXPECT_NE(now.find("dropout_impl = 'philox'"), std::string::npos) << now;
@@ -54,7 +54,7 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   // An explicit value in a recorded config wins over the legacy one.
   Config explicit_philox =
       parse_config(old_text, "old run", {"model.dropout_impl=philox"}, ConfigSource::kRecorded);
-  EXPECT_EQ(explicit_philox.model.dropout_impl, "philox");
+  EXPECT_EQ(explicit_philox.model.dropout_impl, model::DropoutImpl::kPhilox);
 }
 
 TEST(Config, UnknownKeyNamesKeyAndValidChoices) {

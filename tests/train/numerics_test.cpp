@@ -57,14 +57,14 @@ TEST(Numerics, ParsesBothProfilesAndRejectsOthersNamingTheKey) {
 }
 
 TEST(Numerics, ConfigDefaultsToPortableAndRecordedConfigsWithoutTheKeyAreNative) {
-  EXPECT_EQ(parse_config("", "test", {}).runtime.numerics, "portable");
+  EXPECT_EQ(parse_config("", "test", {}).runtime.numerics, Numerics::kPortable);
   // A config retrace wrote before the key existed ran with whatever the machine picked.
-  EXPECT_EQ(parse_config("", "test", {}, ConfigSource::kRecorded).runtime.numerics, "native");
-  EXPECT_EQ(parse_config("", "test", {"runtime.numerics=native"}).runtime.numerics, "native");
+  EXPECT_EQ(parse_config("", "test", {}, ConfigSource::kRecorded).runtime.numerics, Numerics::kNative);
+  EXPECT_EQ(parse_config("", "test", {"runtime.numerics=native"}).runtime.numerics, Numerics::kNative);
   EXPECT_THROW(parse_config("", "test", {"runtime.numerics=fast"}), ConfigError);
   // The resolved text keeps a portable config portable when it is read back as recorded.
   const std::string text = to_toml(parse_config("", "test", {}));
-  EXPECT_EQ(parse_config(text, "test", {}, ConfigSource::kRecorded).runtime.numerics, "portable");
+  EXPECT_EQ(parse_config(text, "test", {}, ConfigSource::kRecorded).runtime.numerics, Numerics::kPortable);
 }
 
 TEST(Numerics, PortablePlanSetsEveryPinInAFreshEnvironment) {

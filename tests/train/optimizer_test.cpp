@@ -29,7 +29,7 @@ struct Params : torch::nn::Module {
 
 OptimConfig adamw(bool fused, double weight_decay) {
   OptimConfig c;
-  c.name = "adamw";
+  c.name = OptimizerKind::kAdamW;
   c.fused = fused;
   c.weight_decay = weight_decay;
   return c;
@@ -49,7 +49,7 @@ void expect_same_state(torch::optim::Optimizer& a, Params& ma, torch::optim::Opt
                        int step) {
   const auto pa = ma.parameters(), pb = mb.parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(differing(pa[i], pb[i]), 0) << "parameter " << i << " at step " << step;
-  const auto sa = optimizer_state(a, ma, "adamw"), sb = optimizer_state(b, mb, "adamw");
+  const auto sa = optimizer_state(a, ma, OptimizerKind::kAdamW), sb = optimizer_state(b, mb, OptimizerKind::kAdamW);
   ASSERT_EQ(sa.size(), sb.size()) << "at step " << step;
   for (size_t i = 0; i < sa.size(); ++i) {
     EXPECT_EQ(sa[i].first, sb[i].first);
@@ -153,7 +153,7 @@ TEST(FusedAdamW, ContinuesFromStateLoadedOutOfLibTorchsOptimizer) {
     const auto pa = ma.parameters(), pb = mb.parameters();
     for (size_t k = 0; k < pa.size(); ++k) pa[k].copy_(pb[k]);
   }
-  load_optimizer_state(*fused, ma, "adamw", optimizer_state(*plain, mb, "adamw"));
+  load_optimizer_state(*fused, ma, OptimizerKind::kAdamW, optimizer_state(*plain, mb, OptimizerKind::kAdamW));
   for (int step = 5; step <= 8; ++step) {
     auto g = grads(step);
     const auto pa = ma.parameters(), pb = mb.parameters();

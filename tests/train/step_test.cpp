@@ -199,7 +199,7 @@ TEST(TrainStep, ClipsTheUnscaledGradients) {
   const double lr = 0.5, max_norm = 0.05;
   Fixture f = make_fixture(8);
   AmpConfig amp = amp_with_interval(2000);
-  amp.scaler = "on";
+  amp.scaler = ScalerMode::kOn;
   LossScaler scaler(amp, /*enabled=*/true);
   const double s = scaler.scale();
   ASSERT_EQ(s, 65536.0);

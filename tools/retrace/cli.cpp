@@ -1,0 +1,84 @@
+#include "cli.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+
+namespace retrace::cli {
+namespace {
+
+// A live progress line (a terminal only) has no newline yet: end it before the error, so that the
+// message starts a line of its own; piped output gets no blank line.
+const char* end_progress_line() { return isatty(STDOUT_FILENO) ? "\n" : ""; }
+
+struct CliArgs {
+  RecordArgs record;
+  ResumeArgs resume;
+  InspectArgs inspect;
+  VerifyArgs verify;
+  ReplayArgs replay;
+  DiffArgs diff;
+  BisectArgs bisect;
+  MemoryArgs memory;
+  GoldenArgs golden;
+  ExportArgs exported;
+};
+
+// Calls fn(name, args, numerics_of, run) for every command, in --help order.
+template <typename F>
+void for_each_command(CliArgs& a, F&& fn) {
+  fn("record", a.record, add_record, numerics_record, run_record);
+  fn("resume", a.resume, add_resume, numerics_resume, run_resume);
+  fn("inspect", a.inspect, add_inspect, numerics_inspect, run_inspect);
+  fn("export", a.exported, add_export, numerics_export, run_export);
+  fn("verify", a.verify, add_verify, numerics_verify, run_verify);
+  fn("replay", a.replay, add_replay, numerics_replay, run_replay);
+  fn("diff", a.diff, add_diff, numerics_diff, run_diff);
+  fn("bisect", a.bisect, add_bisect, numerics_bisect, run_bisect);
+  fn("memory", a.memory, add_memory, numerics_memory, run_memory);
+  fn("golden", a.golden, add_golden, numerics_golden, run_golden);
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv, const train::Registry& registry) {
+  CLI::App app{"retrace: deterministic, recorded, replayable training on LibTorch"};
+  app.require_subcommand(1);
+  app.footer(
+      "Example:\n  retrace record --steps 20\n  retrace inspect run/trace.rtrace --steps 1:5\n"
+      "Exit codes: 0 ok, 1 verification failed or divergence, 2 usage or config error,\n"
+      "            3 corrupt or unreadable input, 4 environment problem (data set, directory, device)");
+  CliArgs args;
+  for_each_command(args, [&app](const char*, auto& a, auto add, auto, auto) { add(app, a); });
+  const std::vector<std::string> rest(argv + 1, argv + argc);
+  try {
+    app.parse(argc, argv);
+    int rc = -1;
+    for_each_command(args, [&](const char* name, auto& a, auto, auto numerics_of, auto run) {
+      if (rc != -1 || !app.got_subcommand(name)) return;
+      // The launcher stage of the numerics profile: OpenBLAS picks its kernel when it loads, so a
+      // portable run re-executes this binary once with the pins in the environment (numerics.h).
+      if (auto numerics = numerics_of(a)) train::prepare_process(*numerics, argv);
+      rc = run(a, Context{registry, rest});
+    });
+    RETRACE_CHECK(rc != -1, ConfigError, "no command given; see ", argv[0], " --help");
+    return rc;
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::cerr << end_progress_line() << "retrace: " << e.kind() << ": " << e.what() << "\n";
+    return static_cast<int>(e.exit_code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::cerr << end_progress_line() << "retrace: internal error: " << e.what()
+              << "\n(this is a bug in retrace or LibTorch; please report it with the command line)\n";
+    return static_cast<int>(ExitCode::kInternal);
+  }
+}
+
+}  // namespace retrace::cli

@@ -1,0 +1,176 @@
+#include "cli.h"
+
+#include <unistd.h>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "common.h"
+#include "core/error.h"
+#include "core/file_util.h"
+#include "dist/launcher.h"
+#include "replay/accum_grid.h"
+#include "replay/compare.h"
+#include "replay/resume_check.h"
+#include "trace/trace_reader.h"
+#include "train/registry.h"
+
+namespace retrace::cli {
+namespace {
+
+void print_resume_check(const replay::CompareReport& rep, bool verified) {
+  std::printf("\nresume check: %llu steps compared (%llu only uninterrupted, %llu only resumed)\n",
+              static_cast<ull>(rep.compared), static_cast<ull>(rep.only_in_a), static_cast<ull>(rep.only_in_b));
+  std::printf("max loss difference: %.3g (step %llu); final loss difference %.3g\n", rep.max_loss_diff,
+              static_cast<ull>(rep.max_loss_diff_step), rep.final_loss_diff);
+  if (rep.first_diff)
+    std::printf("bitwise: no; first difference at step %llu, field %s: %s vs %s\n",
+                static_cast<ull>(rep.first_diff->step), rep.first_diff->field.c_str(), rep.first_diff->a.c_str(),
+                rep.first_diff->b.c_str());
+  else
+    std::printf("bitwise: yes (every field and digest equal, including the hash chain)\n");
+  std::printf("%s\n", verified ? "RESUME VERIFIED" : "RESUME FAILED");
+}
+
+// --world-size N --verify-resume: three launches (uninterrupted, interrupted, resumed), then compare.
+int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& argv, uint64_t interrupt_at) {
+  fs::make_writable_dir(a.out);
+  const std::string un = (std::filesystem::path(a.out) / "uninterrupted").string();
+  const std::string re = (std::filesystem::path(a.out) / "resumed").string();
+  // The two runs go into scratch directories: replaced only when retrace made them (or --force).
+  std::vector<std::string> base = without_flag(argv, "--verify-resume");
+  if (!a.force) base.push_back("--scratch");
+  std::vector<std::string> first = with_flag(base, "--out", un);
+  for (size_t i = 0; i < first.size(); ++i)  // the uninterrupted run neither stops nor saves at K
+    if ((first[i] == "--interrupt-at" || first[i] == "--checkpoint-at") && i + 1 < first.size()) {
+      first.erase(first.begin() + static_cast<long>(i), first.begin() + static_cast<long>(i) + 2);
+      --i;
+    }
+  std::printf("== uninterrupted %u-rank run -> %s\n", static_cast<unsigned>(a.world_size), un.c_str());
+  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), first)) return rc;
+  std::vector<std::string> second = with_flag(with_flag(base, "--out", re), "--interrupt-at", std::to_string(interrupt_at));
+  std::printf("== %u-rank run interrupted after step %llu -> %s\n", static_cast<unsigned>(a.world_size),
+              static_cast<ull>(interrupt_at), re.c_str());
+  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), second)) return rc;
+  std::printf("== resume %s on %u ranks\n", re.c_str(), static_cast<unsigned>(a.world_size));
+  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size),
+                                  {"resume", re, "--plain", "--world-size", std::to_string(a.world_size)}))
+    return rc;
+  auto sa = trace::TraceReader::open(run::trace_path(un)).steps();
+  auto sb = trace::TraceReader::open(run::trace_path(re)).steps();
+  replay::CompareReport rep = replay::compare_steps(sa, sb, replay::CompareMode::kBitwise);
+  const bool ok = rep.only_in_a == 0 && rep.only_in_b == 0 && rep.compared > 0 && rep.max_loss_diff < 1e-4;
+  print_resume_check(rep, ok);
+  return ok ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
+}
+
+}  // namespace
+
+void add_record(CLI::App& app, RecordArgs& args) {
+  auto& r = args;
+  auto* rec = app.add_subcommand("record", "train a run and record every step to a trace");
+  rec->add_option("--config", r.config_path,
+                  "TOML config (default: the built-in fashion-mlp config, same as configs/fashion-mlp.toml)");
+  rec->add_option("--set", r.sets, "override a config key, e.g. --set optim.lr=0.01 (repeatable)");
+  rec->add_option("--out", r.out, "run directory (default: run)");
+  rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)");
+  rec->add_flag("--force", r.force, "replace an existing run directory");
+  rec->add_flag("--scratch", r.scratch,
+                "the run directory is a scratch directory: replace it only if retrace made it as one (it holds "
+                ".retrace-scratch), never anything else");
+  rec->add_option("--inject", r.inject,
+                  "faults: KIND@STEP[:ARG],... with KIND nan-loss, inf-grad[:PARAM], spike[:FACTOR], crash, "
+                  "perturb-param:PARAM (sets faults.inject; recorded and replayed)");
+  rec->add_flag("--plain", r.plain, "print one row per step even on a terminal");
+  rec->add_flag("--print-config", r.print_config, "print the resolved config and exit");
+  rec->add_option("--interrupt-at", r.interrupt_at,
+                  "stop right after this step and its checkpoint, as if killed (resume with `retrace resume`)");
+  rec->add_option("--checkpoint-at", r.checkpoint_at, "also checkpoint after these steps (repeatable)");
+  rec->add_option("--accum-grid", r.accum_grid,
+                  "train the same effective batch with each number of micro-batches (e.g. 1,2,4,8,16) and "
+                  "print final loss, max loss difference, time per step and peak memory")
+      ->delimiter(',');
+  rec->add_option("--world-size", r.world_size,
+                  "data parallelism: start N rank processes on loopback (Gloo), or check WORLD_SIZE when a "
+                  "launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT");
+  rec->add_flag("--verify-resume", r.verify_resume,
+                "with --interrupt-at: run uninterrupted (OUT/uninterrupted) and interrupted then resumed "
+                "(OUT/resumed), compare, print RESUME VERIFIED");
+  rec->footer("Examples:\n  retrace record --steps 20\n"
+              "  retrace record --config configs/fashion-mlp.toml --set optim.name=sgd --set optim.lr=0.05 --out run-sgd\n"
+              "  retrace record --total-steps 24 --interrupt-at 10 --out run24 && retrace resume run24\n"
+              "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n"
+              "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n"
+              "  retrace record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out dp4\n"
+              "  retrace record --accum-grid 1,2,4,8,16 --steps 200 --out grid\n\nConfig keys:\n" +
+              train::describe_keys());
+
+}
+
+std::optional<train::Numerics> numerics_record(const RecordArgs& args) {
+  if (args.print_config) return std::nullopt;
+  return resolve_config(args.config_path, args.sets, args.steps, args.inject).runtime.numerics;
+}
+
+int run_record(const RecordArgs& a, const Context& ctx) {
+  const std::vector<std::string>& argv = ctx.argv;
+  train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
+  if (a.print_config) {
+    std::printf("%s", train::to_toml(config).c_str());
+    return 0;
+  }
+  if (!a.accum_grid.empty()) {
+    auto rows = replay::accum_grid(config, a.accum_grid, a.out, ctx.registry);
+    std::printf("accumulation grid: effective batch %lld, %llu steps each (runs in %s/accum-N)\n",
+                static_cast<long long>(config.data.batch_size * config.train.accum_steps),
+                static_cast<ull>(rows.front().compared), a.out.c_str());
+    std::printf("%6s %8s %12s %22s %14s %12s %14s\n", "accum", "micro", "final loss", "max |loss - accum 1|",
+                "ms / step", "x accum 1", "peak RSS MiB");
+    for (const auto& r : rows)
+      std::printf("%6lld %8lld %12.6f %22.3g %14.2f %12.2f %14.1f\n", static_cast<long long>(r.accum_steps),
+                  static_cast<long long>(r.micro_batch), r.final_loss, r.max_loss_diff, r.median_step_ms,
+                  r.median_step_ms / rows.front().median_step_ms, r.peak_rss_mib);
+    if (config.model.dropout > 0)
+      std::printf("note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
+                  "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone\n",
+                  config.model.dropout);
+    return 0;
+  }
+  uint64_t interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  if (a.verify_resume && interrupt_at == 0 && !a.checkpoint_at.empty())
+    interrupt_at = static_cast<uint64_t>(a.checkpoint_at.front());
+  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
+  if (!pg && a.world_size > 1) {
+    if (a.verify_resume) {
+      RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
+      return verify_resume_launched(a, argv, interrupt_at);
+    }
+    return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);  // ranks print plain rows: a pipe
+  }
+  const bool quiet = pg && pg->rank() != 0;
+  auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
+  if (a.verify_resume) {
+    RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
+    replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer), a.force, ctx.registry);
+    printer->clear();
+    print_resume_check(r.bitwise, r.verified);
+    return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
+  }
+  run::RecordOptions opts;
+  opts.out_dir = a.out;
+  opts.force = a.force;
+  opts.scratch = a.scratch;
+  opts.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  for (int64_t s : a.checkpoint_at) {
+    RETRACE_CHECK(s > 0, ConfigError, "--checkpoint-at expects step numbers >= 1, got ", s);
+    opts.control.checkpoint_at.insert(static_cast<uint64_t>(s));
+  }
+  opts.process_group = pg.get();
+  opts.registry = &ctx.registry;
+  run::RunSummary s = run::record(config, opts, quiet ? run::RunCallbacks{} : callbacks_for(printer));
+  printer->clear();
+  if (!quiet) print_summary(s);
+  return 0;
+}
+
+}  // namespace retrace::cli

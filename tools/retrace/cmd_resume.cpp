@@ -1,0 +1,44 @@
+#include "cli.h"
+
+#include <unistd.h>
+#include <filesystem>
+#include <memory>
+
+#include "common.h"
+#include "dist/launcher.h"
+#include "train/registry.h"
+
+namespace retrace::cli {
+void add_resume(CLI::App& app, ResumeArgs& args) {
+  auto* res = app.add_subcommand("resume", "continue a run from its newest checkpoint that verifies");
+  res->add_option("run", args.run, "run directory")->required();
+  res->add_flag("--plain", args.plain, "print one row per step even on a terminal");
+  res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint");
+  res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded)");
+  res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24");
+
+}
+
+std::optional<train::Numerics> numerics_resume(const ResumeArgs& args) {
+  const std::string cfg = run::config_path(args.run);
+  if (!std::filesystem::exists(cfg)) return std::nullopt;
+  return train::load_config(cfg, {}, train::ConfigSource::kRecorded).runtime.numerics;
+}
+
+int run_resume(const ResumeArgs& a, const Context& ctx) {
+  const std::vector<std::string>& argv = ctx.argv;
+  train::Config config;
+  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
+  if (!pg && a.world_size > 1) return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);
+  const bool quiet = pg && pg->rank() != 0;
+  auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
+  run::LoopControl control;
+  control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
+                                ctx.registry);
+  printer->clear();
+  if (!quiet) print_summary(s);
+  return 0;
+}
+
+}  // namespace retrace::cli

@@ -1,0 +1,99 @@
+#include "common.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+
+#include "core/error.h"
+#include "dist/launcher.h"
+#include "trace/trace_reader.h"
+
+namespace retrace::cli {
+
+train::Config resolve_config(const std::string& path, std::vector<std::string> sets, int64_t steps,
+                             const std::string& inject) {
+  if (steps >= 0) sets.push_back("train.steps=" + std::to_string(steps));
+  if (!inject.empty()) sets.push_back("faults.inject=\"" + inject + "\"");
+  if (path.empty()) return train::parse_config("", "the built-in default config", sets);
+  return train::load_config(path, sets);
+}
+
+run::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p) {
+  run::RunCallbacks cb;
+  cb.on_step = [p](const records::StepRecord& r, uint64_t total) { p->step(r, total); };
+  cb.on_eval = [p](const records::EvalRecord& e) { p->eval(e); };
+  cb.on_message = [p](const std::string& m) { p->message(m); };
+  return cb;
+}
+
+void print_summary(const run::RunSummary& s) {
+  std::printf("%s %llu steps (%llu..%llu of %llu, %llu skipped) in %.2f s, %.1f steps/s; final loss %.6f",
+              s.resumed_from.empty() ? "recorded" : "resumed and recorded", static_cast<ull>(s.steps),
+              static_cast<ull>(s.first_step), static_cast<ull>(s.last_step), static_cast<ull>(s.total_steps),
+              static_cast<ull>(s.skipped), s.wall_seconds, s.steps_per_second, s.final_loss);
+  if (s.test_accuracy >= 0) std::printf("; test accuracy %.4f", s.test_accuracy);
+  std::printf("\nrun directory: %s  (trace %llu bytes, %.0f bytes/step, %llu checkpoints written)\n",
+              s.run_dir.c_str(), static_cast<ull>(s.trace_bytes),
+              s.last_step ? static_cast<double>(s.trace_bytes) / static_cast<double>(s.last_step) : 0.0,
+              static_cast<ull>(s.checkpoints));
+  if (s.interrupted)
+    std::printf("interrupted after step %llu as if killed; continue with: retrace resume %s\n",
+                static_cast<ull>(s.last_step), s.run_dir.c_str());
+}
+
+// This process's rank when the rendezvous variables are set (a launcher started it), else nullopt.
+std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag) {
+  auto env = dist::env_from_environment();
+  if (!env) return nullptr;
+  RETRACE_CHECK(world_flag <= 1 || static_cast<uint32_t>(world_flag) == env->world_size, ConfigError,
+                "--world-size ", world_flag, " but WORLD_SIZE=", env->world_size, " in the environment");
+  if (env->world_size == 1) return nullptr;
+  return std::make_unique<dist::ProcessGroup>(
+      *env, std::chrono::milliseconds(static_cast<int64_t>(config.runtime.collective_timeout_s * 1000)),
+      config.runtime.device == train::DeviceKind::kCuda);
+}
+
+// Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
+std::vector<std::string> with_flag(std::vector<std::string> argv, const std::string& flag, const std::string& value) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i)
+    if (argv[i] == flag) {
+      argv[i + 1] = value;
+      return argv;
+    }
+  argv.push_back(flag);
+  argv.push_back(value);
+  return argv;
+}
+
+std::vector<std::string> without_flag(std::vector<std::string> argv, const std::string& flag) {
+  std::vector<std::string> out;
+  for (const auto& a : argv)
+    if (a != flag) out.push_back(a);
+  return out;
+}
+
+std::pair<uint64_t, uint64_t> parse_range(const std::string& spec) {
+  if (spec.empty()) return {0, std::numeric_limits<uint64_t>::max()};
+  auto colon = spec.find(':');
+  try {
+    if (colon == std::string::npos) {
+      uint64_t v = std::stoull(spec);
+      return {v, v};
+    }
+    std::string a = spec.substr(0, colon), b = spec.substr(colon + 1);
+    return {a.empty() ? 0 : std::stoull(a), b.empty() ? std::numeric_limits<uint64_t>::max() : std::stoull(b)};
+  } catch (const std::exception&) {
+    RETRACE_FAIL(ConfigError, "--steps expects A:B, A:, :B or N (step numbers), got '", spec, "'");
+  }
+}
+
+std::optional<train::Config> recorded_config(const std::string& run_or_trace) {
+  namespace stdfs = std::filesystem;
+  const std::string path = run::trace_of(run_or_trace);
+  if (!stdfs::exists(path)) return std::nullopt;
+  trace::TraceReader r = trace::TraceReader::open(path);
+  return train::parse_config(r.header().config_toml, path + " (header)", {}, train::ConfigSource::kRecorded);
+}
+
+}  // namespace retrace::cli

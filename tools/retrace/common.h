@@ -1,0 +1,89 @@
+// Pieces the commands share: the config a command line resolves, the step printer, the run
+// summary, rank wiring, argv editing for the launcher, step ranges.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "records/records.h"
+#include "run/run.h"
+#include "train/config.h"
+
+namespace retrace::cli {
+
+using ull = unsigned long long;
+
+// The config of `retrace record`: path (empty: the built-in default) + --set + --steps + --inject.
+train::Config resolve_config(const std::string& path, std::vector<std::string> sets, int64_t steps,
+                             const std::string& inject = "");
+
+// Prints one row per step when piped; a live progress line on a terminal (SKIP rows stay).
+class StepPrinter {
+ public:
+  explicit StepPrinter(bool live) : live_(live), start_(std::chrono::steady_clock::now()) {}
+
+  void step(const records::StepRecord& r, uint64_t total) {
+    const bool skip = r.outcome == records::Outcome::kSkip;
+    if (!live_ || skip) {
+      clear();
+      print_row(r);
+    }
+    if (live_) {
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      double rate = secs > 0 ? static_cast<double>(++done_) / secs : 0;
+      double eta = rate > 0 ? static_cast<double>(total - r.step) / rate : 0;
+      std::printf("\r\033[Kstep %llu/%llu  loss %.6f  %.1f steps/s  ETA %.0fs", static_cast<ull>(r.step),
+                  static_cast<ull>(total), r.loss, rate, eta);
+      std::fflush(stdout);
+    }
+  }
+  void eval(const records::EvalRecord& e) {
+    clear();
+    std::printf("EVAL  step %6llu  epoch %llu  test loss %.6f  test accuracy %.4f\n", static_cast<ull>(e.step),
+                static_cast<ull>(e.epoch), e.loss, e.accuracy);
+    std::fflush(stdout);
+  }
+  void message(const std::string& m) {
+    clear();
+    std::printf("%s\n", m.c_str());
+    std::fflush(stdout);
+  }
+  void clear() {
+    if (live_) std::printf("\r\033[K");
+  }
+
+ private:
+  static void print_row(const records::StepRecord& r) {
+    const bool skip = r.outcome == records::Outcome::kSkip;
+    std::printf("%s  step %6llu  epoch %llu  batch %5llu  loss %.6f  grad %.4f -> %.4f  lr %.3e  scale %g%s%s\n",
+                skip ? "SKIP" : "STEP", static_cast<ull>(r.step), static_cast<ull>(r.epoch),
+                static_cast<ull>(r.batch_in_epoch), r.loss, r.grad_norm_pre, r.grad_norm_post, r.lr,
+                r.loss_scale, skip ? "  reason " : "", skip ? r.skip_reason.c_str() : "");
+    std::fflush(stdout);
+  }
+  bool live_;
+  std::chrono::steady_clock::time_point start_;
+  uint64_t done_ = 0;
+};
+
+run::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p);
+void print_summary(const run::RunSummary& s);
+// This process's rank when the rendezvous variables are set (a launcher started it), else nullptr.
+std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag);
+// Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
+std::vector<std::string> with_flag(std::vector<std::string> argv, const std::string& flag, const std::string& value);
+std::vector<std::string> without_flag(std::vector<std::string> argv, const std::string& flag);
+// --steps A:B, A:, :B or N.
+std::pair<uint64_t, uint64_t> parse_range(const std::string& spec);
+// The config recorded in a run directory's (or a trace file's) header, when it can be read; a
+// command that cannot read it reports that itself, with its own message.
+std::optional<train::Config> recorded_config(const std::string& run_or_trace);
+
+}  // namespace retrace::cli
