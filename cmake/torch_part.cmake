@@ -24,7 +24,7 @@ target_link_libraries(retrace_base INTERFACE retrace_core retrace_records retrac
 
 # The torch pieces, one target per part, in the order they depend on each other. One precompiled
 # header (<torch/torch.h>, owned by retrace_core_torch) serves every torch translation unit.
-add_library(retrace_core_torch STATIC src/core/tensor_digest.cpp)
+add_library(retrace_core_torch STATIC src/core/tensor_digest.cpp src/core/safetensors_torch.cpp)
 target_link_libraries(retrace_core_torch PUBLIC retrace_core ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
 target_compile_options(retrace_core_torch PUBLIC ${TORCH_CXX_FLAGS})
 target_precompile_headers(retrace_core_torch PRIVATE <torch/torch.h>)
@@ -62,8 +62,11 @@ retrace_torch_part(retrace_train_torch
   src/train/step.cpp
   src/train/loss_scaler.cpp
   src/train/probe.cpp
-  src/train/trainer.cpp
   src/train/registry.cpp
+  src/train/policies.cpp
+  src/train/state.cpp
+  src/train/step_state.cpp
+  src/train/trainer.cpp
 )
 target_link_libraries(retrace_train_torch PUBLIC retrace_train retrace_model retrace_data_torch)
 

@@ -7,6 +7,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/shard.h"
 #include "ckpt/verify.h"
+#include "core/safetensors_torch.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "rng/rng_state.h"
@@ -18,33 +19,15 @@ namespace retrace::ckpt {
 namespace {
 
 std::string dtype_name(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat64: return "F64";
-    case torch::kFloat32: return "F32";
-    case torch::kFloat16: return "F16";
-    case torch::kBFloat16: return "BF16";
-    case torch::kInt64: return "I64";
-    case torch::kInt32: return "I32";
-    case torch::kInt16: return "I16";
-    case torch::kInt8: return "I8";
-    case torch::kUInt8: return "U8";
-    case torch::kBool: return "BOOL";
-    default: RETRACE_FAIL(InvariantError, "no checkpoint dtype for ", c10::toString(t));
-  }
+  auto d = safetensors::dtype_of(t);
+  RETRACE_CHECK(d.has_value(), InvariantError, "no checkpoint dtype for ", c10::toString(t));
+  return *d;
 }
 
 torch::ScalarType scalar_type(const std::string& d, const std::string& where) {
-  if (d == "F64") return torch::kFloat64;
-  if (d == "F32") return torch::kFloat32;
-  if (d == "F16") return torch::kFloat16;
-  if (d == "BF16") return torch::kBFloat16;
-  if (d == "I64") return torch::kInt64;
-  if (d == "I32") return torch::kInt32;
-  if (d == "I16") return torch::kInt16;
-  if (d == "I8") return torch::kInt8;
-  if (d == "U8") return torch::kUInt8;
-  if (d == "BOOL") return torch::kBool;
-  RETRACE_FAIL(FormatError, where, ": unknown dtype ", d);
+  auto t = safetensors::torch_type(d);
+  RETRACE_CHECK(t.has_value(), FormatError, where, ": unknown dtype ", d);
+  return *t;
 }
 
 uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key,

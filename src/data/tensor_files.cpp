@@ -17,6 +17,7 @@
 // The safetensors parser (formerly ckpt/shard.h). This include and the alias `st` below are the
 // only places that name it.
 #include "core/safetensors.h"
+#include "core/safetensors_torch.h"
 
 namespace retrace::data {
 namespace {
@@ -35,17 +36,9 @@ bool is_integer_dtype(const std::string& d) {
 bool is_float_dtype(const std::string& d) { return d == "F64" || d == "F32" || d == "F16" || d == "BF16"; }
 
 torch::ScalarType scalar_type_of(const std::string& d) {
-  if (d == "F64") return torch::kFloat64;
-  if (d == "F32") return torch::kFloat32;
-  if (d == "F16") return torch::kFloat16;
-  if (d == "BF16") return torch::kBFloat16;
-  if (d == "I64") return torch::kInt64;
-  if (d == "I32") return torch::kInt32;
-  if (d == "I16") return torch::kInt16;
-  if (d == "I8") return torch::kInt8;
-  if (d == "U8") return torch::kUInt8;
-  if (d == "BOOL") return torch::kBool;
-  RETRACE_FAIL(InvariantError, "safetensors dtype ", d, " has no torch scalar type");
+  auto t = st::torch_type(d);
+  RETRACE_CHECK(t.has_value(), InvariantError, "safetensors dtype ", d, " has no torch scalar type");
+  return *t;
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

@@ -178,9 +178,8 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       continue;
     }
     if (rec.outcome == records::Outcome::kStep) rollbacks_in_a_row = 0;
-    std::string crash_rank;
-    if (trainer.fault_due("crash", rec.step, &crash_rank) &&
-        (crash_rank.empty() || crash_rank == std::to_string(trainer.rank()))) {
+    const auto crash_rank = trainer.crash_due(rec.step);
+    if (crash_rank && (crash_rank->empty() || *crash_rank == std::to_string(trainer.rank()))) {
       const std::string id = "crash@" + std::to_string(rec.step);
       mark_fired_on_disk(run_dir, id);
       emit(writer, cb, rec.step, "fault", "injected crash after step " + std::to_string(rec.step) + ": SIGKILL");

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "data/tensor_files.h"
 #include "data/token_files.h"
+#include "testing/error_of.h"
 #include "testing/temp_dir.h"
 // The safetensors writer; this include and the alias `st` are the only places that name it.
 #include "core/safetensors.h"
@@ -27,20 +28,6 @@ using testing::TempDir;
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "expected \"" << (needle) << "\" in: " << (haystack)
 
-// The message of the E that f throws; a failure if it throws nothing or another kind.
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another kind of error: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "threw nothing";
-  return "";
-}
 
 // ---------------------------------------------------------------------------------------------
 // Tensor directories
@@ -147,20 +134,20 @@ TEST(TensorFiles, MismatchedSampleCountsNameFileAndCounts) {
   TempDir dir;
   write_blobs(dir);
   write_split(dir.file("test.safetensors"), torch::zeros({3, 4}), "F32", torch::zeros({2}, torch::kLong), "I64");
-  const std::string m = error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
+  const std::string m = testing::error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(m, dir.file("test.safetensors"));
   EXPECT_CONTAINS(m, "3 samples");
   EXPECT_CONTAINS(m, "holds 2");
 }
 
 TEST(TensorFiles, MissingDirectoryOrFileIsAnIoError) {
-  const std::string m = error_of<IoError>([] { load_tensor_dir("/nonexistent/retrace-tensors"); });
+  const std::string m = testing::error_of<IoError>([] { load_tensor_dir("/nonexistent/retrace-tensors"); });
   EXPECT_CONTAINS(m, "/nonexistent/retrace-tensors");
 
   TempDir dir;
   write_blobs(dir);
   std::filesystem::remove(dir.file("test.safetensors"));
-  const std::string n = error_of<IoError>([&] { load_tensor_dir(dir.path()); });
+  const std::string n = testing::error_of<IoError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(n, dir.file("test.safetensors"));
   EXPECT_CONTAINS(n, "train.safetensors and test.safetensors");
   EXPECT_CONTAINS(n, "\"inputs\"");
@@ -175,7 +162,7 @@ TEST(TensorFiles, WrongTensorNamesListWhatWasFound) {
   write_blobs(dir);
   write_safetensors(dir.file("train.safetensors"),
                     {{"x", "F32", torch::zeros({6, 4})}, {"y", "I64", torch::zeros({6}, torch::kLong)}});
-  const std::string m = error_of<FormatError>([&] { load_tensor_dir(dir.path()); });
+  const std::string m = testing::error_of<FormatError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(m, dir.file("train.safetensors"));
   EXPECT_CONTAINS(m, "\"x\", \"y\"");
   EXPECT_CONTAINS(m, "expected exactly \"inputs\" and \"targets\"");
@@ -184,39 +171,39 @@ TEST(TensorFiles, WrongTensorNamesListWhatWasFound) {
   write_safetensors(dir.file("train.safetensors"), {{"inputs", "F32", torch::zeros({6, 4})},
                                                     {"targets", "I64", torch::zeros({6}, torch::kLong)},
                                                     {"weights", "F32", torch::zeros({6})}});
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), "\"weights\"");
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), "\"weights\"");
 }
 
 TEST(TensorFiles, ScalarsFloatTargetsAndCorruptFilesAreFormatErrors) {
   TempDir dir;
   write_blobs(dir);
   write_split(dir.file("train.safetensors"), torch::zeros({6, 4}), "F32", torch::tensor(1, torch::kLong), "I64");
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), "scalar");
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), "scalar");
 
   write_split(dir.file("train.safetensors"), torch::zeros({6, 4}), "F32", torch::zeros({6}), "F32");
-  const std::string m = error_of<FormatError>([&] { load_tensor_dir(dir.path()); });
+  const std::string m = testing::error_of<FormatError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(m, "\"targets\": dtype F32");
   EXPECT_CONTAINS(m, "integer");
 
   write_split(dir.file("train.safetensors"), torch::zeros({6, 4}, torch::kBool), "BOOL",
               torch::zeros({6}, torch::kLong), "I64");
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), "dtype BOOL");
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), "dtype BOOL");
 
   std::ofstream(dir.file("train.safetensors"), std::ios::binary | std::ios::trunc) << "not a safetensors file";
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), dir.file("train.safetensors"));
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_tensor_dir(dir.path()); }), dir.file("train.safetensors"));
 }
 
 TEST(TensorFiles, SplitsMustAgreeOnShapeAndDtype) {
   TempDir dir;
   write_blobs(dir);
   write_split(dir.file("test.safetensors"), torch::zeros({3, 5}), "F32", torch::zeros({3}, torch::kLong), "I64");
-  const std::string m = error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
+  const std::string m = testing::error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(m, "[4]");
   EXPECT_CONTAINS(m, "[5]");
 
   write_split(dir.file("test.safetensors"), torch::zeros({3, 4}, torch::kDouble), "F64",
               torch::zeros({3}, torch::kLong), "I64");
-  const std::string n = error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
+  const std::string n = testing::error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(n, "F32");
   EXPECT_CONTAINS(n, "F64");
 }
@@ -226,7 +213,7 @@ TEST(TensorFiles, NegativeTargetIsAConfigError) {
   write_blobs(dir);
   write_split(dir.file("test.safetensors"), torch::zeros({3, 4}), "F32", torch::tensor({0, -1, 1}, torch::kInt64),
               "I64");
-  const std::string m = error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
+  const std::string m = testing::error_of<ConfigError>([&] { load_tensor_dir(dir.path()); });
   EXPECT_CONTAINS(m, dir.file("test.safetensors"));
   EXPECT_CONTAINS(m, "sample 1 holds -1");
 }
@@ -235,7 +222,7 @@ TEST(TensorFiles, EmptyTrainSplitIsAConfigError) {
   TempDir dir;
   write_blobs(dir);
   write_split(dir.file("train.safetensors"), torch::zeros({0, 4}), "F32", torch::zeros({0}, torch::kLong), "I64");
-  EXPECT_CONTAINS(error_of<ConfigError>([&] { load_tensor_dir(dir.path()); }), "0 samples");
+  EXPECT_CONTAINS(testing::error_of<ConfigError>([&] { load_tensor_dir(dir.path()); }), "0 samples");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -301,12 +288,12 @@ TEST(TokenFiles, BadMagicOrVersionIsAFormatError) {
   TempDir dir;
   write_tokens(dir.file("train.bin"), iota_tokens(20), /*magic=*/20240521);
   write_tokens(dir.file("val.bin"), iota_tokens(20));
-  const std::string m = error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); });
+  const std::string m = testing::error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); });
   EXPECT_CONTAINS(m, dir.file("train.bin"));
   EXPECT_CONTAINS(m, "magic) is 20240521, expected 20240520");
 
   write_tokens(dir.file("train.bin"), iota_tokens(20), 20240520, /*version=*/2);
-  const std::string n = error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); });
+  const std::string n = testing::error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); });
   EXPECT_CONTAINS(n, "version) is 2, expected 1");
 }
 
@@ -314,19 +301,19 @@ TEST(TokenFiles, TruncatedOrShortFilesAreFormatErrors) {
   TempDir dir;
   write_tokens(dir.file("train.bin"), iota_tokens(20));
   write_tokens(dir.file("val.bin"), iota_tokens(50), 20240520, 1, /*count=*/100);
-  const std::string m = error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); });
+  const std::string m = testing::error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); });
   EXPECT_CONTAINS(m, dir.file("val.bin"));
   EXPECT_CONTAINS(m, "100 tokens, which need 1224 bytes, but the file has 1124 bytes");
   EXPECT_CONTAINS(m, "truncated");
 
   write_tokens(dir.file("val.bin"), iota_tokens(50), 20240520, 1, /*count=*/10);
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); }), "longer than its header says");
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); }), "longer than its header says");
 
   write_tokens(dir.file("val.bin"), iota_tokens(50), 20240520, 1, /*count=*/-5);
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); }), "is -5");
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); }), "is -5");
 
   std::ofstream(dir.file("val.bin"), std::ios::binary | std::ios::trunc) << std::string(100, '\0');
-  EXPECT_CONTAINS(error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); }), "is 100 bytes");
+  EXPECT_CONTAINS(testing::error_of<FormatError>([&] { load_token_files(dir.path(), 4, 0); }), "is 100 bytes");
 }
 
 TEST(TokenFiles, TokenOutsideVocabularyNamesFilePositionAndToken) {
@@ -335,7 +322,7 @@ TEST(TokenFiles, TokenOutsideVocabularyNamesFilePositionAndToken) {
   val[13] = 256;
   write_tokens(dir.file("train.bin"), iota_tokens(20));
   write_tokens(dir.file("val.bin"), val);
-  const std::string m = error_of<ConfigError>([&] { load_token_files(dir.path(), 4, 256); });
+  const std::string m = testing::error_of<ConfigError>([&] { load_token_files(dir.path(), 4, 256); });
   EXPECT_CONTAINS(m, dir.file("val.bin"));
   EXPECT_CONTAINS(m, "token 256 at position 13");
   EXPECT_CONTAINS(m, "vocab_size 256");
@@ -346,7 +333,7 @@ TEST(TokenFiles, TooFewTokensSaysHowManyAndTheContext) {
   TempDir dir;
   write_tokens(dir.file("train.bin"), iota_tokens(100));
   write_tokens(dir.file("val.bin"), iota_tokens(8));
-  const std::string m = error_of<ConfigError>([&] { load_token_files(dir.path(), 8, 0); });
+  const std::string m = testing::error_of<ConfigError>([&] { load_token_files(dir.path(), 8, 0); });
   EXPECT_CONTAINS(m, dir.file("val.bin"));
   EXPECT_CONTAINS(m, "8 tokens");
   EXPECT_CONTAINS(m, "context 8");
@@ -354,11 +341,11 @@ TEST(TokenFiles, TooFewTokensSaysHowManyAndTheContext) {
 }
 
 TEST(TokenFiles, MissingFilesAndBadArgumentsAreReported) {
-  EXPECT_CONTAINS(error_of<IoError>([] { load_token_files("/nonexistent/retrace-tokens", 4, 0); }),
+  EXPECT_CONTAINS(testing::error_of<IoError>([] { load_token_files("/nonexistent/retrace-tokens", 4, 0); }),
                   "/nonexistent/retrace-tokens");
   TempDir dir;
   write_tokens(dir.file("train.bin"), iota_tokens(20));
-  const std::string m = error_of<IoError>([&] { load_token_files(dir.path(), 4, 0); });
+  const std::string m = testing::error_of<IoError>([&] { load_token_files(dir.path(), 4, 0); });
   EXPECT_CONTAINS(m, dir.file("val.bin"));
   EXPECT_CONTAINS(m, "train.bin and val.bin");
   write_tokens(dir.file("val.bin"), iota_tokens(20));

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "testing/error_of.h"
 #include "testing/temp_dir.h"
 
 namespace retrace::model {
@@ -39,20 +40,6 @@ std::string setting(const std::string& key) {
   return "<missing>";
 }
 
-// The message of the error `fn` throws, as Kind; fails the test if it throws nothing or another kind.
-template <typename Kind, typename Fn>
-std::string message_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Kind& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw another kind of error: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "threw nothing";
-  return "";
-}
 
 // A scripted module with parameter w = ones(4) and the given methods.
 std::string save_module(const retrace::testing::TempDir& dir, const std::string& name, const std::string& code,
@@ -192,7 +179,7 @@ TEST(TorchScript, ExecutorOptimisationsAndFusersAreOffOnEveryThreadThatRunsForwa
 TEST(TorchScript, MissingFileIsAnIoErrorNamingIt) {
   retrace::testing::TempDir dir;
   const std::string path = dir.file("no-such-model.pt");
-  const std::string msg = message_of<IoError>([&] { load_torchscript(path); });
+  const std::string msg = testing::error_of<IoError>([&] { load_torchscript(path); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
 }
 
@@ -207,7 +194,7 @@ TEST(TorchScript, RandomBytesAndTextAreFormatErrors) {
   const std::string text = dir.file("model.txt");
   std::ofstream(text) << "def forward(self, x):\n    return x\n";
   for (const std::string& path : {bytes, text}) {
-    const std::string msg = message_of<FormatError>([&] { load_torchscript(path); });
+    const std::string msg = testing::error_of<FormatError>([&] { load_torchscript(path); });
     EXPECT_NE(msg.find(path + " is not a TorchScript file (torch::jit::load: "), std::string::npos) << msg;
     EXPECT_NE(msg.find("torch.jit.save(torch.jit.script(model), path)"), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line of torch's message, no backtrace: " << msg;
@@ -221,7 +208,7 @@ def forward(self, x):
     return (x * self.w, x)
 )");
   ModelHandle h = load_torchscript(path);
-  const std::string msg = message_of<FormatError>([&] { h.forward(torch::ones({2, 4})); });
+  const std::string msg = testing::error_of<FormatError>([&] { h.forward(torch::ones({2, 4})); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   EXPECT_NE(msg.find("returned Tuple[Tensor, Tensor]"), std::string::npos) << msg;
 }
@@ -232,13 +219,13 @@ TEST(TorchScript, NoForwardOrTwoInputsIsAFormatErrorAndNoParametersAConfigError)
 def predict(self, x):
     return x * self.w
 )");
-  EXPECT_NE(message_of<FormatError>([&] { load_torchscript(no_forward); }).find("has no forward method"),
+  EXPECT_NE(testing::error_of<FormatError>([&] { load_torchscript(no_forward); }).find("has no forward method"),
             std::string::npos);
   const std::string two_inputs = save_module(dir, "two_inputs.pt", R"(
 def forward(self, x, y):
     return x * self.w + y
 )");
-  EXPECT_NE(message_of<FormatError>([&] { load_torchscript(two_inputs); }).find("forward takes 2 arguments"),
+  EXPECT_NE(testing::error_of<FormatError>([&] { load_torchscript(two_inputs); }).find("forward takes 2 arguments"),
             std::string::npos);
   const std::string with_default = save_module(dir, "with_default.pt", R"(
 def forward(self, x, scale: float = 2.0):
@@ -249,7 +236,7 @@ def forward(self, x, scale: float = 2.0):
 def forward(self, x):
     return x * 2
 )", /*with_parameter=*/false);
-  EXPECT_NE(message_of<ConfigError>([&] { load_torchscript(no_params); }).find("has no parameters"),
+  EXPECT_NE(testing::error_of<ConfigError>([&] { load_torchscript(no_params); }).find("has no parameters"),
             std::string::npos);
 }
 
@@ -266,7 +253,7 @@ TEST(TorchScript, TiedParametersAreAConfigError) {
   // module is no longer tied and loads.
   torch::jit::Module back = torch::jit::load(path);
   if (!back.attr("a").toTensor().is_same(back.attr("b").toTensor())) GTEST_SKIP() << "save untied the weights";
-  const std::string msg = message_of<ConfigError>([&] { load_torchscript(path); });
+  const std::string msg = testing::error_of<ConfigError>([&] { load_torchscript(path); });
   EXPECT_NE(msg.find("tied weights"), std::string::npos) << msg;
 }
 

@@ -34,10 +34,10 @@ sources=(src/core/digest.cpp src/core/file_util.cpp src/core/strict_json.cpp src
          src/trace/fd_io.cpp src/trace/frame_scanner.cpp src/trace/framing.cpp src/trace/record_codec.cpp
          src/records/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++")
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-       -I"$repo/src" -I"$out/gen")
+       -I"$repo/src" -I"$repo/include" -I"$out/gen")
 
 # Rebuild an object only when its source or a header changed since.
-newest_header="$(find "$repo/src/core" "$repo/src/records" "$repo/src/ckpt" "$repo/src/trace" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
+newest_header="$(find "$repo/include" "$repo/src/core" "$repo/src/records" "$repo/src/ckpt" "$repo/src/trace" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
 objs=()
 for src in "${sources[@]}"; do
   [[ $src == /* ]] || src="$repo/$src"

@@ -1,0 +1,60 @@
+#include "train/policies.h"
+
+#include "core/error.h"
+
+namespace retrace::train {
+namespace {
+FaultKind kind_of(const std::string& kind) {
+  if (kind == "nan-loss") return FaultKind::kNanLoss;
+  if (kind == "inf-grad") return FaultKind::kInfGrad;
+  if (kind == "spike") return FaultKind::kSpike;
+  if (kind == "crash") return FaultKind::kCrash;
+  if (kind == "perturb-param") return FaultKind::kPerturbParam;
+  RETRACE_FAIL(InvariantError, "fault kind \"", kind, "\" passed parse_faults but has no FaultKind");
+}
+}  // namespace
+
+FaultPlan::FaultPlan(const std::vector<records::Fault>& faults) {
+  for (const auto& f : faults) faults_.push_back({kind_of(f.kind), f.step, f.arg, f.kind + "@" + std::to_string(f.step)});
+}
+
+std::optional<const PlannedFault*> FaultPlan::due(FaultKind kind, uint64_t step, const std::set<std::string>& fired) const {
+  for (const auto& f : faults_) {
+    if (f.kind != kind || f.step != step) continue;
+    if ((kind == FaultKind::kSpike || kind == FaultKind::kCrash) && fired.count(f.id)) continue;
+    return &f;
+  }
+  return std::nullopt;
+}
+
+uint64_t total_steps_for(const Config& c, uint64_t batches_per_epoch) {
+  return c.train.steps > 0 ? static_cast<uint64_t>(c.train.steps)
+                           : static_cast<uint64_t>(c.train.epochs) * batches_per_epoch;
+}
+
+at::ScalarType autocast_dtype(const Config& c) {
+  if (c.amp.mode == AmpMode::kBf16) return at::kBFloat16;
+  if (c.amp.mode == AmpMode::kFp16) return at::kHalf;
+  return at::ScalarType::Undefined;
+}
+
+bool scaler_enabled(const Config& c) {
+  if (c.amp.scaler == ScalerMode::kOn) return true;
+  if (c.amp.scaler == ScalerMode::kOff) return false;
+  return c.amp.mode == AmpMode::kFp16;
+}
+
+Policies make_policies(const Config& c, const Registry& registry, uint64_t total_steps) {
+  return Policies{static_cast<uint64_t>(c.seed),
+                  LrSchedule(c.schedule, c.optim.lr, total_steps),
+                  c.train.max_norm,
+                  c.runtime.device == DeviceKind::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                  autocast_dtype(c),
+                  registry.loss(c.train.loss),
+                  c.train.accum_steps,
+                  c.optim.name,
+                  FaultPlan(c.faults.parsed),
+                  static_cast<uint64_t>(c.trace.optimizer_digest_every)};
+}
+
+}  // namespace retrace::train

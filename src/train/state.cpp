@@ -1,0 +1,101 @@
+#include "train/state.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace retrace::train {
+
+NamedTensors model_state(const TrainState& s) {
+  NamedTensors out;
+  for (const auto& item : s.model.module->named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : s.model.module->named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+rng::RngState rng_state(const TrainState& s, uint64_t seed) {
+  rng::RngState r = rng::capture_torch(seed);
+  r.cursor = s.cursor;
+  return r;
+}
+
+std::vector<records::ParamInfo> param_info(const TrainState& s) {
+  std::vector<records::ParamInfo> out;
+  for (const auto& [name, t] : model_state(s)) {
+    records::ParamInfo p;
+    p.name = name;
+    p.shape.assign(t.sizes().begin(), t.sizes().end());
+    p.dtype = std::string(c10::toString(t.scalar_type()));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::map<std::string, std::string> policy_state(const TrainState& st) {
+  std::map<std::string, std::string> s = st.scaler.state();
+  for (auto& kv : st.skip_guard.state()) s.insert(kv);
+  for (auto& kv : st.spike_guard.state()) s.insert(kv);
+  std::string fired, aside;
+  for (const auto& f : st.fired) fired += (fired.empty() ? "" : ",") + f;
+  for (const auto& [e, b] : st.set_aside) aside += (aside.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(b);
+  s["faults.fired"] = fired;
+  s["data.set_aside"] = aside;
+  return s;
+}
+
+void load_policy_state(TrainState& st, const std::map<std::string, std::string>& state) {
+  st.scaler.load_state(state);
+  st.skip_guard.load_state(state);
+  st.spike_guard.load_state(state);
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) if (!item.empty()) out.push_back(item);
+    return out;
+  };
+  auto it = state.find("faults.fired");
+  if (it != state.end())
+    for (const auto& f : split(it->second)) st.fired.insert(f);
+  it = state.find("data.set_aside");
+  if (it != state.end()) {
+    for (const auto& item : split(it->second)) {
+      auto colon = item.find(':');
+      RETRACE_CHECK(colon != std::string::npos, FormatError, "bad set-aside batch \"", item, "\" in checkpoint");
+      st.set_aside.insert({std::stoull(item.substr(0, colon)), std::stoull(item.substr(colon + 1))});
+    }
+  }
+}
+
+void load_model_state(TrainState& s, const NamedTensors& state) {
+  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : model_state(s)) {
+    auto it = by_name.find(name);
+    RETRACE_CHECK(it != by_name.end(), FormatError, "model tensor ", name, " is missing from the checkpoint");
+    RETRACE_CHECK(it->second.sizes() == t.sizes() && it->second.scalar_type() == t.scalar_type(), FormatError,
+                  "model tensor ", name, " has shape ", it->second.sizes(), " ",
+                  c10::toString(it->second.scalar_type()), " in the checkpoint, the model expects ", t.sizes(), " ",
+                  c10::toString(t.scalar_type()));
+    t.copy_(it->second);
+  }
+}
+
+void set_aside_batches(TrainState& s, const data::Cursor& spike, int64_t count, uint64_t batches_per_epoch) {
+  data::Cursor c = spike;
+  for (int64_t i = 0; i < count; ++i) {
+    s.set_aside.insert({c.epoch, c.batch_in_epoch});
+    if (c.batch_in_epoch > 0) {
+      c.batch_in_epoch -= 1;
+    } else if (c.epoch > 0) {
+      c.epoch -= 1;
+      c.batch_in_epoch = batches_per_epoch - 1;
+    } else {
+      break;
+    }
+  }
+}
+
+}  // namespace retrace::train

@@ -1,0 +1,53 @@
+// The training state of one rank as a value: everything a step changes and a checkpoint holds
+// (model, optimizer, loss scaler, guards, fired faults, batches set aside, counters, data cursor;
+// the LR schedule's position is `step`; torch's generators are the process's, captured by
+// rng_state). A step is a function of it (step_state.h); the loop only sequences steps.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "core/tensor_digest.h"
+#include "data/sampler.h"
+#include "model/model.h"
+#include "records/records.h"
+#include "rng/rng_state.h"
+#include "train/guards.h"
+#include "train/loss_scaler.h"
+
+namespace retrace::train {
+
+struct TrainState {
+  model::ModelHandle model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  LossScaler scaler;
+  SkipRateGuard skip_guard;
+  SpikeGuard spike_guard;
+  std::set<std::string> fired;                        // once-only faults that fired ("spike@17")
+  std::set<std::pair<uint64_t, uint64_t>> set_aside;  // (epoch, batch_in_epoch) skipped after a rollback
+  uint64_t step = 0;                                  // completed (applied or skipped) steps
+  uint64_t samples_seen = 0;
+  data::Cursor cursor;                                // the next batch
+};
+
+// Parameters and buffers by name.
+NamedTensors model_state(const TrainState& s);
+// Every random stream: torch's generators and the cursor.
+rng::RngState rng_state(const TrainState& s, uint64_t seed);
+std::vector<records::ParamInfo> param_info(const TrainState& s);
+
+// The policies' state (scaler, guards, fired faults, batches set aside) as strings, for the
+// checkpoint's metadata, and back (FormatError for a damaged value).
+std::map<std::string, std::string> policy_state(const TrainState& s);
+void load_policy_state(TrainState& s, const std::map<std::string, std::string>& state);
+// FormatError naming the tensor when one is missing or of another shape or dtype.
+void load_model_state(TrainState& s, const NamedTensors& state);
+// After a rollback: skip the spiking batch and the `count - 1` batches before it.
+void set_aside_batches(TrainState& s, const data::Cursor& spike, int64_t count, uint64_t batches_per_epoch);
+
+}  // namespace retrace::train

@@ -1,0 +1,144 @@
+#include "train/step_state.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "rng/philox.h"
+#include "train/optimizer.h"
+#include "train/step.h"
+
+namespace retrace::train {
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kFaultPurpose = 0x6661756c74733031ull;  // "faults01"
+
+using Events = std::vector<std::pair<std::string, std::string>>;
+
+// perturb-param@S:PARAM flips the lowest bit of PARAM[0] before step S.
+void apply_perturbation(TrainState& s, const Policies& p, uint64_t step, Events& events) {
+  auto fault = p.faults.due(FaultKind::kPerturbParam, step, s.fired);
+  if (!fault) return;
+  const std::string& name = (*fault)->arg;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : s.model.module->named_parameters()) {
+    if (item.key() != name) continue;
+    torch::Tensor flat = item.value().view({-1});
+    RETRACE_CHECK(flat.scalar_type() == torch::kFloat32, ConfigError, "perturb-param supports float32 parameters");
+    float v = flat[0].item<float>();
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits ^= 1u;
+    std::memcpy(&v, &bits, sizeof v);
+    flat[0].fill_(v);
+    events.emplace_back("fault", "injected perturb-param: flipped the lowest bit of " + name + "[0] before step " +
+                                     std::to_string(step));
+  }
+}
+
+StepFaults faults_for(TrainState& s, const Policies& p, uint64_t step, Events& events) {
+  StepFaults f;
+  if (p.faults.due(FaultKind::kNanLoss, step, s.fired)) {
+    f.nan_loss = true;
+    events.emplace_back("fault", "injected nan-loss at step " + std::to_string(step));
+  }
+  if (auto spike = p.faults.due(FaultKind::kSpike, step, s.fired)) {
+    f.loss_factor = (*spike)->arg.empty() ? 10.0 : std::stod((*spike)->arg);
+    s.fired.insert((*spike)->id);
+    events.emplace_back("fault", "injected spike x" + std::to_string(f.loss_factor) + " at step " + std::to_string(step));
+  }
+  if (auto inf = p.faults.due(FaultKind::kInfGrad, step, s.fired)) {
+    std::string arg = (*inf)->arg;
+    if (arg.empty()) {
+      // A parameter chosen by a Philox draw keyed by (seed, step): a pure function, no state.
+      auto named = s.model.module->named_parameters();
+      rng::PhiloxStream r(rng::mix_key(rng::mix_key(p.seed, kFaultPurpose), step));
+      arg = named[static_cast<size_t>(r.next_below(named.size()))].key();
+    }
+    f.inf_grad = arg;
+    events.emplace_back("fault", "injected inf-grad in " + arg + " at step " + std::to_string(step));
+  }
+  return f;
+}
+}  // namespace
+
+StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, const StepHooks& hooks,
+                      bool with_digests) {
+  StepOutput out;
+  records::StepRecord& rec = out.record;
+  // Split the rank's batch into accum_steps micro-batches, as evenly as possible (a kept last
+  // batch can be ragged): piece j holds samples [j*n/a, (j+1)*n/a).
+  std::vector<MicroBatch> micro;
+  const int64_t n = static_cast<int64_t>(batch.indices.size());
+  const int64_t a = std::min<int64_t>(p.accum_steps, n);
+  for (int64_t j = 0; j < a; ++j) {
+    int64_t lo = j * n / a, hi = (j + 1) * n / a;
+    micro.push_back({batch.inputs.slice(0, lo, hi), batch.targets.slice(0, lo, hi)});
+  }
+  rec.timings.data_ms = batch.data_ms;
+
+  rec.step = s.step + 1;
+  rec.epoch = batch.at.epoch;
+  rec.batch_in_epoch = batch.at.batch_in_epoch;
+  rec.batch_size = static_cast<uint32_t>(n);
+  rec.sample_digest = digest_indices(batch.indices);
+  rec.lr = p.schedule.lr_at(rec.step);
+  rec.loss_scale = s.scaler.scale();
+
+  apply_perturbation(s, p, rec.step, out.events);
+  set_lr(*s.optimizer, rec.lr);
+  s.model.module->train();
+  StepPolicy policy;
+  policy.max_norm = p.max_norm;
+  policy.device = p.device;
+  policy.autocast_dtype = p.autocast;
+  policy.scaler = &s.scaler;
+  policy.spike = &s.spike_guard;
+  // Under data parallelism each rank divides by the loss items of the whole global batch, so the
+  // summed gradients are the large-batch mean.
+  if (batch.global_samples > 0) {
+    const auto& y = batch.targets;
+    policy.global_count = static_cast<int64_t>(batch.global_samples) * (y.numel() / std::max<int64_t>(1, y.size(0)));
+  }
+  policy.reduce_loss = hooks.reduce_loss;
+  policy.after_last_backward = hooks.after_last_backward;
+  policy.probe = hooks.probe;
+  policy.loss = p.loss;
+  StepResult r = train_step(*s.model.module, s.model.forward, *s.optimizer, micro, policy,
+                            faults_for(s, p, rec.step, out.events));
+
+  rec.loss = static_cast<double>(r.loss);
+  std::memcpy(&rec.loss_bits, &r.loss, sizeof r.loss);
+  rec.grad_norm_pre = r.grad_norm_pre;
+  rec.grad_norm_post = r.grad_norm_post;
+  rec.outcome = r.skipped ? records::Outcome::kSkip : records::Outcome::kStep;
+  rec.skip_reason = r.skip_reason;
+  rec.micro_batch_sizes = r.micro_sizes;
+  rec.micro_losses = r.micro_losses;
+  rec.timings.forward_ms = r.forward_ms;
+  rec.timings.backward_ms = r.backward_ms;
+  rec.timings.optimizer_ms = r.optimizer_ms;
+
+  if (!r.skipped) s.spike_guard.record(rec.loss);
+  if (auto warning = s.skip_guard.record(r.skipped, rec.step)) out.events.emplace_back("warning", *warning);
+
+  s.step += 1;
+  s.samples_seen += batch.indices.size();
+  s.cursor = batch.next;
+  if (with_digests) {
+    auto t = Clock::now();
+    rec.param_digest = digest_named(model_state(s));
+    // The optimizer state is twice the parameters (AdamW): digesting it every step would cost
+    // about 2 % of the MLP step on its own. Every K steps, and zero in between (README, "The trace").
+    if (rec.step % p.optimizer_digest_every == 0)
+      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer));
+    const std::string rng = rng_state(s, p.seed).serialize();
+    rec.rng_digest = xxh3_128(rng.data(), rng.size());
+    rec.timings.trace_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  }
+  return out;
+}
+
+}  // namespace retrace::train
