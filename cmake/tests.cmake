@@ -28,8 +28,9 @@ retrace_gtest(torch_test
   tests/model/dropout_test.cpp
   tests/model/torchscript_test.cpp
   tests/data/user_data_test.cpp
+  tests/api/api_test.cpp
 )
-target_link_libraries(torch_test PRIVATE retrace_replay)
+target_link_libraries(torch_test PRIVATE retrace_replay retrace_api)
 target_precompile_headers(torch_test REUSE_FROM retrace_core_torch)
 
 # Tests that need the real binary (a process that kills itself) or several end-to-end runs.

@@ -89,6 +89,7 @@ endif()
 retrace_torch_part(retrace_run
   src/run/layout.cpp
   src/run/run_dir.cpp
+  src/run/ranks.cpp
   src/run/run.cpp
   src/run/memory_report.cpp
 )

@@ -27,7 +27,11 @@ std::optional<train::Numerics> numerics_resume(const ResumeArgs& args) {
 
 int run_resume(const ResumeArgs& a, const Context& ctx) {
   const std::vector<std::string>& argv = ctx.argv;
-  train::Config config;
+  // The ranks meet with the run's own timeout and device (its recorded config), when it has one;
+  // resume itself reports a run directory without a config.
+  const std::string cfg = run::config_path(a.run);
+  const train::Config config = std::filesystem::exists(cfg) ? train::load_config(cfg, {}, train::ConfigSource::kRecorded)
+                                                             : train::Config{};
   std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
   if (!pg && a.world_size > 1) return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);
   const bool quiet = pg && pg->rank() != 0;

@@ -42,18 +42,6 @@ void print_summary(const run::RunSummary& s) {
                 static_cast<ull>(s.last_step), s.run_dir.c_str());
 }
 
-// This process's rank when the rendezvous variables are set (a launcher started it), else nullopt.
-std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag) {
-  auto env = dist::env_from_environment();
-  if (!env) return nullptr;
-  RETRACE_CHECK(world_flag <= 1 || static_cast<uint32_t>(world_flag) == env->world_size, ConfigError,
-                "--world-size ", world_flag, " but WORLD_SIZE=", env->world_size, " in the environment");
-  if (env->world_size == 1) return nullptr;
-  return std::make_unique<dist::ProcessGroup>(
-      *env, std::chrono::milliseconds(static_cast<int64_t>(config.runtime.collective_timeout_s * 1000)),
-      config.runtime.device == train::DeviceKind::kCuda);
-}
-
 // Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
 std::vector<std::string> with_flag(std::vector<std::string> argv, const std::string& flag, const std::string& value) {
   for (size_t i = 0; i + 1 < argv.size(); ++i)

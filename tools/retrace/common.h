@@ -13,10 +13,13 @@
 
 #include "dist/process_group.h"
 #include "records/records.h"
+#include "run/ranks.h"
 #include "run/run.h"
 #include "train/config.h"
 
 namespace retrace::cli {
+
+using run::join_ranks;
 
 using ull = unsigned long long;
 
@@ -75,8 +78,6 @@ class StepPrinter {
 
 run::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p);
 void print_summary(const run::RunSummary& s);
-// This process's rank when the rendezvous variables are set (a launcher started it), else nullptr.
-std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag);
 // Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
 std::vector<std::string> with_flag(std::vector<std::string> argv, const std::string& flag, const std::string& value);
 std::vector<std::string> without_flag(std::vector<std::string> argv, const std::string& flag);
