@@ -1,4 +1,4 @@
-// The checkpoint directory protocol (DESIGN.md invariant 3: a checkpoint exists only when its
+// The checkpoint directory protocol (a checkpoint exists only when its
 // manifest exists).
 //
 //   <root>/step-00000010/shard-rank00000.safetensors ...   written by write_shard (tmp, fsync, rename)

@@ -1,4 +1,4 @@
-// Verification of a checkpoint directory, done before any shard is parsed (DESIGN.md invariant 3).
+// Verification of a checkpoint directory, done before any shard is parsed.
 //
 // verify_checkpoint runs these phases in order and throws at the first problem:
 //   1. manifest.json present. Without it the directory is an interrupted save and is never used:

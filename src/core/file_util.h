@@ -1,4 +1,4 @@
-// Small POSIX file helpers with the durability protocol of DESIGN.md invariant 3: write to a
+// Small POSIX file helpers with the durability protocol of checkpoints and run files: write to a
 // `.tmp` name, fsync, rename over the final name, fsync the directory. All failures throw IoError
 // naming the path and the errno text; a failed atomic write leaves the old file untouched and
 // removes its `.tmp`.

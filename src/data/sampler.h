@@ -1,4 +1,4 @@
-// The deterministic sampler (DESIGN.md invariant 2). The order of epoch e is a pure function of
+// The deterministic sampler. The order of epoch e is a pure function of
 // (seed, e): a Fisher-Yates shuffle of [0, n) driven by a Philox stream keyed by (seed, e). A
 // position in the data is a Cursor (epoch, batch_in_epoch); resuming needs nothing else.
 //

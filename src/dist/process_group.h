@@ -1,4 +1,4 @@
-// Ranks and their collectives, on c10d (DESIGN.md "Beyond one machine"): ranks rendezvous through
+// Ranks and their collectives, on c10d: ranks rendezvous through
 // c10d's TCPStore from RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, so launchers
 // that set those (torchrun-style, Slurm, Kubernetes) work across hosts; collectives are Gloo's on
 // CPU (NCCL on CUDA where LibTorch has it). We write no transport of our own.

@@ -1,4 +1,4 @@
-// RngState: every random stream of a run (DESIGN.md invariant 1), captured and restored as one
+// RngState: every random stream of a run, captured and restored as one
 // value. Streams:
 //   - torch's default CPU generator (parameter init, dropout on CPU);
 //   - the default generator of every CUDA device (Philox seed and offset), when CUDA is present;

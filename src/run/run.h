@@ -1,4 +1,4 @@
-// The loop: `record` trains a fresh run into a run directory (DESIGN.md "File layout of a run"),
+// The loop: `record` trains a fresh run into a run directory (layout.h),
 // `resume` continues one from its newest checkpoint that verifies. The loop is thin: it calls the
 // trainer, the trace writer and the checkpointer, and reports through callbacks.
 // The directory layout is in layout.h.

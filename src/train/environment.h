@@ -1,4 +1,4 @@
-// The environment part of a run's record (DESIGN.md invariant 5), and its set-up: thread counts
+// The environment part of a run's record, and its set-up: thread counts
 // for torch and for the BLAS library (pinned together so they never oversubscribe the cores),
 // deterministic algorithms, CUDA determinism settings.
 #pragma once
