@@ -23,6 +23,7 @@ retrace_gtest(torch_test
   tests/rng/rng_state_test.cpp
   tests/run/record_test.cpp
   tests/replay/replay_test.cpp
+  tests/replay/resume_verdict_test.cpp
   tests/train/step_test.cpp
   tests/train/optimizer_test.cpp
   tests/model/dropout_test.cpp

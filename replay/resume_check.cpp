@@ -40,11 +40,21 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   say("== resume " + r.resumed_dir);
   run::resume(r.resumed_dir, {}, cb, nullptr, registry);
 
-  auto sa = trace::TraceReader::open(run::trace_path(r.uninterrupted_dir)).steps();
-  auto sb = trace::TraceReader::open(run::trace_path(r.resumed_dir)).steps();
-  r.bitwise = compare_steps(sa, sb, CompareMode::kBitwise);
-  r.verified = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0 &&
-               r.bitwise.max_loss_diff < r.tolerance;
+  ResumeCheck v = resume_verdict(run::trace_path(r.uninterrupted_dir), run::trace_path(r.resumed_dir));
+  v.uninterrupted_dir = r.uninterrupted_dir;
+  v.resumed_dir = r.resumed_dir;
+  return v;
+}
+
+ResumeCheck resume_verdict(const std::string& uninterrupted_trace, const std::string& resumed_trace) {
+  ResumeCheck r;
+  const trace::TraceReader a = trace::TraceReader::open(uninterrupted_trace);
+  const trace::TraceReader b = trace::TraceReader::open(resumed_trace);
+  r.bitwise = compare_steps(a.steps(), b.steps(), CompareMode::kBitwise);
+  r.numerics_diffs = records::numerics_differences(a.header().fingerprint, b.header().fingerprint);
+  const bool same_steps = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0;
+  r.verified = same_steps && (r.numerics_diffs.empty() ? !r.bitwise.first_diff.has_value()
+                                                       : r.bitwise.max_loss_diff < r.tolerance);
   return r;
 }
 
