@@ -90,6 +90,7 @@ retrace_torch_part(retrace_run
   src/run/layout.cpp
   src/run/run_dir.cpp
   src/run/ranks.cpp
+  src/run/inputs.cpp
   src/run/run.cpp
   src/run/memory_report.cpp
 )

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "replay/diff.h"
+#include "run/inputs.h"
 #include "trace/framing.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -34,6 +35,13 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   if (auto w = recorded.tail_warning(); w && cb.on_message) cb.on_message("warning: " + *w);
   const records::TraceHeader& h = recorded.header();
   train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
+  // A replay on other inputs re-executes another run: refused unless asked for.
+  if (const auto changes = run::changed_inputs(h.data_files); !changes.empty()) {
+    RETRACE_CHECK(options.accept_changed_inputs, IntegrityError, "cannot replay ", res.recorded_trace, ": ",
+                  run::describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to replay "
+                  "with them");
+    for (const auto& c : changes) res.input_changes.push_back(c.path);
+  }
 
   res.replay_dir = options.scratch_dir.empty() ? run::replay_dir(run_dir) : options.scratch_dir;
   run::LoopControl control;

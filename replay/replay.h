@@ -24,6 +24,7 @@ struct ReplayOptions {
   std::string scratch_dir;                   // where the replay runs; default RUN/replay
   bool force = false;                        // replace scratch_dir even if retrace did not make it
   const train::Registry* registry = nullptr; // what the run's config may name; nullptr: the built-ins
+  bool accept_changed_inputs = false;        // replay although an input's sha256 is not the header's
 };
 
 struct ReplayResult {
@@ -35,6 +36,7 @@ struct ReplayResult {
   CompareReport report;
   std::optional<records::StepRecord> recorded_at_diff;  // context of the first difference
   std::optional<records::StepRecord> replayed_at_diff;
+  std::vector<std::string> input_changes;    // accepted with accept_changed_inputs (else an error)
   bool verified() const { return report.compared > 0 && !report.first_diff && report.only_in_a == 0; }
 };
 

@@ -27,6 +27,7 @@
 #include "train/environment.h"
 #include "train/faults.h"
 #include "train/trainer.h"
+#include "run/inputs.h"
 #include "run/layout.h"
 #include "run/run_dir.h"
 
@@ -343,9 +344,15 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   summary.trace_path, " is missing; the checkpoints are kept, but the run's record cannot continue "
                   "without it. Restore the trace, or start again with `retrace record --force`");
     std::vector<records::KeyValue> recorded;
+    std::vector<InputChange> changes;
     {
       const trace::TraceReader before = trace::TraceReader::open(summary.trace_path);
       recorded = before.header().fingerprint;
+      // Before anything is changed: the inputs must be the ones the trace was recorded with.
+      changes = changed_inputs(before.header().data_files);
+      RETRACE_CHECK(changes.empty() || control.accept_changed_inputs, IntegrityError, "cannot resume ", run_dir, ": ",
+                    describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
+                    "with them (the change is recorded in the trace)");
       const auto chain = before.chain_at(restored.position.bytes);
       RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", pick->dir, " records trace position ",
                     restored.position.bytes, ", which is not a frame boundary of ", summary.trace_path, " (",
@@ -367,6 +374,11 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
              " trace bytes written after that checkpoint were set aside in " + side;
     writer->append_event({trainer.step(), "resume", msg});
     if (cb.on_message) cb.on_message(msg);
+    if (!changes.empty()) {
+      const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(changes);
+      writer->append_event({trainer.step(), "warning", warn});
+      if (cb.on_message) cb.on_message("warning: " + warn);
+    }
     // The header's fingerprint is the first process's; a resume under other numerics (another
     // machine in native mode, another kernel set in the environment) is said and recorded.
     const auto now = run_fingerprint(config, trainer.model(), world);

@@ -38,6 +38,9 @@ struct LoopControl {
   bool checkpoint_on_interrupt = true;
   // Once-only faults to treat as already fired ("crash@17"), e.g. when replaying a crashed run.
   std::set<std::string> fired;
+  // resume: continue although a data or model file's sha256 is not the trace header's (the
+  // change is recorded as a warning event); otherwise that is an IntegrityError.
+  bool accept_changed_inputs = false;
 };
 
 struct RecordOptions {

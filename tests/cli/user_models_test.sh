@@ -57,6 +57,29 @@ expect tensors-record 0 "recorded 20 steps" -- "$RETRACE" record "${tens[@]}" --
 expect tensors-header 0 "train.safetensors" -- "$RETRACE" inspect "$tmp/tens/trace.rtrace" --steps 1:1
 expect tensors-replay 0 "REPLAY VERIFIED" -- "$RETRACE" replay "$tmp/tens" --quiet
 
+# Inputs are verified on resume and replay: a data file edited after the run was recorded is an
+# integrity error naming it (exit 3), unless accepted, which the trace records.
+cp -r "$tmp/tensors" "$tmp/tensors2"
+tens2=(--set data.kind=tensors --set data.dir="$tmp/tensors2" --set data.batch_size=24 --set model.hidden=[16]
+       --set train.steps=20 --set checkpoint.every_steps=5 --plain)
+expect inputs-record 0 "interrupted after step 10" -- "$RETRACE" record "${tens2[@]}" --interrupt-at 10 --out "$tmp/edited"
+cp -r "$tmp/edited" "$tmp/edited-accept"
+cp "$tmp/tensors2/test.safetensors" "$tmp/test.keep"
+# One value of the test inputs (the file's last byte) changes; the file stays well-formed.
+python3 -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[-1] ^= 1; open(p, 'wb').write(bytes(b))" \
+  "$tmp/tensors2/test.safetensors"
+expect inputs-changed-resume 3 "input file .*tensors2/test.safetensors changed since the run was recorded.*--accept-changed-inputs" -- \
+  "$RETRACE" resume "$tmp/edited" --plain
+expect inputs-changed-replay 3 "cannot replay .*tensors2/test.safetensors changed" -- "$RETRACE" replay "$tmp/edited" --quiet
+expect inputs-accepted-resume 0 "warning: resumed with changed inputs" -- \
+  "$RETRACE" resume "$tmp/edited-accept" --accept-changed-inputs --plain
+expect inputs-accepted-event 0 "resumed with changed inputs .*test.safetensors" -- \
+  "$RETRACE" inspect "$tmp/edited-accept/trace.rtrace" --json --steps 1:1
+expect inputs-accepted-replay 0 "note: .*test.safetensors is not the file the run was recorded with" -- \
+  "$RETRACE" replay "$tmp/edited" --accept-changed-inputs --quiet
+cp "$tmp/test.keep" "$tmp/tensors2/test.safetensors"
+expect inputs-restored 0 "resumed from" -- "$RETRACE" resume "$tmp/edited" --plain
+
 # llm.c token files from a text, and the GPT on them.
 python3 "$ROOT/tools/data/write_tokens.py" /usr/share/common-licenses/GPL-3 "$tmp/tokens" > /dev/null
 expect tokens-record 0 "recorded 3 steps" -- "$RETRACE" record --config "$ROOT/configs/char-gpt.toml" \

@@ -35,6 +35,8 @@ void add_replay(CLI::App& app, ReplayArgs& args) {
                   "retrace made it, or with --force");
   rep->add_flag("--force", rp.force, "replace --out even if retrace did not make it");
   rep->add_flag("--plain", rp.plain, "print one row per step even on a terminal");
+  rep->add_flag("--accept-changed-inputs", rp.accept_changed_inputs,
+                "replay although a data or model file is not the one the trace header records (sha256)");
   rep->add_flag("--quiet", rp.quiet, "print only the verdict");
   rep->footer("Exit 0 with REPLAY VERIFIED, 1 with the first step and field that differ.\nExamples:\n"
               "  retrace replay run\n  retrace replay run --from-checkpoint 200 --steps 201:300\n");
@@ -58,12 +60,15 @@ int run_replay(const ReplayArgs& a, const Context& ctx) {
   o.scratch_dir = a.out;
   o.force = a.force;
   o.registry = &ctx.registry;
+  o.accept_changed_inputs = a.accept_changed_inputs;
   auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
   run::RunCallbacks cb = callbacks_for(printer);
   if (a.quiet) cb = {};
   replay::ReplayResult r = replay::replay_run(a.run, o, cb);
   printer->clear();
   std::printf("\nreplay of %s in %s\n", r.recorded_trace.c_str(), r.replay_dir.c_str());
+  for (const auto& path : r.input_changes)
+    std::printf("note: %s is not the file the run was recorded with (--accept-changed-inputs)\n", path.c_str());
   if (r.mode == replay::CompareMode::kBitwise) {
     std::printf("comparison: bitwise (environment fingerprints %s)\n",
                 r.fingerprint_diffs.empty() ? "equal" : "differ, --bitwise forced");

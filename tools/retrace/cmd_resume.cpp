@@ -13,6 +13,9 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
   auto* res = app.add_subcommand("resume", "continue a run from its newest checkpoint that verifies");
   res->add_option("run", args.run, "run directory")->required();
   res->add_flag("--plain", args.plain, "print one row per step even on a terminal");
+  res->add_flag("--accept-changed-inputs", args.accept_changed_inputs,
+                "resume although a data or model file is not the one the trace header records (sha256); "
+                "the change is recorded in the trace");
   res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint");
   res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded)");
   res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24");
@@ -38,6 +41,7 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
   run::LoopControl control;
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  control.accept_changed_inputs = a.accept_changed_inputs;
   run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
                                 ctx.registry);
   printer->clear();
