@@ -14,11 +14,13 @@
 #include "rng/rng_state.h"
 #include "run/layout.h"
 #include "run/run_dir.h"
+#include "run/run.h"
 #include "trace/trace_reader.h"
 #include "trace/trace_writer.h"
 #include "train/config.h"
 #include "train/environment.h"
 #include "train/optimizer.h"
+#include "train/state.h"
 
 namespace retrace {
 namespace {
@@ -26,25 +28,13 @@ namespace {
 constexpr int kZstdLevel = 3;
 constexpr const char* kRecorderMark = "recorder";
 
-NamedTensors module_state(const torch::nn::Module& m) {
-  NamedTensors out;
-  for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
-  for (const auto& item : m.named_buffers()) out.emplace_back(item.key(), item.value());
-  return out;
-}
+NamedTensors module_state(const torch::nn::Module& m) { return train::module_tensors(m); }
 
 // The optimizer kinds whose state retrace can name tensor by tensor.
 std::optional<train::OptimizerKind> kind_of(torch::optim::Optimizer& opt) {
   if (dynamic_cast<torch::optim::AdamW*>(&opt)) return train::OptimizerKind::kAdamW;
   if (dynamic_cast<torch::optim::SGD*>(&opt)) return train::OptimizerKind::kSgd;
   return std::nullopt;
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
 }
 
 train::RuntimeConfig runtime_now() {
@@ -96,14 +86,8 @@ Recorder Recorder::create(const std::string& dir, const torch::nn::Module& modul
   h.seed = o.seed;
   h.fingerprint = train::fingerprint(runtime_now(), 1);
   h.model_description = o.description.empty() ? module.name() : o.description;
-  for (const auto& [name, t] : module_state(module)) {
-    records::ParamInfo p;
-    p.name = name;
-    p.shape.assign(t.sizes().begin(), t.sizes().end());
-    p.dtype = std::string(c10::toString(t.scalar_type()));
-    h.params.push_back(std::move(p));
-  }
-  h.created_utc = utc_now();
+  h.params = train::param_info(module);
+  h.created_utc = run::utc_now();
   impl->writer.emplace(trace::TraceWriter::create(run::trace_path(dir), h, kZstdLevel));
   return Recorder(std::move(impl));
 }

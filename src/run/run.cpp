@@ -37,12 +37,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace stdfs = std::filesystem;
 
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 
 
@@ -401,6 +395,13 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   }
   run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg);
   return summary;
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
 }
 
 }  // namespace retrace::run

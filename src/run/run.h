@@ -87,6 +87,9 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   dist::ProcessGroup* process_group = nullptr,
                   const train::Registry& registry = train::builtin_registry());
 
+// The time now as ISO 8601 UTC ("2026-12-01T14:26:20Z"): a trace header's created_utc.
+std::string utc_now();
+
 // The environment fingerprint of a run's trace header: the runtime's (train/environment.h) and the
 // model's own numerics settings (a TorchScript model's executor).
 std::vector<records::KeyValue> run_fingerprint(const train::Config& config, const model::ModelHandle& model,

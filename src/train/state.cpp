@@ -8,22 +8,16 @@
 
 namespace retrace::train {
 
-NamedTensors model_state(const TrainState& s) {
+NamedTensors module_tensors(const torch::nn::Module& m) {
   NamedTensors out;
-  for (const auto& item : s.model.module->named_parameters()) out.emplace_back(item.key(), item.value());
-  for (const auto& item : s.model.module->named_buffers()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : m.named_buffers()) out.emplace_back(item.key(), item.value());
   return out;
 }
 
-rng::RngState rng_state(const TrainState& s, uint64_t seed) {
-  rng::RngState r = rng::capture_torch(seed);
-  r.cursor = s.cursor;
-  return r;
-}
-
-std::vector<records::ParamInfo> param_info(const TrainState& s) {
+std::vector<records::ParamInfo> param_info(const torch::nn::Module& m) {
   std::vector<records::ParamInfo> out;
-  for (const auto& [name, t] : model_state(s)) {
+  for (const auto& [name, t] : module_tensors(m)) {
     records::ParamInfo p;
     p.name = name;
     p.shape.assign(t.sizes().begin(), t.sizes().end());
@@ -32,6 +26,16 @@ std::vector<records::ParamInfo> param_info(const TrainState& s) {
   }
   return out;
 }
+
+NamedTensors model_state(const TrainState& s) { return module_tensors(*s.model.module); }
+
+rng::RngState rng_state(const TrainState& s, uint64_t seed) {
+  rng::RngState r = rng::capture_torch(seed);
+  r.cursor = s.cursor;
+  return r;
+}
+
+std::vector<records::ParamInfo> param_info(const TrainState& s) { return param_info(*s.model.module); }
 
 std::map<std::string, std::string> policy_state(const TrainState& st) {
   std::map<std::string, std::string> s = st.scaler.state();

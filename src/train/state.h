@@ -35,6 +35,10 @@ struct TrainState {
   data::Cursor cursor;                                // the next batch
 };
 
+// A module's parameters, then its buffers, by name; and their names, shapes and dtypes.
+NamedTensors module_tensors(const torch::nn::Module& m);
+std::vector<records::ParamInfo> param_info(const torch::nn::Module& m);
+
 // Parameters and buffers by name.
 NamedTensors model_state(const TrainState& s);
 // Every random stream: torch's generators and the cursor.
