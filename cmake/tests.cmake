@@ -59,6 +59,11 @@ add_test(NAME user_models COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/user_models
 set_tests_properties(user_models PROPERTIES TIMEOUT 600)
 
 # The example project in examples/spirals, built against the installed package (cmake --install).
+# Interrupt-and-resume around every kind of event, world sizes 1 and 2, with accumulation:
+# whole-trace equality, negative controls, bad input on resume (tests/run/edges_test.sh).
+add_test(NAME edges COMMAND bash ${CMAKE_SOURCE_DIR}/tests/run/edges_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(edges PROPERTIES TIMEOUT 1500)
 add_test(NAME example_project COMMAND bash ${CMAKE_SOURCE_DIR}/examples/spirals/run_example.sh ${CMAKE_BINARY_DIR}
          ${CMAKE_SOURCE_DIR} $<TARGET_FILE:retrace>)
 set_tests_properties(example_project PROPERTIES TIMEOUT 1200)

@@ -158,4 +158,6 @@ endif()
 
 add_executable(record_bench tools/bench/record_bench.cpp)
 target_link_libraries(record_bench PRIVATE retrace_lib)
+add_executable(digest_bench tools/bench/digest_bench.cpp)
+target_link_libraries(digest_bench PRIVATE retrace_lib)
 include(cmake/gpt.cmake)

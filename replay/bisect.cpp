@@ -123,29 +123,56 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
   for (const auto& v : hd.fingerprint)
     rep.notes.push_back("environment " + v.key + ": " + v.a.value_or("(absent)") + " vs " + v.b.value_or("(absent)"));
 
-  uint64_t last_a = 0, last_b = 0;
-  for (const auto& e : ra.index()) if (e.kind == trace::FrameKind::kStep) last_a = std::max(last_a, e.step);
-  for (const auto& e : rb.index()) if (e.kind == trace::FrameKind::kStep) last_b = std::max(last_b, e.step);
+  uint64_t last_a = 0, last_b = 0, frames_a = 0, frames_b = 0;
+  for (const auto& e : ra.index())
+    if (e.kind == trace::FrameKind::kStep) last_a = std::max(last_a, e.step), ++frames_a;
+  for (const auto& e : rb.index())
+    if (e.kind == trace::FrameKind::kStep) last_b = std::max(last_b, e.step), ++frames_b;
+  // A rollback re-runs steps: the chain then covers the discarded records too and parts at the
+  // first re-run step. The applied history (the last record of each step) is what to compare.
+  const bool rolled_back = frames_a > last_a || frames_b > last_b;
   const uint64_t n = std::min(last_a, last_b);
   rep.common_steps = n;
   if (last_a != last_b)
     rep.notes.push_back("run A has " + std::to_string(last_a) + " steps, run B " + std::to_string(last_b) +
                         "; only the first " + std::to_string(n) + " are compared");
+  auto record = [&](const trace::TraceReader& r, uint64_t s, const char* which) {
+    auto x = r.step(s);  // the last record of step s
+    RETRACE_CHECK(x.has_value(), FormatError, "step ", s, " is missing from ", which,
+                  "'s trace; bisection needs every step up to ", n);
+    return *x;
+  };
   auto differs = [&](uint64_t s) {
     rep.search_probes++;
-    auto x = ra.step(s), y = rb.step(s);
-    RETRACE_CHECK(x && y, FormatError, "step ", s, " is missing from ", x ? "run B" : "run A",
-                  "'s trace; bisection needs every step up to ", n);
-    return x->chain_digest != y->chain_digest;
+    return record(ra, s, "run A").chain_digest != record(rb, s, "run B").chain_digest;
   };
-  if (n == 0 || !differs(n)) return rep;
-
-  // Binary search for the first s with differs(s); invariant: differs(hi), !differs(lo) or lo == 0.
-  uint64_t lo = 0, hi = n;
-  while (hi - lo > 1) {
-    uint64_t mid = lo + (hi - lo) / 2;
-    if (differs(mid)) hi = mid;
-    else lo = mid;
+  uint64_t hi = 0;
+  if (rolled_back) {
+    // The applied records, step by step: the first step whose applied result differs.
+    rep.notes.push_back(std::string(frames_a > last_a ? "run A" : "run B") +
+                        " re-ran steps after a rollback: compared the applied history (each step's last record) by "
+                        "content digest");
+    // What a step applied: its record without state_digest, which also holds the rollback's own
+    // bookkeeping (the batches set aside, the fault that fired) from the re-run's first step on.
+    auto applied = [](records::StepRecord r) {
+      r.state_digest = {};
+      return records::content_digest(r);
+    };
+    for (uint64_t s = 1; s <= n && hi == 0; ++s) {
+      rep.search_probes++;
+      if (applied(record(ra, s, "run A")) != applied(record(rb, s, "run B"))) hi = s;
+    }
+    if (hi == 0) return rep;
+  } else {
+    if (n == 0 || !differs(n)) return rep;
+    // Binary search for the first s with differs(s); invariant: differs(hi), !differs(lo) or lo == 0.
+    uint64_t lo = 0;
+    hi = n;
+    while (hi - lo > 1) {
+      uint64_t mid = lo + (hi - lo) / 2;
+      if (differs(mid)) hi = mid;
+      else lo = mid;
+    }
   }
   rep.diverged = true;
   rep.step = hi;
@@ -155,6 +182,10 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
       rep.rank = static_cast<uint32_t>(r);
       break;
     }
+  }
+  // Equal gradients but another generator state on one rank (its masks of the next step differ).
+  for (size_t r = 0; !rep.rank && r < std::min(sa->rank_rng_digests.size(), sb->rank_rng_digests.size()); ++r) {
+    if (sa->rank_rng_digests[r] != sb->rank_rng_digests[r]) rep.rank = static_cast<uint32_t>(r);
   }
   if (cb.on_message) cb.on_message("step level: first divergent step " + std::to_string(hi) + " (" +
                                    std::to_string(rep.search_probes) + " chain comparisons over " + std::to_string(n) +

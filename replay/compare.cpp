@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <sstream>
 
 namespace retrace::replay {
 namespace {
@@ -81,6 +82,7 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
     RETRACE_CMP_DIG(param_digest);
     RETRACE_CMP_DIG(optim_digest);
     RETRACE_CMP_DIG(rng_digest);
+    RETRACE_CMP_DIG(state_digest);
   }
   check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),
         join(b.micro_batch_sizes));
@@ -88,6 +90,8 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
     check("micro_losses", same_bits(a.micro_losses, b.micro_losses), join(a.micro_losses), join(b.micro_losses));
     check("rank_grad_digests", a.rank_grad_digests == b.rank_grad_digests, join(a.rank_grad_digests),
           join(b.rank_grad_digests));
+    check("rank_rng_digests", a.rank_rng_digests == b.rank_rng_digests, join(a.rank_rng_digests),
+          join(b.rank_rng_digests));
     RETRACE_CMP_DIG(chain_digest);
   }
 #undef RETRACE_CMP_INT
@@ -124,6 +128,55 @@ CompareReport compare_steps(const std::vector<records::StepRecord>& a,
   for (const auto& [step, rb] : mb)
     if (!ma.count(step)) rep.only_in_b++;
   return rep;
+}
+
+std::optional<std::string> compare_evals(const std::vector<records::EvalRecord>& a,
+                                         const std::vector<records::EvalRecord>& b, CompareMode mode) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const auto &x = a[i], &y = b[i];
+    std::ostringstream o;
+    if (x.step != y.step || x.epoch != y.epoch || x.samples != y.samples)
+      o << "evaluation " << i + 1 << ": after step " << x.step << " (epoch " << x.epoch << ", " << x.samples
+        << " samples) in one, after step " << y.step << " (epoch " << y.epoch << ", " << y.samples << ") in the other";
+    else if (mode == CompareMode::kBitwise && (!same_bits(x.loss, y.loss) || !same_bits(x.accuracy, y.accuracy)))
+      o << "evaluation after step " << x.step << ": loss " << num(x.loss) << " vs " << num(y.loss) << ", accuracy "
+        << num(x.accuracy) << " vs " << num(y.accuracy);
+    if (!o.str().empty()) return o.str();
+  }
+  if (a.size() != b.size()) {
+    const auto& extra = a.size() > b.size() ? a[n] : b[n];
+    return std::to_string(a.size()) + " evaluations in one, " + std::to_string(b.size()) +
+           " in the other (the first unmatched is after step " + std::to_string(extra.step) + ")";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> compare_events(const std::vector<records::EventRecord>& all_a,
+                                          const std::vector<records::EventRecord>& all_b, CompareMode mode) {
+  auto training = [](const std::vector<records::EventRecord>& v) {
+    std::vector<records::EventRecord> out;
+    for (const auto& e : v)
+      if (!records::is_process_event(e)) out.push_back(e);
+    return out;
+  };
+  const auto a = training(all_a), b = training(all_b);
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    // Messages quote losses: under other numerics only the step and the kind must agree.
+    const bool same = a[i].step == b[i].step && a[i].kind == b[i].kind &&
+                      (mode == CompareMode::kTolerance || a[i].message == b[i].message);
+    if (!same)
+      return "event " + std::to_string(i + 1) + ": step " + std::to_string(a[i].step) + " " + a[i].kind + " \"" +
+             a[i].message + "\" vs step " + std::to_string(b[i].step) + " " + b[i].kind + " \"" + b[i].message + "\"";
+  }
+  if (a.size() != b.size()) {
+    const auto& extra = a.size() > b.size() ? a[n] : b[n];
+    return std::to_string(a.size()) + " training events in one, " + std::to_string(b.size()) +
+           " in the other; the first unmatched: step " + std::to_string(extra.step) + " " + extra.kind + " \"" +
+           extra.message + "\"";
+  }
+  return std::nullopt;
 }
 
 }  // namespace retrace::replay

@@ -61,4 +61,13 @@ inline CompareReport compare_steps(const std::vector<records::StepRecord>& a,
 std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b,
                                    CompareMode mode, const ToleranceRule& tolerance);
 
+// The first difference between two runs' evaluations (in order: step, epoch, samples; under
+// kBitwise also the bits of loss and accuracy), or none.
+std::optional<std::string> compare_evals(const std::vector<records::EvalRecord>& a,
+                                         const std::vector<records::EvalRecord>& b, CompareMode mode);
+// The first difference between two runs' training events (records::is_process_event ones left
+// out): step, kind and, under kBitwise, message.
+std::optional<std::string> compare_events(const std::vector<records::EventRecord>& a,
+                                          const std::vector<records::EventRecord>& b, CompareMode mode);
+
 }  // namespace retrace::replay

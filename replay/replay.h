@@ -37,7 +37,11 @@ struct ReplayResult {
   std::optional<records::StepRecord> recorded_at_diff;  // context of the first difference
   std::optional<records::StepRecord> replayed_at_diff;
   std::vector<std::string> input_changes;    // accepted with accept_changed_inputs (else an error)
-  bool verified() const { return report.compared > 0 && !report.first_diff && report.only_in_a == 0; }
+  // The first difference in the evaluations and in the training events of the compared steps.
+  std::optional<std::string> evals_diff, events_diff;
+  bool verified() const {
+    return report.compared > 0 && !report.first_diff && report.only_in_a == 0 && !evals_diff && !events_diff;
+  }
 };
 
 // `run_or_trace` is a run directory or its trace.rtrace. IoError / FormatError for missing or

@@ -53,8 +53,11 @@ ResumeCheck resume_verdict(const std::string& uninterrupted_trace, const std::st
   r.bitwise = compare_steps(a.steps(), b.steps(), CompareMode::kBitwise);
   r.numerics_diffs = records::numerics_differences(a.header().fingerprint, b.header().fingerprint);
   const bool same_steps = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0;
-  r.verified = same_steps && (r.numerics_diffs.empty() ? !r.bitwise.first_diff.has_value()
-                                                       : r.bitwise.max_loss_diff < r.tolerance);
+  const CompareMode mode = r.numerics_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
+  r.evals_diff = compare_evals(a.evals(), b.evals(), mode);
+  r.events_diff = compare_events(a.events(), b.events(), mode);
+  r.verified = same_steps && !r.evals_diff && !r.events_diff &&
+               (r.numerics_diffs.empty() ? !r.bitwise.first_diff.has_value() : r.bitwise.max_loss_diff < r.tolerance);
   return r;
 }
 

@@ -5,6 +5,7 @@
 // fields differ is a loss tolerance (1e-4) the criterion, and the verdict says so.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ struct ResumeCheck {
   std::string uninterrupted_dir;
   std::string resumed_dir;
   CompareReport bitwise;    // every field
+  // The first difference in the evaluations and the training events (bitwise between equal
+  // numerics; steps and kinds only across numerics).
+  std::optional<std::string> evals_diff, events_diff;
   bool verified = false;    // see above
   double tolerance = 1e-4;
   std::vector<std::string> numerics_diffs;  // numerics fields that differ (empty: bitwise verdict)

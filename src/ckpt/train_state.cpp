@@ -66,7 +66,8 @@ std::string config_hash(const std::string& config_toml) {
 }
 
 std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
-                          uint32_t keep_last, const ShardSync* sync, RotationReport* rotation) {
+                          uint32_t keep_last, const ShardSync* sync, RotationReport* rotation,
+                          const StateSnapshot* anchor) {
   const uint64_t step = snap.step;
   const uint32_t rank = snap.rank, world = snap.world_size;
   RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs a ShardSync");
@@ -86,9 +87,21 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   for (const auto& [name, t] : snap.model) add("model/" + name, t);
   for (const auto& [name, t] : snap.optim) add("optim/" + name, t);
   views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
+  const bool anchor_apart = anchor && anchor->step != step;
+  if (anchor_apart) {
+    RETRACE_CHECK(anchor->step < step, InvariantError, "rollback anchor at step ", anchor->step,
+                  " is after the checkpoint's step ", step);
+    for (const auto& [name, t] : anchor->model) add("anchor/model/" + name, t);
+    for (const auto& [name, t] : anchor->optim) add("anchor/optim/" + name, t);
+    views.push_back({"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(),
+                     anchor->rng.size()});
+  }
 
   auto meta = shard_metadata(step, rank, world);
   for (const auto& [k, v] : snap.metadata) meta[k] = v;
+  if (anchor) meta["anchor.step"] = std::to_string(anchor->step);
+  if (anchor_apart)
+    for (const auto& [k, v] : anchor->metadata) meta["anchor.m." + k] = v;
   meta["config_hash"] = snap.config_hash;
   meta["trace_position"] = std::to_string(pos.bytes);
   meta["trace_chain"] = pos.chain.hex();
@@ -132,15 +145,17 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   return committed;
 }
 
-std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
-                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync, RotationReport* rotation) {
+StateSnapshot snapshot_of(train::Trainer& trainer, bool copy) {
   StateSnapshot snap;
   snap.step = trainer.step();
   snap.rank = trainer.rank();
   snap.world_size = trainer.world_size();
   snap.model = trainer.model_state();
   snap.optim = trainer.optimizer_state();
+  if (copy) {
+    for (auto& [name, t] : snap.model) t = t.detach().clone();
+    for (auto& [name, t] : snap.optim) t = t.detach().clone();
+  }
   snap.rng = trainer.rng_state().serialize();
   snap.config_hash = config_hash(train::to_toml(trainer.config()));
   snap.metadata["epoch"] = std::to_string(trainer.cursor().epoch);
@@ -148,8 +163,26 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   snap.metadata["samples_seen"] = std::to_string(trainer.samples_seen());
   snap.metadata["optim"] = train::optimizer_name(trainer.config().optim.name);
   for (const auto& [k, v] : trainer.policy_state()) snap.metadata["x." + k] = v;
+  return snap;
+}
+
+void apply_snapshot(train::Trainer& trainer, const StateSnapshot& snap, const std::string& where) {
+  trainer.load_model_state(snap.model);
+  trainer.load_optimizer_state(snap.optim);
+  rng::RngState rng = rng::RngState::deserialize(snap.rng);
+  trainer.restore_position(snap.step, rng, parse_u64(snap.metadata, "samples_seen", where));
+  std::map<std::string, std::string> extra;
+  for (const auto& [k, v] : snap.metadata)
+    if (k.rfind("x.", 0) == 0) extra[k.substr(2)] = v;
+  trainer.load_policy_state(extra);
+}
+
+std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
+                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
+                            const ShardSync* sync, RotationReport* rotation, const StateSnapshot* anchor) {
+  StateSnapshot snap = snapshot_of(trainer, /*copy=*/false);
   for (const auto& [k, v] : extra) snap.metadata["x." + k] = v;
-  return save_snapshot(snap, root, pos, keep_last, sync, rotation);
+  return save_snapshot(snap, root, pos, keep_last, sync, rotation, anchor);
 }
 
 LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank) {
@@ -163,9 +196,14 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   ShardData shard = load_shard(dir, m, rank, /*check_digest=*/true);
   out.where = shard.source;
   const std::string& where = shard.source;
+  StateSnapshot anchor;
   for (const auto& e : shard.tensors) {
     if (e.name == "rng/state") {
       out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+      continue;
+    }
+    if (e.name == "anchor/rng/state") {
+      anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
       continue;
     }
     torch::Tensor t = torch::empty(e.shape, scalar_type(e.dtype, where));
@@ -174,10 +212,31 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
     std::memcpy(t.data_ptr(), shard.data(e), e.nbytes);
     if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
     else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
+    else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
+    else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
     else RETRACE_FAIL(FormatError, where, ": unexpected tensor ", e.name);
   }
   RETRACE_CHECK(!out.rng.empty(), FormatError, where, ": no rng/state tensor");
   out.metadata = shard.metadata;
+  if (shard.metadata.count("anchor.step")) {
+    anchor.step = parse_u64(shard.metadata, "anchor.step", where);
+    RETRACE_CHECK(anchor.step <= m.step, FormatError, where, ": rollback anchor at step ", anchor.step,
+                  " is after the checkpoint's step ", m.step);
+    out.anchor_is_self = anchor.step == m.step;
+    if (!out.anchor_is_self) {
+      RETRACE_CHECK(!anchor.rng.empty(), FormatError, where, ": rollback anchor of step ", anchor.step,
+                    " has no anchor/rng/state tensor");
+      anchor.rank = rank;
+      anchor.world_size = world_size;
+      anchor.config_hash = m.config_hash;
+      for (const auto& [k, v] : shard.metadata)
+        if (k.rfind("anchor.m.", 0) == 0) anchor.metadata[k.substr(9)] = v;
+      out.anchor = std::move(anchor);
+    }
+  } else {
+    RETRACE_CHECK(anchor.rng.empty() && anchor.model.empty() && anchor.optim.empty(), FormatError, where,
+                  ": anchor tensors without anchor.step");
+  }
   out.position.bytes = parse_u64(shard.metadata, "trace_position", where);
   auto chain_it = shard.metadata.find("trace_chain");
   RETRACE_CHECK(chain_it != shard.metadata.end(), FormatError, where, ": no trace_chain");
@@ -207,10 +266,13 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(trainer.config().optim.name),
                 FormatError, snap.where, ": optimizer in checkpoint does not match optim.name");
 
-  trainer.load_model_state(snap.model);
-  trainer.load_optimizer_state(snap.optim);
-  rng::RngState rng = rng::RngState::deserialize(snap.rng);
-  trainer.restore_position(m.step, rng, metadata_u64(snap, "samples_seen"));
+  StateSnapshot state;
+  state.step = m.step;
+  state.model = std::move(snap.model);
+  state.optim = std::move(snap.optim);
+  state.rng = snap.rng;
+  state.metadata = snap.metadata;
+  apply_snapshot(trainer, state, snap.where);
 
   RestoredState out;
   out.dir = dir;
@@ -218,7 +280,8 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   out.position = snap.position;
   for (const auto& [k, v] : snap.metadata)
     if (k.rfind("x.", 0) == 0) out.extra[k.substr(2)] = v;
-  trainer.load_policy_state(out.extra);
+  if (snap.anchor_is_self) out.anchor = snapshot_of(trainer, /*copy=*/true);
+  else out.anchor = std::move(snap.anchor);
   return out;
 }
 

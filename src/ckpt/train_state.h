@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,8 @@ class Trainer;
 }
 
 namespace retrace::ckpt {
+
+struct StateSnapshot;
 
 struct TracePosition {
   uint64_t bytes = 0;  // the trace file's size when the checkpoint was taken
@@ -43,7 +46,8 @@ struct ShardSync {
 // manifest (the commit point) before a last barrier. Rank 0's rotation report goes to `rotation`.
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync = nullptr, RotationReport* rotation = nullptr);
+                            const ShardSync* sync = nullptr, RotationReport* rotation = nullptr,
+                            const StateSnapshot* anchor = nullptr);
 
 // A rank's state as plain data, what its shard holds: the Trainer's (save_checkpoint) or a user's
 // own loop's (the recorder of include/retrace/retrace.h).
@@ -58,9 +62,20 @@ struct StateSnapshot {
 };
 
 // Writes the snapshot's shard and commits the checkpoint (see save_checkpoint). Returns the step
-// directory.
+// directory. An `anchor` (the rollback anchor, an earlier state of the same rank) goes into the
+// same shard as "anchor/model/...", "anchor/optim/...", "anchor/rng/state" and metadata
+// "anchor.step" and "anchor.m.<key>"; an anchor at the snapshot's own step is stored as
+// "anchor.step" alone.
 std::string save_snapshot(const StateSnapshot& snapshot, const std::string& root, const TracePosition& pos,
-                          uint32_t keep_last, const ShardSync* sync = nullptr, RotationReport* rotation = nullptr);
+                          uint32_t keep_last, const ShardSync* sync = nullptr, RotationReport* rotation = nullptr,
+                          const StateSnapshot* anchor = nullptr);
+
+// The trainer's state as a snapshot; `copy`: tensors are copies (an anchor kept in memory while
+// training goes on), else views of the live state (a save).
+StateSnapshot snapshot_of(train::Trainer& trainer, bool copy);
+// Puts a snapshot's state into the trainer: model, optimizer, counters, cursor, RNG, and policy
+// state (the fired faults and batches set aside are added to the trainer's own, never removed).
+void apply_snapshot(train::Trainer& trainer, const StateSnapshot& snapshot, const std::string& where);
 
 struct LoadedSnapshot {
   Manifest manifest;
@@ -69,6 +84,10 @@ struct LoadedSnapshot {
   std::map<std::string, std::string> metadata;
   TracePosition position;
   std::string where;  // the shard, for messages
+  // The rollback anchor stored with the state: none (a run without one, or an older checkpoint),
+  // at the checkpoint's own step (anchor_is_self), or an earlier state.
+  std::optional<StateSnapshot> anchor;
+  bool anchor_is_self = false;
 };
 
 // Verifies `dir` for `world_size` (verify.h) and reads rank `rank`'s shard, hashed from the very
@@ -82,6 +101,7 @@ struct RestoredState {
   Manifest manifest;
   TracePosition position;
   std::map<std::string, std::string> extra;  // without the "x." prefix
+  std::optional<StateSnapshot> anchor;       // the rollback anchor it stores (a copy)
 };
 
 // Verifies `dir` (verify.h) for the trainer's world size (`world_size mismatch` otherwise), loads

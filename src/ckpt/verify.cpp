@@ -69,7 +69,7 @@ Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> e
     throw WorldSizeMismatch(detail::concat(
         "world_size mismatch: expected ", *expected_world_size, ", found ", m.world_size, " in ", path,
         "; the checkpoint was saved by ", m.world_size, " ranks and this run has ", *expected_world_size,
-        "; resume with world_size ", m.world_size, " (or reshard the checkpoint explicitly)"));
+        "; resume with --world-size ", m.world_size));
   }
   return m;
 }

@@ -4,7 +4,7 @@
 
 namespace retrace {
 
-void digest_tensor_into(Xxh3& h, const torch::Tensor& t) {
+void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind) {
   if (!t.defined()) {
     h.update_u64(0xffffffffffffffffull);
     return;
@@ -13,17 +13,24 @@ void digest_tensor_into(Xxh3& h, const torch::Tensor& t) {
   h.update_u64(static_cast<uint64_t>(t.dim()));
   for (int64_t s : t.sizes()) h.update_u64(static_cast<uint64_t>(s));
   torch::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(torch::kCPU).contiguous();
-  h.update(c.data_ptr(), c.nbytes());
+  if (kind == DigestKind::kXxh3) {
+    h.update(c.data_ptr(), c.nbytes());
+    return;
+  }
+  uint64_t sums[16];
+  lane_sums(c.data_ptr(), c.nbytes(), sums);
+  h.update_u64(c.nbytes());
+  for (uint64_t s : sums) h.update_u64(s);
 }
 
-Digest128 digest_named(NamedTensors tensors) {
+Digest128 digest_named(NamedTensors tensors, DigestKind kind) {
   std::sort(tensors.begin(), tensors.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   Xxh3 h;
   for (const auto& [name, t] : tensors) {
     h.update_u64(name.size());
     h.update(name);
-    digest_tensor_into(h, t);
+    digest_tensor_into(h, t, kind);
   }
   return h.digest();
 }

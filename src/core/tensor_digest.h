@@ -14,9 +14,14 @@ namespace retrace {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
+// How a tensor's bytes enter its digest. kXxh3: the bytes themselves (trace.digest_version 1).
+// kLanes: their lane_sums (digest.h) and their count (version 2: the model's and the optimizer's
+// state every step at half the cost).
+enum class DigestKind : uint8_t { kXxh3 = 1, kLanes = 2 };
+
 // Sorts by name, then digests. Undefined tensors contribute their name and an "undefined" tag.
-Digest128 digest_named(NamedTensors tensors);
-void digest_tensor_into(Xxh3& h, const torch::Tensor& t);
+Digest128 digest_named(NamedTensors tensors, DigestKind kind = DigestKind::kXxh3);
+void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind = DigestKind::kXxh3);
 Digest128 digest_indices(const std::vector<int64_t>& indices);
 
 }  // namespace retrace

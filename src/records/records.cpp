@@ -96,7 +96,20 @@ Digest128 content_digest(const StepRecord& r) {
   for (double v : r.micro_losses) c.f64(v);
   c.u64(r.rank_grad_digests.size());
   for (const Digest128& d : r.rank_grad_digests) c.digest(d);
+  if (r.state_digest != Digest128{}) {
+    c.u8(1);
+    c.digest(r.state_digest);
+  }
+  if (!r.rank_rng_digests.empty()) {
+    c.u8(2);
+    c.u64(r.rank_rng_digests.size());
+    for (const Digest128& d : r.rank_rng_digests) c.digest(d);
+  }
   return xxh3_128(c.bytes().data(), c.bytes().size());
+}
+
+bool is_process_event(const EventRecord& e) {
+  return e.kind == "resume" || e.kind == "crash" || e.kind == "checkpoint";
 }
 
 Digest128 chain_digest(const Digest128& previous_chain, const Digest128& content) {

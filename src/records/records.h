@@ -91,9 +91,14 @@ struct StepRecord {
   Digest128 optim_digest;   // optimizer state in the same order, every trace.optimizer_digest_every
                             // steps (zero in between)
   Digest128 rng_digest;     // serialized RngState after the step
+  // The rest of the state a later step depends on, after the step (trace.digest_version 2): loss
+  // scaler, skip and spike guard windows, fired faults, batches set aside, samples seen and the
+  // step of the rollback anchor. Zero when not recorded (runs from before the key existed).
+  Digest128 state_digest;
   std::vector<uint32_t> micro_batch_sizes;
   std::vector<double> micro_losses;
   std::vector<Digest128> rank_grad_digests;  // per rank, local gradients before any reduction
+  std::vector<Digest128> rank_rng_digests;   // per rank (data parallelism), each rank's RngState after the step
   // Filled by the trace writer: content digest over every field above except timings, and the
   // chain digest = xxh3_128(previous chain || content). Agreement at step N => equal prefixes.
   Digest128 content_digest;
@@ -120,8 +125,14 @@ struct EventRecord {
   std::string message;
 };
 
+// Whether an event describes the process rather than the training: a resume and what it noticed,
+// a crash, a checkpoint note. Two runs of one config agree on every other event (training events:
+// faults, guard warnings, rollbacks), whatever interrupted them.
+bool is_process_event(const EventRecord& e);
+
 // Content digest of a step: every field except timings, content_digest and chain_digest, in a
-// fixed order with fixed-width little-endian encodings.
+// fixed order with fixed-width little-endian encodings. state_digest and rank_rng_digests enter
+// only when recorded (non-zero, non-empty), so traces from before they existed keep their chain.
 Digest128 content_digest(const StepRecord& r);
 Digest128 chain_digest(const Digest128& previous_chain, const Digest128& content);
 

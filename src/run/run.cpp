@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -68,33 +69,60 @@ void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, con
 
 constexpr uint64_t kMaxRollbacksInARow = 16;
 
-// A loss spike: go back to the newest checkpoint that verifies and set the batches that led to the
-// spike aside, so that the deterministic re-run does not meet the same spike again.
-void roll_back(Trainer& trainer, const records::StepRecord& spike, const std::string& run_dir,
+// Test-only negative controls (tests/run/edges_test.sh shows that the edge tests catch these
+// bugs): RETRACE_TEST_SABOTAGE=rollback-newest-checkpoint rolls back to the newest checkpoint on
+// disk, as retrace once did; rank1-rng-restore leaves rank 1's generators unrestored on resume.
+// Never set otherwise.
+bool sabotage(const char* what) {
+  const char* v = std::getenv("RETRACE_TEST_SABOTAGE");
+  return v && std::strcmp(v, what) == 0;
+}
+
+// The rollback anchor: the state after the newest step that is a multiple of
+// checkpoint.every_steps (while the spike guard is on), kept in memory and stored in every
+// checkpoint taken after it. A rollback always returns to it, so the trajectory after a spike
+// depends on the config and the step alone, not on which checkpoint files exist.
+using Anchor = std::optional<ckpt::StateSnapshot>;
+
+bool anchor_due(const Config& config, uint64_t step) {
+  const int64_t every = config.checkpoint.every_steps;
+  return config.guards.spike_factor > 0 && every > 0 && step % static_cast<uint64_t>(every) == 0;
+}
+
+// A loss spike: go back to the anchor and set the batches that led to the spike aside, so that the
+// deterministic re-run does not meet the same spike again. Without an anchor (no multiple of
+// checkpoint.every_steps passed yet) the step stays skipped and the run goes on: returns false.
+bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor& anchor, const std::string& run_dir,
                trace::TraceWriter* writer, const RunCallbacks& cb) {
   const data::Cursor at{spike.epoch, spike.batch_in_epoch};
   const int64_t count = trainer.config().guards.spike_skip_batches;
-  std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), trainer.world_size(), &skipped);
   std::ostringstream msg;
   msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
-  if (pick) {
-    ckpt::load_checkpoint(trainer, pick->dir);
-    trainer.set_aside_batches(at, count);
-    msg << "; rolled back to step " << trainer.step() << " from " << pick->dir;
-  } else {
-    trainer.set_aside_batches(at, count);
-    msg << "; no checkpoint to roll back to, the step was skipped";
+  bool rolled = false;
+  if (sabotage("rollback-newest-checkpoint")) {
+    if (auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), trainer.world_size(), nullptr)) {
+      ckpt::load_checkpoint(trainer, pick->dir);
+      rolled = true;
+    }
+  } else if (anchor) {
+    ckpt::apply_snapshot(trainer, *anchor, "the rollback anchor of step " + std::to_string(anchor->step));
+    rolled = true;
   }
+  trainer.set_aside_batches(at, count);
+  if (rolled)
+    msg << "; rolled back to step " << trainer.step();
+  else
+    msg << "; no rollback anchor yet (none before the first multiple of checkpoint.every_steps), the step was skipped";
   msg << "; batches set aside (epoch:batch):";
   for (const auto& [e, b] : trainer.set_aside()) msg << " " << e << ":" << b;
   emit(writer, cb, spike.step, "rollback", msg.str());
+  return rolled;
 }
 
 // The loop shared by record and resume: step, trace, evaluate at epoch ends, checkpoint.
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
               const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-              RunSummary& summary, dist::ProcessGroup* pg) {
+              RunSummary& summary, dist::ProcessGroup* pg, Anchor anchor) {
   // Data parallelism: after the last micro-batch's backward only, record this rank's local
   // gradient digest (gathered to every rank, so rank 0 can trace them all), then sum the
   // gradients over the ranks in buckets; the loss is summed before backward so that skip and
@@ -131,6 +159,8 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
   const bool digests = config.trace.enabled && config.trace.digests;
+  // Every rank's RNG digest in the trace (its dropout masks are its own).
+  const bool rank_rng = pg && digests && config.trace.digest_version >= 2;
   for (const auto& id : control.fired) trainer.mark_fired(id);
 
   while (trainer.step() < trainer.total_steps()) {
@@ -142,6 +172,18 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     rec.allreduce_calls = stats.calls;
     rec.allreduce_bytes = stats.bytes;
     rec.timings.allreduce_ms = stats.ms;
+    if (rank_rng) {
+      const Digest128 mine = trainer.rng_digest();
+      std::string bytes(16, '\0');
+      std::memcpy(bytes.data(), &mine.hi, 8);
+      std::memcpy(bytes.data() + 8, &mine.lo, 8);
+      for (const auto& b : pg->allgather(bytes)) {
+        Digest128 d;
+        std::memcpy(&d.hi, b.data(), 8);
+        std::memcpy(&d.lo, b.data() + 8, 8);
+        rec.rank_rng_digests.push_back(d);
+      }
+    }
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;
@@ -169,15 +211,14 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
                     " loss-spike rollbacks in a row without a step applied (last at step ", rec.step, ", loss ",
                     rec.loss, "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
                     "or resume from an older checkpoint (the newest one's guard state may be damaged)");
-      roll_back(trainer, rec, run_dir, writer, cb);
-      continue;
+      if (roll_back(trainer, rec, anchor, run_dir, writer, cb)) continue;
     }
     if (rec.outcome == records::Outcome::kStep) rollbacks_in_a_row = 0;
     const auto crash_rank = trainer.crash_due(rec.step);
     if (crash_rank && (crash_rank->empty() || *crash_rank == std::to_string(trainer.rank()))) {
       const std::string id = "crash@" + std::to_string(rec.step);
       mark_fired_on_disk(run_dir, id);
-      emit(writer, cb, rec.step, "fault", "injected crash after step " + std::to_string(rec.step) + ": SIGKILL");
+      emit(writer, cb, rec.step, "crash", "injected crash after step " + std::to_string(rec.step) + ": SIGKILL");
       std::fflush(stdout);
       ::raise(SIGKILL);
     }
@@ -186,12 +227,16 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     const bool last = s == trainer.total_steps();
     const bool interrupt = control.interrupt_at != 0 && s == control.interrupt_at;
     const bool epoch_done = trainer.cursor().epoch != epoch_before;
-    if (((epoch_done && config.train.eval_each_epoch) || last) && !interrupt) {
+    // An interrupt stops after the step's evaluation and checkpoint: an interrupted run's
+    // evaluations are the uninterrupted run's.
+    if ((epoch_done && config.train.eval_each_epoch) || last) {
       records::EvalRecord e = trainer.evaluate();
       if (writer) writer->append_eval(e);
       summary.test_accuracy = e.accuracy;
       if (cb.on_eval) cb.on_eval(e);
     }
+
+    if (anchor_due(config, s)) anchor = ckpt::snapshot_of(trainer, /*copy=*/true);
 
     const auto& ck = config.checkpoint;
     bool time_due = ck.every_seconds > 0 &&
@@ -215,14 +260,14 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       ckpt::RotationReport rotation;
       std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
                                               static_cast<uint32_t>(ck.keep_last), {}, sync ? &*sync : nullptr,
-                                              &rotation);
+                                              &rotation, anchor ? &*anchor : nullptr);
       summary.checkpoints += 1;
       last_ckpt = Clock::now();
       if (cb.on_message && trainer.rank() == 0) cb.on_message("checkpoint " + dir);
       for (const auto& [path, why] : rotation.left) {
         if (!left_reported.insert(path).second) continue;  // once per run, not at every save
         const std::string warn = "checkpoint rotation left " + path + " in place: " + why;
-        if (writer) writer->append_event({s, "warning", warn});
+        if (writer) writer->append_event({s, "checkpoint", warn});
         if (cb.on_message) cb.on_message("warning: " + warn);
       }
     }
@@ -253,7 +298,9 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   apply_environment(config.runtime);
   const bool lead = !options.process_group || options.process_group->rank() == 0;
   if (cb.on_message && lead) cb.on_message(numerics_summary(config.runtime));
-  const std::string config_text = to_toml(config);
+  // config.toml and the header hold every key (legacy-valued ones too, so that `record --config
+  // RUN/config.toml` reproduces the run); the hash is of the canonical text (train/config.h).
+  const std::string config_text = to_toml(config, TomlForm::kComplete);
 
   // Everything that can fail on bad input happens before the run directory is touched.
   const Registry& registry = options.registry ? *options.registry : builtin_registry();
@@ -276,7 +323,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     records::TraceHeader h;
     h.retrace_version = retrace_version();
     h.config_toml = config_text;
-    h.config_hash = ckpt::config_hash(config_text);
+    h.config_hash = ckpt::config_hash(to_toml(config));
     h.seed = static_cast<uint64_t>(config.seed);
     h.fingerprint = run_fingerprint(config, trainer.model(), world);
     h.model_description = trainer.model().description;
@@ -290,7 +337,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.created_utc = utc_now();
     writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level)));
   }
-  run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary, pg);
+  run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary, pg, {});
   return summary;
 }
 
@@ -305,6 +352,16 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   apply_environment(config.runtime);
   if (cb.on_message && rank == 0) cb.on_message(numerics_summary(config.runtime));
 
+  // Before anything is read into a trainer or changed on disk: the inputs (data and model files)
+  // must be the ones the trace was recorded with.
+  std::vector<InputChange> changes;
+  if (stdfs::exists(trace_path(run_dir))) {
+    const trace::TraceReader before = trace::TraceReader::open(trace_path(run_dir));
+    changes = changed_inputs(before.header().data_files);
+    RETRACE_CHECK(changes.empty() || control.accept_changed_inputs, IntegrityError, "cannot resume ", run_dir, ": ",
+                  describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
+                  "with them (the change is recorded in the trace)");
+  }
   std::vector<std::pair<std::string, std::string>> skipped;
   auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), world, &skipped);
   for (const auto& [dir, why] : skipped)
@@ -322,7 +379,9 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   registry.check(config);
   data::Dataset data = registry.load_data(config);
   Trainer trainer(config, data, registry, rank, world);
+  const rng::RngState fresh = trainer.rng_state();
   ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
+  if (rank == 1 && sabotage("rank1-rng-restore")) rng::restore_torch(fresh);
   load_fired(run_dir, trainer);
 
   RunSummary summary;
@@ -338,15 +397,9 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   summary.trace_path, " is missing; the checkpoints are kept, but the run's record cannot continue "
                   "without it. Restore the trace, or start again with `retrace record --force`");
     std::vector<records::KeyValue> recorded;
-    std::vector<InputChange> changes;
     {
       const trace::TraceReader before = trace::TraceReader::open(summary.trace_path);
       recorded = before.header().fingerprint;
-      // Before anything is changed: the inputs must be the ones the trace was recorded with.
-      changes = changed_inputs(before.header().data_files);
-      RETRACE_CHECK(changes.empty() || control.accept_changed_inputs, IntegrityError, "cannot resume ", run_dir, ": ",
-                    describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
-                    "with them (the change is recorded in the trace)");
       const auto chain = before.chain_at(restored.position.bytes);
       RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", pick->dir, " records trace position ",
                     restored.position.bytes, ", which is not a frame boundary of ", summary.trace_path, " (",
@@ -370,7 +423,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     if (cb.on_message) cb.on_message(msg);
     if (!changes.empty()) {
       const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(changes);
-      writer->append_event({trainer.step(), "warning", warn});
+      writer->append_event({trainer.step(), "resume", warn});
       if (cb.on_message) cb.on_message("warning: " + warn);
     }
     // The header's fingerprint is the first process's; a resume under other numerics (another
@@ -389,11 +442,12 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
       const std::string warn = "resumed under other numerics than the trace header records (" + what +
                                "): steps after " + std::to_string(trainer.step()) +
                                " compare bitwise only with runs under the new numerics";
-      writer->append_event({trainer.step(), "warning", warn});
+      writer->append_event({trainer.step(), "resume", warn});
       if (cb.on_message) cb.on_message("warning: " + warn);
     }
   }
-  run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg);
+  run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg,
+           std::move(restored.anchor));
   return summary;
 }
 

@@ -29,8 +29,8 @@ struct RunCallbacks {
 };
 
 struct LoopControl {
-  // Stop right after this step and its checkpoint, as if the process were killed there (no final
-  // evaluation, no end checkpoint). 0: run to the end.
+  // Stop right after this step, its evaluation (when one is due) and its checkpoint, as if the
+  // process were killed there. 0: run to the end.
   uint64_t interrupt_at = 0;
   // Extra steps to checkpoint at, besides the config's cadence.
   std::set<uint64_t> checkpoint_at;

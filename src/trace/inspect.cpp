@@ -89,11 +89,15 @@ json step_json(const records::StepRecord& r) {
   j["param_digest"] = r.param_digest.hex();
   j["optim_digest"] = r.optim_digest.hex();
   j["rng_digest"] = r.rng_digest.hex();
+  j["state_digest"] = r.state_digest.hex();
   j["micro_batch_sizes"] = r.micro_batch_sizes;
   j["micro_losses"] = r.micro_losses;
   json grads = json::array();
   for (const Digest128& d : r.rank_grad_digests) grads.push_back(d.hex());
   j["rank_grad_digests"] = grads;
+  json rngs = json::array();
+  for (const Digest128& d : r.rank_rng_digests) rngs.push_back(d.hex());
+  j["rank_rng_digests"] = rngs;
   j["content_digest"] = r.content_digest.hex();
   j["chain_digest"] = r.chain_digest.hex();
   j["allreduce_calls"] = r.allreduce_calls;

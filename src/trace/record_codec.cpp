@@ -128,6 +128,11 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
   t.setAllreduceMs(r.timings.allreduce_ms);
   b.setAllreduceCalls(r.allreduce_calls);
   b.setAllreduceBytes(r.allreduce_bytes);
+  if (r.state_digest != Digest128{}) set_digest(b.initStateDigest(), r.state_digest);
+  if (!r.rank_rng_digests.empty()) {
+    auto rngs = b.initRankRngDigests(static_cast<unsigned>(r.rank_rng_digests.size()));
+    for (size_t i = 0; i < r.rank_rng_digests.size(); ++i) set_digest(rngs[i], r.rank_rng_digests[i]);
+  }
   flatten(builder, out);
 }
 
@@ -215,6 +220,8 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
     r.timings.allreduce_ms = t.getAllreduceMs();
     r.allreduce_calls = b.getAllreduceCalls();
     r.allreduce_bytes = b.getAllreduceBytes();
+    if (b.hasStateDigest()) r.state_digest = get_digest(b.getStateDigest());
+    for (auto d : b.getRankRngDigests()) r.rank_rng_digests.push_back(get_digest(d));
     return r;
   });
 }

@@ -92,6 +92,9 @@ struct Step {
   # Collectives of the step (data parallelism): informational, not in the content digest.
   allreduceCalls @22 :UInt32;
   allreduceBytes @23 :UInt64;
+  # Added later; absent (zero, empty) in traces from before them.
+  stateDigest @24 :Digest128;          # scaler, guards, fired faults, set-aside batches, counters
+  rankRngDigests @25 :List(Digest128);  # data parallelism: every rank's RngState after the step
 }
 
 struct Eval {

@@ -177,6 +177,11 @@ std::vector<Field> fields() {
   f.push_back({"trace.optimizer_digest_every", Kind::kInt,
                "digest the optimizer state every N steps (parameters and RNG are digested every step)", {}, 1, 1e9,
                false, false, at(&C::trace, &TraceConfig::optimizer_digest_every)});
+  f.push_back({"trace.digest_version", Kind::kInt,
+               "2: parameters and optimizer by lane checksums, plus the rest of the state (scaler, guard windows, "
+               "fired faults, set-aside batches, samples seen) and every rank's RNG, every step; 1: xxh3 of "
+               "parameters, optimizer and rank 0's RNG only", {}, 1, 2, false, false,
+               at(&C::trace, &TraceConfig::digest_version), "1"});
   f.push_back({"trace.zstd_level", Kind::kInt, "zstd level of trace frames", {}, 1, 19, false, false,
                at(&C::trace, &TraceConfig::zstd_level)});
   f.push_back({"checkpoint.every_steps", Kind::kInt, "save a checkpoint every N steps (0: off)", {}, 0,
@@ -435,7 +440,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text, path, overrides, source);
 }
 
-std::string to_toml(const Config& cfg) {
+std::string to_toml(const Config& cfg, TomlForm form) {
   Config c = cfg;
   std::ostringstream out;
   std::string section;
@@ -463,7 +468,7 @@ std::string to_toml(const Config& cfg) {
         break;
       }
     }
-    if (!f.legacy.empty() && value.str() == f.legacy) continue;
+    if (form == TomlForm::kCanonical && !f.legacy.empty() && value.str() == f.legacy) continue;
     out << name << " = " << value.str() << "\n";
   }
   // Users' keys last, sorted; a config without any writes no [user] section (older hashes stay).

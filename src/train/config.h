@@ -121,7 +121,11 @@ struct RuntimeConfig {
 struct TraceConfig {
   bool enabled = true;
   bool digests = true;
-  int64_t optimizer_digest_every = 10;  // steps between optimizer-state digests (1: every step)
+  int64_t optimizer_digest_every = 1;  // steps between optimizer-state digests (1: every step)
+  // What a step's digests are. 2: parameters and optimizer state by lane checksums
+  // (DigestKind::kLanes), the rest of the state in StepRecord::state_digest, every rank's RNG
+  // digest. 1 (what runs recorded before the key read as): xxh3 of the bytes, neither of the others.
+  int64_t digest_version = 2;
   int64_t zstd_level = 3;
 };
 
@@ -163,10 +167,15 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // Reads and parses a config file; IoError if it cannot be read.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    ConfigSource source = ConfigSource::kUser);
-// The resolved config as TOML in a fixed order (stable across runs): every key, except a key added
-// later while it holds its legacy value (see ConfigSource), which is left out so that the text,
-// and the config hash in checkpoints, stay what older binaries wrote.
-std::string to_toml(const Config& c);
+// kCanonical: every key, except a key added later while it holds its legacy value (see
+// ConfigSource), which is left out so that the text, and so the config hash in checkpoints and
+// trace headers, stay what older binaries wrote. kComplete: every key, what a run directory's
+// config.toml and a trace header hold, so that `record --config RUN/config.toml` (a user's file
+// to the parser) reproduces the run, legacy-valued keys included. Both parse to the same Config
+// as recorded text.
+enum class TomlForm { kCanonical, kComplete };
+// The resolved config as TOML in a fixed order (stable across runs).
+std::string to_toml(const Config& c, TomlForm form = TomlForm::kCanonical);
 // The entries of a resolved config as to_toml writes it (lines "key = value" under "[section]"
 // lines, '#' comments) by dotted key; values are kept as written, trimmed. Lines that are neither
 // are ignored. The diff compares configs of two traces with it.

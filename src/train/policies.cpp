@@ -54,7 +54,8 @@ Policies make_policies(const Config& c, const Registry& registry, uint64_t total
                   c.train.accum_steps,
                   c.optim.name,
                   FaultPlan(c.faults.parsed),
-                  static_cast<uint64_t>(c.trace.optimizer_digest_every)};
+                  static_cast<uint64_t>(c.trace.optimizer_digest_every),
+                  static_cast<uint8_t>(c.trace.digest_version)};
 }
 
 }  // namespace retrace::train

@@ -50,7 +50,8 @@ struct Policies {
   int64_t accum_steps = 1;
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   FaultPlan faults;
-  uint64_t optimizer_digest_every = 10;
+  uint64_t optimizer_digest_every = 1;
+  uint8_t digest_version = 2;  // trace.digest_version
 };
 
 Policies make_policies(const Config& config, const Registry& registry, uint64_t total_steps);

@@ -49,6 +49,24 @@ std::map<std::string, std::string> policy_state(const TrainState& st) {
   return s;
 }
 
+Digest128 policy_digest(const TrainState& st) {
+  Xxh3 h;
+  std::map<std::string, std::string> state = policy_state(st);
+  // A crash is a process event: whether it fired says which process runs, not what it computes.
+  std::string fired;
+  for (const auto& f : st.fired)
+    if (f.rfind("crash@", 0) != 0) fired += (fired.empty() ? "" : ",") + f;
+  state["faults.fired"] = fired;
+  for (const auto& [k, v] : state) {  // a std::map: sorted by key
+    h.update_u64(k.size());
+    h.update(k);
+    h.update_u64(v.size());
+    h.update(v);
+  }
+  h.update_u64(st.samples_seen);
+  return h.digest();
+}
+
 void load_policy_state(TrainState& st, const std::map<std::string, std::string>& state) {
   st.scaler.load_state(state);
   st.skip_guard.load_state(state);

@@ -49,6 +49,9 @@ std::vector<records::ParamInfo> param_info(const TrainState& s);
 // checkpoint's metadata, and back (FormatError for a damaged value).
 std::map<std::string, std::string> policy_state(const TrainState& s);
 void load_policy_state(TrainState& s, const std::map<std::string, std::string>& state);
+// Digest of everything a later step depends on besides model, optimizer and RNG: the policy
+// state above and samples_seen (StepRecord::state_digest).
+Digest128 policy_digest(const TrainState& s);
 // FormatError naming the tensor when one is missing or of another shape or dtype.
 void load_model_state(TrainState& s, const NamedTensors& state);
 // After a rollback: skip the spiking batch and the `count - 1` batches before it.

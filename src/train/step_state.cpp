@@ -129,13 +129,15 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   s.cursor = batch.next;
   if (with_digests) {
     auto t = Clock::now();
-    rec.param_digest = digest_named(model_state(s));
-    // The optimizer state is twice the parameters (AdamW): digesting it every step would cost
-    // about 2 % of the MLP step on its own. Every K steps, and zero in between (README, "The trace").
+    const DigestKind kind = p.digest_version >= 2 ? DigestKind::kLanes : DigestKind::kXxh3;
+    rec.param_digest = digest_named(model_state(s), kind);
+    // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
+    // zero in between.
     if (rec.step % p.optimizer_digest_every == 0)
-      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer));
+      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind);
     const std::string rng = rng_state(s, p.seed).serialize();
     rec.rng_digest = xxh3_128(rng.data(), rng.size());
+    if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
     rec.timings.trace_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   }
   return out;

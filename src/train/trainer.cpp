@@ -29,6 +29,15 @@ TrainState initial_state(const Config& c, const data::Dataset& data, const Regis
 }
 }  // namespace
 
+uint64_t rank_seed(uint64_t seed, uint32_t rank) {
+  if (rank == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(rank) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  // torch's CPU generator takes any 64-bit seed; keep it within the config's range for messages.
+  return (z ^ (z >> 31)) & ((1ull << 53) - 1);
+}
+
 Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry& registry, uint32_t rank,
                  uint32_t world_size)
     : config_(config),
@@ -42,6 +51,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       policies_(make_policies(config, registry, total_steps_)),
       state_(initial_state(config, data, registry)) {
   check_model_fits(config, state_.model, policies_.loss, data);
+  if (rank_ > 0) rng::seed_all(rank_seed(static_cast<uint64_t>(config.seed), rank_));
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   state_.model.module->to(device());
   for (const auto& f : policies_.faults.faults()) {

@@ -31,11 +31,17 @@
 
 namespace retrace::train {
 
+// The seed of rank `rank`'s torch generators after the model is built: `seed` itself on rank 0
+// (one process is unchanged), else a SplitMix64 mix of the seed and the rank.
+uint64_t rank_seed(uint64_t seed, uint32_t rank);
+
 class Trainer {
  public:
   // Seeds every generator from config.seed, then builds the model (from the factory `registry`
   // has for model.kind) and the optimizer, and checks that the model fits the data and the loss
-  // (check_model_fits). `data` must outlive the trainer; the registry need not.
+  // (check_model_fits). Then, on a rank other than 0, re-keys torch's generators with
+  // rank_seed(seed, rank): every rank starts from the same parameters and draws its own dropout
+  // masks. `data` must outlive the trainer; the registry need not.
   Trainer(const Config& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
           uint32_t rank = 0, uint32_t world_size = 1);
 
@@ -68,9 +74,12 @@ class Trainer {
   NamedTensors model_state() const { return train::model_state(state_); }
   NamedTensors optimizer_state();    // see optimizer.h
   rng::RngState rng_state() const { return train::rng_state(state_, policies_.seed); }
-  Digest128 param_digest() const { return digest_named(model_state()); }
-  Digest128 optimizer_digest() { return digest_named(optimizer_state()); }
+  // As the trace records them (trace.digest_version).
+  Digest128 param_digest() const { return digest_named(model_state(), digest_kind()); }
+  Digest128 optimizer_digest() { return digest_named(optimizer_state(), digest_kind()); }
+  DigestKind digest_kind() const { return policies_.digest_version >= 2 ? DigestKind::kLanes : DigestKind::kXxh3; }
   Digest128 rng_digest() const;
+  Digest128 policy_digest() const { return train::policy_digest(state_); }
   std::vector<records::ParamInfo> param_info() const { return train::param_info(state_); }
 
   std::map<std::string, std::string> policy_state() const { return train::policy_state(state_); }

@@ -135,7 +135,7 @@ TEST(CheckpointDir, WorldSizeMismatch) {
     std::string what = e.what();
     EXPECT_TRUE(starts_with(what, "world_size mismatch")) << what;
     EXPECT_NE(what.find("expected 4, found 2"), std::string::npos) << what;
-    EXPECT_NE(what.find("resume with world_size 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("resume with --world-size 2"), std::string::npos) << what;
   }
   EXPECT_THROW(find_newest_valid(tmp.path(), 4), WorldSizeMismatch);
   EXPECT_NO_THROW(verify_checkpoint(dir, 2));

@@ -75,8 +75,11 @@ expect inputs-accepted-resume 0 "warning: resumed with changed inputs" -- \
   "$RETRACE" resume "$tmp/edited-accept" --accept-changed-inputs --plain
 expect inputs-accepted-event 0 "resumed with changed inputs .*test.safetensors" -- \
   "$RETRACE" inspect "$tmp/edited-accept/trace.rtrace" --json --steps 1:1
-expect inputs-accepted-replay 0 "note: .*test.safetensors is not the file the run was recorded with" -- \
+# Accepted, the replay runs, and the evaluation on the edited test file shows the change (exit 1).
+expect inputs-accepted-replay 1 "note: .*test.safetensors is not the file the run was recorded with" -- \
   "$RETRACE" replay "$tmp/edited" --accept-changed-inputs --quiet
+expect inputs-accepted-replay-evals 1 "REPLAY DIVERGED outside the steps: evaluation after step 10" -- \
+  "$RETRACE" replay "$tmp/edited" --accept-changed-inputs --quiet --force
 cp "$tmp/test.keep" "$tmp/tensors2/test.safetensors"
 expect inputs-restored 0 "resumed from" -- "$RETRACE" resume "$tmp/edited" --plain
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace retrace {
 namespace {
 
@@ -30,4 +32,49 @@ TEST(Digest, U64IsLittleEndian) {
 }
 
 }  // namespace
+}  // namespace retrace
+
+namespace retrace {
+namespace {
+// The definition of lane_sums, word by word, for comparison.
+void lane_sums_reference(const std::vector<unsigned char>& bytes, uint64_t out[16]) {
+  uint64_t a[8] = {}, b[8] = {};
+  const size_t words = (bytes.size() + 7) / 8;
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t w = 0;
+    for (size_t k = 0; k < 8 && i * 8 + k < bytes.size(); ++k) w |= static_cast<uint64_t>(bytes[i * 8 + k]) << (8 * k);
+    a[i % 8] += w;
+    b[i % 8] += a[i % 8];
+  }
+  for (int l = 0; l < 8; ++l) {
+    out[l] = a[l];
+    out[8 + l] = b[l];
+  }
+}
+}  // namespace
+
+TEST(Digest, LaneSumsFollowTheirDefinitionAtEverySize) {
+  // Whole 64-byte blocks, odd tails and large sizes: the vectorized loop must give the
+  // word-by-word definition exactly.
+  for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{63}, size_t{65}, size_t{4097},
+                      (size_t{1} << 19) - 1, size_t{1} << 19, (size_t{1} << 19) + 9, (size_t{3} << 20) + 13}) {
+    std::vector<unsigned char> bytes(size);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (auto& c : bytes) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      c = static_cast<unsigned char>(x);
+    }
+    uint64_t got[16], want[16];
+    lane_sums(bytes.data(), bytes.size(), got);
+    lane_sums_reference(bytes, want);
+    for (int l = 0; l < 16; ++l) ASSERT_EQ(got[l], want[l]) << "size " << size << " lane " << l;
+    if (size > 0) {  // one changed byte changes the sums
+      bytes[size / 3] ^= 1;
+      uint64_t changed[16];
+      lane_sums(bytes.data(), bytes.size(), changed);
+      EXPECT_NE(std::vector<uint64_t>(got, got + 16), std::vector<uint64_t>(changed, changed + 16)) << size;
+    }
+  }
+}
+
 }  // namespace retrace

@@ -30,6 +30,8 @@ void print_resume_check(const replay::ResumeCheck& r) {
                 rep.first_diff->b.c_str());
   else
     std::printf("bitwise: yes (every field and digest equal, including the hash chain)\n");
+  std::printf("evaluations: %s\n", r.evals_diff ? ("differ: " + *r.evals_diff).c_str() : "equal");
+  std::printf("training events: %s\n", r.events_diff ? ("differ: " + *r.events_diff).c_str() : "equal");
   std::string fields;
   for (const auto& k : r.numerics_diffs) fields += (fields.empty() ? "" : ", ") + k;
   if (r.numerics_diffs.empty())
@@ -120,7 +122,7 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   const std::vector<std::string>& argv = ctx.argv;
   train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
   if (a.print_config) {
-    std::printf("%s", train::to_toml(config).c_str());
+    std::printf("%s", train::to_toml(config, train::TomlForm::kComplete).c_str());
     return 0;
   }
   if (!a.accum_grid.empty()) {

@@ -80,9 +80,25 @@ int run_replay(const ReplayArgs& a, const Context& ctx) {
   }
   std::printf("%llu steps compared; max loss difference %.3g\n", static_cast<ull>(r.report.compared),
               r.report.max_loss_diff);
+  std::printf("evaluations: %s\n", r.evals_diff ? ("differ: " + *r.evals_diff).c_str() : "equal");
+  std::printf("training events: %s\n", r.events_diff ? ("differ: " + *r.events_diff).c_str() : "equal");
   if (r.verified()) {
-    std::printf("REPLAY VERIFIED\n");
+    if (r.mode == replay::CompareMode::kBitwise) {
+      std::printf("REPLAY VERIFIED\n");
+    } else if (!r.fingerprint_diffs.empty()) {
+      std::string diffs;
+      for (const auto& d : r.fingerprint_diffs) diffs += (diffs.empty() ? "" : ", ") + d;
+      std::printf("REPLAY VERIFIED within %g, not bitwise: numerics fields differ: %s\n", r.tolerance, diffs.c_str());
+    } else {
+      // Equal numerics verify only with equal bits: a tolerance asked for is reported as such.
+      std::printf("REPLAY WITHIN %g (--tolerance; not verified: equal numerics verify only with equal bits)\n",
+                  r.tolerance);
+    }
     return 0;
+  }
+  if (!r.report.first_diff && r.report.only_in_a == 0 && (r.evals_diff || r.events_diff)) {
+    std::printf("REPLAY DIVERGED outside the steps: %s\n", (r.evals_diff ? *r.evals_diff : *r.events_diff).c_str());
+    return static_cast<int>(ExitCode::kVerificationFailed);
   }
   if (r.report.first_diff) {
     const auto& d = *r.report.first_diff;
