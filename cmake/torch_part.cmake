@@ -92,6 +92,7 @@ retrace_torch_part(retrace_run
   src/run/ranks.cpp
   src/run/inputs.cpp
   src/run/run.cpp
+  src/run/data_parallel.cpp
   src/run/memory_report.cpp
 )
 target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_dist)
@@ -126,6 +127,7 @@ set(RETRACE_CLI_SOURCES
   tools/retrace/cmd_resume.cpp
   tools/retrace/cmd_inspect.cpp
   tools/retrace/cmd_export.cpp
+  tools/retrace/cmd_probe.cpp
   tools/retrace/cmd_verify.cpp
   tools/retrace/cmd_replay.cpp
   tools/retrace/cmd_diff.cpp

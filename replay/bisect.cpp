@@ -8,6 +8,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/train_state.h"
 #include "core/error.h"
+#include "core/file_util.h"
 #include "replay/diff.h"
 #include "replay/replay.h"
 #include "trace/framing.h"
@@ -15,6 +16,12 @@
 #include "train/environment.h"
 #include "train/probe.h"
 #include "train/trainer.h"
+#include "dist/launcher.h"
+#include "dist/process_group.h"
+#include "run/data_parallel.h"
+
+#include <nlohmann/json.hpp>
+#include <fstream>
 
 namespace retrace::replay {
 namespace stdfs = std::filesystem;
@@ -32,16 +39,19 @@ std::string run_dir_of(const std::string& p) {
 }
 
 // Re-executes step `s` of the run whose trace header is `h`, from its newest checkpoint before s,
-// under numerics profile `numerics` (one process runs one profile).
+// under numerics profile `numerics` (one process runs one profile). With a process group, this
+// process is one rank of the recorded world size and re-executes with the others.
 Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uint64_t s, const std::string& label,
-                  train::Numerics numerics, const train::Registry& registry) {
+                  train::Numerics numerics, const train::Registry& registry, dist::ProcessGroup* pg = nullptr) {
   train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
   cfg.runtime.numerics = numerics;
   train::resolve_threads(cfg.runtime);
   train::apply_environment(cfg.runtime);
   registry.check(cfg);
   data::Dataset data = registry.load_data(cfg);
-  train::Trainer t(cfg, data, registry);
+  train::Trainer t(cfg, data, registry, pg ? pg->rank() : 0, pg ? pg->world_size() : 1);
+  std::optional<run::DataParallel> dp;
+  if (pg) dp.emplace(t, *pg, cfg);
   Probed out;
   for (const auto& [step, dir] : ckpt::list_step_dirs(run::checkpoint_root(run_dir))) {
     if (step >= s) continue;
@@ -89,7 +99,69 @@ std::string tensor_detail(const torch::Tensor& a, const torch::Tensor& b) {
   }
   return o.str();
 }
+Digest128 digest_of_hex(const std::string& hex, const std::string& where) {
+  RETRACE_CHECK(hex.size() == 32, FormatError, where, ": digest \"", hex, "\" is not 32 hex digits");
+  try {
+    return Digest128{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
+  } catch (const std::logic_error&) {
+    RETRACE_FAIL(FormatError, where, ": digest \"", hex, "\" is not hex");
+  }
+}
+
+std::string probe_file(const std::string& prefix, uint32_t rank) {
+  return prefix + ".rank" + std::to_string(rank) + ".json";
+}
+
+Probed read_probe(const std::string& path) {
+  std::ifstream in(path);
+  RETRACE_CHECK(in.good(), IoError, "bisection: the re-execution wrote no ", path);
+  nlohmann::json j;
+  try {
+    in >> j;
+    Probed p;
+    p.start = j.at("start").get<uint64_t>();
+    p.notes = j.at("notes").get<std::vector<std::string>>();
+    for (const auto& e : j.at("entries"))
+      p.entries.push_back({e.at("phase"), e.at("module"), e.at("module_type"), e.at("what"),
+                           digest_of_hex(e.at("digest"), path), torch::Tensor()});
+    for (const auto& o : j.at("ops"))
+      p.ops.push_back({o.at("phase"), o.at("module"), o.at("op"), o.at("index").get<uint64_t>(),
+                       digest_of_hex(o.at("digest"), path)});
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    RETRACE_FAIL(FormatError, "bisection: cannot read ", path, ": ", e.what());
+  }
+}
+
+// Re-executes step s of a data-parallel run on its recorded world size: one process per rank
+// (`retrace probe-step`, this binary's hidden command), each writing its probe to a file.
+std::vector<Probed> probe_ranks(const std::string& run_dir, uint32_t world, uint64_t s, train::Numerics numerics,
+                                const std::string& prefix) {
+  const int rc = dist::launch_local(world, {"probe-step", run_dir, "--step", std::to_string(s), "--numerics",
+                                            train::numerics_name(numerics), "--out", prefix});
+  RETRACE_CHECK(rc == 0, IoError, "bisection: re-executing step ", s, " of ", run_dir, " on ", world,
+                " ranks failed (exit ", rc, "); its output is above");
+  std::vector<Probed> out;
+  for (uint32_t r = 0; r < world; ++r) out.push_back(read_probe(probe_file(prefix, r)));
+  return out;
+}
 }  // namespace
+
+void write_probe_of_rank(const std::string& run, uint64_t step, train::Numerics numerics,
+                         const train::Registry& registry, dist::ProcessGroup* pg, const std::string& prefix) {
+  const std::string dir = run_dir_of(run);
+  trace::TraceReader r = trace::TraceReader::open(run::trace_of(run));
+  Probed p = probe_step(dir, r.header(), step, "rank " + std::to_string(pg ? pg->rank() : 0), numerics, registry, pg);
+  nlohmann::json j = {{"start", p.start}, {"notes", p.notes}, {"entries", nlohmann::json::array()},
+                      {"ops", nlohmann::json::array()}};
+  for (const auto& e : p.entries)
+    j["entries"].push_back({{"phase", e.phase}, {"module", e.module}, {"module_type", e.module_type},
+                            {"what", e.what}, {"digest", e.digest.hex()}});
+  for (const auto& o : p.ops)
+    j["ops"].push_back({{"phase", o.phase}, {"module", o.module}, {"op", o.op}, {"index", o.index},
+                        {"digest", o.digest.hex()}});
+  fs::write_file_atomic(probe_file(prefix, pg ? pg->rank() : 0), j.dump());
+}
 
 std::string BisectReport::summary() const {
   if (!diverged) {
@@ -148,10 +220,8 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
   };
   uint64_t hi = 0;
   if (rolled_back) {
-    // The applied records, step by step: the first step whose applied result differs.
     rep.notes.push_back(std::string(frames_a > last_a ? "run A" : "run B") +
-                        " re-ran steps after a rollback: compared the applied history (each step's last record) by "
-                        "content digest");
+                        " re-ran steps after a rollback: compared the applied history (each step's last record)");
     // What a step applied: its record without state_digest, which also holds the rollback's own
     // bookkeeping (the batches set aside, the fault that fired) from the re-run's first step on.
     auto applied = [](records::StepRecord r) {
@@ -162,8 +232,11 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
       rep.search_probes++;
       if (applied(record(ra, s, "run A")) != applied(record(rb, s, "run B"))) hi = s;
     }
-    if (hi == 0) return rep;
-  } else {
+    if (hi == 0 && n > 0 && differs(n))
+      rep.notes.push_back("the applied histories are equal through step " + std::to_string(n) +
+                          "; the runs differ in steps a rollback discarded (the chains part where named)");
+  }
+  if (hi == 0) {
     if (n == 0 || !differs(n)) return rep;
     // Binary search for the first s with differs(s); invariant: differs(hi), !differs(lo) or lo == 0.
     uint64_t lo = 0;
@@ -200,8 +273,41 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
     rep.notes.push_back(std::string("run B was recorded with runtime.numerics = \"") + train::numerics_name(numerics_of(hb)) +
                         "\" and is re-executed under run A's \"" + train::numerics_name(numerics) + "\": a difference that the numerics alone make does not "
                         "show in the re-execution");
-  Probed pa = probe_step(dir_a, ha, hi, "run A", numerics, registry);
-  Probed pb = probe_step(dir_b, hb, hi, "run B", numerics, registry);
+  Probed pa, pb;
+  if (ha.world_size > 1) {
+    // Data parallelism: both runs re-execute on their recorded world size, from their nearest
+    // checkpoint; the first rank whose re-execution differs is the one named.
+    RETRACE_CHECK(hb.world_size == ha.world_size, ConfigError, "run A was recorded on ", ha.world_size,
+                  " ranks and run B on ", hb.world_size, "; bisection re-executes both on their own world size and "
+                  "compares rank by rank, which needs the same one; use `retrace diff` to compare them");
+    const stdfs::path scratch = stdfs::temp_directory_path() / ("retrace-bisect-" + std::to_string(::getpid()));
+    fs::make_writable_dir(scratch.string());
+    const auto ranks_a = probe_ranks(dir_a, ha.world_size, hi, numerics, (scratch / "a").string());
+    const auto ranks_b = probe_ranks(dir_b, hb.world_size, hi, numerics, (scratch / "b").string());
+    std::error_code ec;
+    stdfs::remove_all(scratch, ec);
+    uint32_t pick = rep.rank.value_or(0);
+    for (uint32_t r = 0; r < ha.world_size; ++r) {
+      const bool same = ranks_a[r].entries.size() == ranks_b[r].entries.size() &&
+                        std::equal(ranks_a[r].entries.begin(), ranks_a[r].entries.end(), ranks_b[r].entries.begin(),
+                                   [](const train::ProbeEntry& x, const train::ProbeEntry& y) {
+                                     return x.phase == y.phase && x.module == y.module && x.what == y.what &&
+                                            x.digest == y.digest;
+                                   });
+      if (!same) {
+        pick = r;
+        break;
+      }
+    }
+    rep.rank = pick;
+    pa = ranks_a[pick];
+    pb = ranks_b[pick];
+    rep.notes.push_back("re-executed on " + std::to_string(ha.world_size) + " ranks; rank " + std::to_string(pick) +
+                        "'s re-execution is compared");
+  } else {
+    pa = probe_step(dir_a, ha, hi, "run A", numerics, registry);
+    pb = probe_step(dir_b, hb, hi, "run B", numerics, registry);
+  }
   rep.replay_start_a = pa.start;
   rep.replay_start_b = pb.start;
   rep.notes.insert(rep.notes.end(), pa.notes.begin(), pa.notes.end());
@@ -222,7 +328,8 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
     rep.module = x.module;
     rep.module_type = x.module_type;
     rep.what = x.what;
-    rep.detail = tensor_detail(x.value, y.value);
+    // A data-parallel re-execution ran in the ranks' processes: digests only, no values here.
+    if (x.value.defined() || y.value.defined()) rep.detail = tensor_detail(x.value, y.value);
     break;
   }
   if (rep.phase.empty()) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "run/run.h"
+#include "train/numerics.h"
 
 namespace retrace::replay {
 
@@ -34,7 +35,16 @@ struct BisectReport {
 
 // `a` and `b` are run directories (or their traces; the checkpoints must sit beside the trace).
 // ConfigError when the traces are of different models (use diff for those).
+// Under data parallelism both runs re-execute on their recorded world size, one process per rank,
+// by running this program's hidden command `probe-step` (the retrace CLI's, also in a user's binary
+// that calls retrace::run_cli); the rank named is the first whose local gradient digest, RNG
+// digest or re-execution differs.
 BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& callbacks,
                          const train::Registry& registry = train::builtin_registry());
+
+// `retrace probe-step`: this rank's re-execution of `step` of the run `run` (from its newest
+// checkpoint before it), written as JSON to PREFIX.rankN.json for bisect_runs.
+void write_probe_of_rank(const std::string& run, uint64_t step, train::Numerics numerics,
+                         const train::Registry& registry, dist::ProcessGroup* process_group, const std::string& prefix);
 
 }  // namespace retrace::replay

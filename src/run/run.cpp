@@ -28,6 +28,7 @@
 #include "train/environment.h"
 #include "train/faults.h"
 #include "train/trainer.h"
+#include "run/data_parallel.h"
 #include "run/inputs.h"
 #include "run/layout.h"
 #include "run/run_dir.h"
@@ -123,34 +124,11 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
               const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
               RunSummary& summary, dist::ProcessGroup* pg, Anchor anchor) {
-  // Data parallelism: after the last micro-batch's backward only, record this rank's local
-  // gradient digest (gathered to every rank, so rank 0 can trace them all), then sum the
-  // gradients over the ranks in buckets; the loss is summed before backward so that skip and
-  // spike decisions are the same on every rank.
-  dist::CollectiveStats stats;
-  std::vector<Digest128> rank_digests;
-  std::optional<ckpt::ShardSync> sync;
-  if (pg) {
-    const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
-    trainer.set_after_last_backward([&trainer, pg, &stats, &rank_digests, bucket_bytes] {
-      NamedTensors grads;
-      for (const auto& item : trainer.module().named_parameters()) grads.emplace_back(item.key(), item.value().grad());
-      Digest128 mine = digest_named(grads);
-      std::string bytes(16, '\0');
-      std::memcpy(bytes.data(), &mine.hi, 8);
-      std::memcpy(bytes.data() + 8, &mine.lo, 8);
-      rank_digests.clear();
-      for (const auto& b : pg->allgather(bytes)) {
-        Digest128 d;
-        std::memcpy(&d.hi, b.data(), 8);
-        std::memcpy(&d.lo, b.data() + 8, 8);
-        rank_digests.push_back(d);
-      }
-      pg->allreduce_grads(trainer.module().parameters(), bucket_bytes, stats);
-    });
-    trainer.set_reduce_loss([pg, &stats](float v) { return pg->allreduce_sum(v, stats); });
-    sync = ckpt::ShardSync{[pg](const std::string& b) { return pg->allgather(b); }, [pg] { pg->barrier(); }};
-  }
+  // Data parallelism (data_parallel.h): gradient and loss sums, every rank's digests, sharded saves.
+  std::optional<DataParallel> dp;
+  if (pg) dp.emplace(trainer, *pg, config);
+  dist::CollectiveStats no_stats;
+  dist::CollectiveStats& stats = dp ? dp->stats : no_stats;
   const auto start = Clock::now();
   auto last_ckpt = start;
   std::set<std::string> left_reported;  // paths rotation left in place, reported once
@@ -166,24 +144,13 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   while (trainer.step() < trainer.total_steps()) {
     const uint64_t epoch_before = trainer.cursor().epoch;
     stats = {};
-    rank_digests.clear();
+    if (dp) dp->rank_grad_digests.clear();
     records::StepRecord rec = trainer.run_step(digests);
-    rec.rank_grad_digests = rank_digests;
+    if (dp) rec.rank_grad_digests = dp->rank_grad_digests;
     rec.allreduce_calls = stats.calls;
     rec.allreduce_bytes = stats.bytes;
     rec.timings.allreduce_ms = stats.ms;
-    if (rank_rng) {
-      const Digest128 mine = trainer.rng_digest();
-      std::string bytes(16, '\0');
-      std::memcpy(bytes.data(), &mine.hi, 8);
-      std::memcpy(bytes.data() + 8, &mine.lo, 8);
-      for (const auto& b : pg->allgather(bytes)) {
-        Digest128 d;
-        std::memcpy(&d.hi, b.data(), 8);
-        std::memcpy(&d.lo, b.data() + 8, 8);
-        rec.rank_rng_digests.push_back(d);
-      }
-    }
+    if (rank_rng) rec.rank_rng_digests = dp->gather(trainer.rng_digest());
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;
@@ -259,7 +226,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       }
       ckpt::RotationReport rotation;
       std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
-                                              static_cast<uint32_t>(ck.keep_last), {}, sync ? &*sync : nullptr,
+                                              static_cast<uint32_t>(ck.keep_last), {}, dp ? &dp->sync() : nullptr,
                                               &rotation, anchor ? &*anchor : nullptr);
       summary.checkpoints += 1;
       last_ckpt = Clock::now();

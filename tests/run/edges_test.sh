@@ -67,6 +67,15 @@ j = json.loads(subprocess.run([sys.argv[1], "inspect", sys.argv[2], "--json"], c
 ok = all(len(s["rank_rng_digests"]) == 2 and len(set(s["rank_rng_digests"])) == 2 for s in j["steps"])
 print("distinct" if ok else "the ranks share RNG digests")' "$RETRACE" "$tmp/w2-ref/trace.rtrace"
 
+# A recorded config reproduces its run, legacy-valued keys included (here LibTorch's dropout and the
+# unfused AdamW, the values runs recorded before those keys existed read as).
+legacy=(--set model.dropout_impl=torch --set optim.fused=false --set data.batch_size=1024 --set train.steps=30)
+"$RETRACE" record "${base[@]}" "${legacy[@]}" --out "$tmp/legacy" >/dev/null 2>&1
+"$RETRACE" record --plain --config "$tmp/legacy/config.toml" --out "$tmp/legacy-again" >/dev/null 2>&1
+expect recorded-config-reproduces 0 "^same" -- python3 "$SAME" "$RETRACE" "$tmp/legacy/trace.rtrace" \
+  "$tmp/legacy-again/trace.rtrace"
+expect recorded-config-has-legacy-keys 0 "dropout_impl = 'torch'" -- cat "$tmp/legacy/config.toml"
+
 # Negative controls: each sabotage must make the comparison fail.
 neg() {
   local name=$1 world=$2 k=$3 sabotage=$4; shift 4
@@ -86,6 +95,20 @@ neg w2 2 20 rank1-rng-restore --set data.batch_size=512 "$faults"
 "$RETRACE" record "${base[@]}" --set data.batch_size=1024 --set train.steps=40 --inject spike@27 --out "$tmp/spiked" \
   >/dev/null 2>&1
 expect bisect-rollback 1 "first divergence: step 27" -- "$RETRACE" bisect "$tmp/plain" "$tmp/spiked"
+
+# Bisection at world size 2 re-executes on 2 ranks from the nearest checkpoint (10 for step 15),
+# and names the rank whose RNG was not restored (the negative control's run, resumed at 20).
+dp=("${base[@]}" --set data.batch_size=512 --set train.steps=30 --set checkpoint.keep_last=5 --world-size 2)
+"$RETRACE" record "${dp[@]}" --out "$tmp/dpa" >/dev/null 2>&1
+"$RETRACE" record "${dp[@]}" --out "$tmp/dpb" --inject perturb-param@15:layers.0.weight >/dev/null 2>&1
+out=$("$RETRACE" bisect "$tmp/dpa" "$tmp/dpb" 2>&1)
+expect bisect-dp-module 1 "first divergence: step 15, rank 0, module layers.0 \(Linear\), phase state: weight" -- \
+  bash -c 'echo "$1"; exit 1' _ "$out"
+expect bisect-dp-from-checkpoint 0 "re-executed from step 10 \(run A\) and 10 \(run B\)" -- echo "$out"
+expect bisect-dp-on-2-ranks 0 "re-executed on 2 ranks" -- echo "$out"
+RETRACE_TEST_SABOTAGE=rank1-rng-restore "$RETRACE" record "${dp[@]}" --interrupt-at 20 --out "$tmp/dpc" >/dev/null 2>&1
+RETRACE_TEST_SABOTAGE=rank1-rng-restore "$RETRACE" resume "$tmp/dpc" --plain --world-size 2 >/dev/null 2>&1
+expect bisect-dp-rank 1 "first divergence: step 21, rank 1" -- "$RETRACE" bisect "$tmp/dpa" "$tmp/dpc"
 
 # Bad input on resume: exit 3, the run directory byte for byte as it was.
 tree_digest() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum); }

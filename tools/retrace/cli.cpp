@@ -25,6 +25,7 @@ struct CliArgs {
   MemoryArgs memory;
   GoldenArgs golden;
   ExportArgs exported;
+  ProbeArgs probe;
 };
 
 // Calls fn(name, args, numerics_of, run) for every command, in --help order.
@@ -40,6 +41,7 @@ void for_each_command(CliArgs& a, F&& fn) {
   fn("bisect", a.bisect, add_bisect, numerics_bisect, run_bisect);
   fn("memory", a.memory, add_memory, numerics_memory, run_memory);
   fn("golden", a.golden, add_golden, numerics_golden, run_golden);
+  fn("probe-step", a.probe, add_probe, numerics_probe, run_probe);
 }
 
 }  // namespace

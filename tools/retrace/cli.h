@@ -92,6 +92,13 @@ struct BisectArgs {
   bool json = false;
 };
 
+struct ProbeArgs {  // probe-step, bisect's hidden worker
+  std::string run;
+  int64_t step = 0;
+  std::string numerics;
+  std::string out;
+};
+
 struct MemoryArgs {
   std::string config_path = "configs/char-gpt.toml";
   std::vector<std::string> sets;
@@ -131,6 +138,7 @@ RETRACE_COMMAND(bisect, BisectArgs);
 RETRACE_COMMAND(memory, MemoryArgs);
 RETRACE_COMMAND(golden, GoldenArgs);
 RETRACE_COMMAND(export, ExportArgs);
+RETRACE_COMMAND(probe, ProbeArgs);
 #undef RETRACE_COMMAND
 
 // Parses argv, re-executes under the numerics profile the command trains under (numerics.h),

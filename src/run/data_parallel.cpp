@@ -1,0 +1,38 @@
+#include "run/data_parallel.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <string>
+
+#include "core/tensor_digest.h"
+
+namespace retrace::run {
+
+DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, const train::Config& config) : pg_(pg) {
+  const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
+  trainer.set_after_last_backward([this, &trainer, bucket_bytes] {
+    NamedTensors grads;
+    for (const auto& item : trainer.module().named_parameters()) grads.emplace_back(item.key(), item.value().grad());
+    rank_grad_digests = gather(digest_named(grads));
+    pg_.allreduce_grads(trainer.module().parameters(), bucket_bytes, stats);
+  });
+  trainer.set_reduce_loss([this](float v) { return pg_.allreduce_sum(v, stats); });
+  sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
+}
+
+std::vector<Digest128> DataParallel::gather(const Digest128& mine) {
+  std::string bytes(16, '\0');
+  std::memcpy(bytes.data(), &mine.hi, 8);
+  std::memcpy(bytes.data() + 8, &mine.lo, 8);
+  std::vector<Digest128> out;
+  for (const auto& b : pg_.allgather(bytes)) {
+    Digest128 d;
+    std::memcpy(&d.hi, b.data(), 8);
+    std::memcpy(&d.lo, b.data() + 8, 8);
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace retrace::run

@@ -1,0 +1,38 @@
+// Data parallelism on a trainer: after the last micro-batch's backward, every rank's local gradient
+// digest is gathered (rank 0 traces them all) and the gradients are summed over the ranks in
+// buckets; the loss is summed before backward, so skip and spike decisions agree on every rank;
+// a sharded checkpoint save agrees through the group. The record loop and bisection's
+// re-execution wire a rank the same way.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "ckpt/train_state.h"
+#include "core/digest.h"
+#include "dist/process_group.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace retrace::run {
+
+class DataParallel {
+ public:
+  // Installs the hooks on `trainer` (both must outlive this object, which must not move).
+  DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, const train::Config& config);
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Every rank's `mine`, in rank order (one all-gather).
+  std::vector<Digest128> gather(const Digest128& mine);
+  const ckpt::ShardSync& sync() const { return sync_; }
+
+  dist::CollectiveStats stats;              // this step's collectives (reset by the caller)
+  std::vector<Digest128> rank_grad_digests;  // this step's, filled by the backward hook
+
+ private:
+  dist::ProcessGroup& pg_;
+  ckpt::ShardSync sync_;
+};
+
+}  // namespace retrace::run
