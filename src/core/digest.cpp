@@ -70,64 +70,76 @@ Digest128 xxh3_128(const void* data, size_t size) {
 uint64_t xxh3_64(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
 namespace {
-// The loop over whole 64-byte blocks, compiled twice: with 512-bit vectors where the CPU has
-// AVX-512 (GCC otherwise keeps 256-bit ones: 1.4x here) and for the x86-64 baseline. Integer
+// The loop over whole 64-byte blocks: one body, inlined into a 512-bit build where the CPU has
+// AVX-512 (GCC otherwise keeps 256-bit vectors: 1.4x here) and into the x86-64 baseline. Integer
 // adds, so both give the same sums.
-#define RETRACE_LANE_BLOCKS                            \
-  uint64_t sa[8], sb[8];                               \
-  std::memcpy(sa, a, sizeof sa);                       \
-  std::memcpy(sb, b, sizeof sb);                       \
-  for (size_t i = 0; i < blocks; ++i) {                \
-    uint64_t w[8];                                     \
-    std::memcpy(w, p + i * 64, 64);                    \
-    for (int l = 0; l < 8; ++l) {                      \
-      sa[l] += le64toh(w[l]);                          \
-      sb[l] += sa[l];                                  \
-    }                                                  \
-  }                                                    \
-  std::memcpy(a, sa, sizeof sa);                       \
+inline __attribute__((always_inline)) void lane_blocks(const unsigned char* p, size_t blocks, uint64_t* a,
+                                                       uint64_t* b) {
+  uint64_t sa[8], sb[8];
+  std::memcpy(sa, a, sizeof sa);
+  std::memcpy(sb, b, sizeof sb);
+  for (size_t i = 0; i < blocks; ++i) {
+    uint64_t w[8];
+    std::memcpy(w, p + i * 64, 64);
+    for (int l = 0; l < 8; ++l) {
+      sa[l] += le64toh(w[l]);
+      sb[l] += sa[l];
+    }
+  }
+  std::memcpy(a, sa, sizeof sa);
   std::memcpy(b, sb, sizeof sb);
+}
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx512f,prefer-vector-width=512"))) void lane_blocks_avx512(const unsigned char* p,
                                                                                   size_t blocks, uint64_t* a,
                                                                                   uint64_t* b) {
-  RETRACE_LANE_BLOCKS
+  lane_blocks(p, blocks, a, b);
 }
 #endif
-void lane_blocks_generic(const unsigned char* p, size_t blocks, uint64_t* a, uint64_t* b) { RETRACE_LANE_BLOCKS }
-#undef RETRACE_LANE_BLOCKS
+void lane_blocks_generic(const unsigned char* p, size_t blocks, uint64_t* a, uint64_t* b) {
+  lane_blocks(p, blocks, a, b);
+}
 }  // namespace
 
-void lane_sums(const void* data, size_t size, uint64_t out[16]) {
-  // One thread: a helper thread for the second half measured slower here, OpenBLAS's own threads
-  // still spinning on the other core after the step's last GEMM.
-  uint64_t a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+void LaneSums::add(const void* data, size_t size) {
+  RETRACE_CHECK(!closed_, InvariantError, "LaneSums::add after a piece whose length is not a multiple of 64");
   const auto* p = static_cast<const unsigned char*>(data);
   const size_t words = size / 8, blocks = words / 8;
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) lane_blocks_avx512(p, blocks, a, b);
-  else lane_blocks_generic(p, blocks, a, b);
+  if (avx512) lane_blocks_avx512(p, blocks, a_, b_);
+  else lane_blocks_generic(p, blocks, a_, b_);
 #else
-  lane_blocks_generic(p, blocks, a, b);
+  lane_blocks_generic(p, blocks, a_, b_);
 #endif
+  // The words after the whole blocks (lanes 0, 1, ...), then the last bytes as one zero-padded word.
   size_t i = blocks * 8;
   for (; i < words; ++i) {
     uint64_t w;
     std::memcpy(&w, p + i * 8, 8);
-    a[i % 8] += le64toh(w);
-    b[i % 8] += a[i % 8];
+    a_[i % 8] += le64toh(w);
+    b_[i % 8] += a_[i % 8];
   }
   if (size % 8) {
     uint64_t w = 0;
     for (size_t k = 0; k < size % 8; ++k) w |= static_cast<uint64_t>(p[words * 8 + k]) << (8 * k);
-    a[i % 8] += w;
-    b[i % 8] += a[i % 8];
+    a_[i % 8] += w;
+    b_[i % 8] += a_[i % 8];
   }
+  closed_ = size % 64 != 0;
+}
+
+void LaneSums::finish(uint64_t out[16]) const {
   for (int l = 0; l < 8; ++l) {
-    out[l] = a[l];
-    out[8 + l] = b[l];
+    out[l] = a_[l];
+    out[8 + l] = b_[l];
   }
+}
+
+void lane_sums(const void* data, size_t size, uint64_t out[16]) {
+  LaneSums s;
+  s.add(data, size);
+  s.finish(out);
 }
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {

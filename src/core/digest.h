@@ -46,6 +46,18 @@ Digest128 xxh3_128(const void* data, size_t size);
 // equal sums on every machine and vector width; about twice xxh3's speed here (a memory-speed
 // checksum of large state: any one changed word, and any two, change the sums).
 void lane_sums(const void* data, size_t size, uint64_t out[16]);
+
+// lane_sums of consecutive pieces of one byte string, fed piece by piece (the fused AdamW sums
+// what it writes, chunk by chunk): every piece but the last must be a multiple of 64 bytes.
+class LaneSums {
+ public:
+  void add(const void* data, size_t size);  // InvariantError after a piece that was not
+  void finish(uint64_t out[16]) const;
+
+ private:
+  uint64_t a_[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b_[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  bool closed_ = false;  // a piece of a length that is not a multiple of 64 came
+};
 uint64_t xxh3_64(const void* data, size_t size);
 
 // Streaming sha256 (OpenSSL EVP).

@@ -4,6 +4,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,9 +20,14 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 // state every step at half the cost).
 enum class DigestKind : uint8_t { kXxh3 = 1, kLanes = 2 };
 
+// Under kLanes, sums a tensor's owner already took of its current bytes (the fused AdamW's of
+// what it wrote): true and the 16 sums in `out`, or false to have them computed.
+using KnownSums = std::function<bool(const torch::Tensor&, uint64_t out[16])>;
+
 // Sorts by name, then digests. Undefined tensors contribute their name and an "undefined" tag.
-Digest128 digest_named(NamedTensors tensors, DigestKind kind = DigestKind::kXxh3);
-void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind = DigestKind::kXxh3);
+Digest128 digest_named(NamedTensors tensors, DigestKind kind = DigestKind::kXxh3, const KnownSums* known = nullptr);
+void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind = DigestKind::kXxh3,
+                        const KnownSums* known = nullptr);
 Digest128 digest_indices(const std::vector<int64_t>& indices);
 
 }  // namespace retrace

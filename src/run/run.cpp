@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -70,15 +69,6 @@ void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, con
 
 constexpr uint64_t kMaxRollbacksInARow = 16;
 
-// Test-only negative controls (tests/run/edges_test.sh shows that the edge tests catch these
-// bugs): RETRACE_TEST_SABOTAGE=rollback-newest-checkpoint rolls back to the newest checkpoint on
-// disk, as retrace once did; rank1-rng-restore leaves rank 1's generators unrestored on resume.
-// Never set otherwise.
-bool sabotage(const char* what) {
-  const char* v = std::getenv("RETRACE_TEST_SABOTAGE");
-  return v && std::strcmp(v, what) == 0;
-}
-
 // The rollback anchor: the state after the newest step that is a multiple of
 // checkpoint.every_steps (while the spike guard is on), kept in memory and stored in every
 // checkpoint taken after it. A rollback always returns to it, so the trajectory after a spike
@@ -94,13 +84,13 @@ bool anchor_due(const Config& config, uint64_t step) {
 // deterministic re-run does not meet the same spike again. Without an anchor (no multiple of
 // checkpoint.every_steps passed yet) the step stays skipped and the run goes on: returns false.
 bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor& anchor, const std::string& run_dir,
-               trace::TraceWriter* writer, const RunCallbacks& cb) {
+               Sabotage sabotage, trace::TraceWriter* writer, const RunCallbacks& cb) {
   const data::Cursor at{spike.epoch, spike.batch_in_epoch};
   const int64_t count = trainer.config().guards.spike_skip_batches;
   std::ostringstream msg;
   msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
   bool rolled = false;
-  if (sabotage("rollback-newest-checkpoint")) {
+  if (sabotage == Sabotage::kRollbackNewestCheckpoint) {
     if (auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), trainer.world_size(), nullptr)) {
       ckpt::load_checkpoint(trainer, pick->dir);
       rolled = true;
@@ -178,7 +168,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
                     " loss-spike rollbacks in a row without a step applied (last at step ", rec.step, ", loss ",
                     rec.loss, "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
                     "or resume from an older checkpoint (the newest one's guard state may be damaged)");
-      if (roll_back(trainer, rec, anchor, run_dir, writer, cb)) continue;
+      if (roll_back(trainer, rec, anchor, run_dir, control.sabotage, writer, cb)) continue;
     }
     if (rec.outcome == records::Outcome::kStep) rollbacks_in_a_row = 0;
     const auto crash_rank = trainer.crash_due(rec.step);
@@ -348,7 +338,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   Trainer trainer(config, data, registry, rank, world);
   const rng::RngState fresh = trainer.rng_state();
   ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
-  if (rank == 1 && sabotage("rank1-rng-restore")) rng::restore_torch(fresh);
+  if (rank == 1 && control.sabotage == Sabotage::kRank1RngRestore) rng::restore_torch(fresh);
   load_fired(run_dir, trainer);
 
   RunSummary summary;

@@ -28,6 +28,12 @@ struct RunCallbacks {
   std::function<void(const std::string&)> on_message;
 };
 
+// Deliberate bugs for the negative controls of the edge tests (tests/run/edges_test.sh), which
+// must catch them: a rollback to the newest checkpoint on disk (what retrace once did), and rank 1
+// left with its fresh generators on resume. The CLI sets one from RETRACE_TEST_SABOTAGE
+// ("rollback-newest-checkpoint", "rank1-rng-restore"); nothing else does.
+enum class Sabotage : uint8_t { kNone, kRollbackNewestCheckpoint, kRank1RngRestore };
+
 struct LoopControl {
   // Stop right after this step, its evaluation (when one is due) and its checkpoint, as if the
   // process were killed there. 0: run to the end.
@@ -41,6 +47,7 @@ struct LoopControl {
   // resume: continue although a data or model file's sha256 is not the trace header's (the
   // change is recorded as a warning event); otherwise that is an IntegrityError.
   bool accept_changed_inputs = false;
+  Sabotage sabotage = Sabotage::kNone;
 };
 
 struct RecordOptions {

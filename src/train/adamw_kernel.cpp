@@ -60,11 +60,26 @@ void update_generic(float* __restrict p, const float* __restrict g, float* __res
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
-                  bool allow_simd) {
+                  bool allow_simd, LaneSums* sums) {
+  auto update = [&](int64_t off, int64_t len) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (allow_simd && has_avx2_fma()) return update_avx2(p, g, m, v, n, c);
+    if (allow_simd && has_avx2_fma()) return update_avx2(p + off, g + off, m + off, v + off, len, c);
 #endif
-  update_generic(p, g, m, v, n, c);
+    update_generic(p + off, g + off, m + off, v + off, len, c);
+  };
+  if (!sums) return update(0, n);
+  // 4 KiB of each array per chunk (a multiple of 64 bytes, as LaneSums needs): the four arrays'
+  // chunks fit the L1 cache, so the three written ones are summed from it. Elements are
+  // independent, so chunking keeps the bits.
+  constexpr int64_t kChunk = 1024;
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = n - off < kChunk ? n - off : kChunk;
+    update(off, len);
+    const size_t bytes = static_cast<size_t>(len) * sizeof(float);
+    sums[0].add(p + off, bytes);
+    sums[1].add(m + off, bytes);
+    sums[2].add(v + off, bytes);
+  }
 }
 
 const char* adamw_kernel_isa() { return has_avx2_fma() ? "avx2+fma" : "generic"; }

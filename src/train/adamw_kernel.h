@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "core/digest.h"
+
 namespace retrace::train {
 
 // The scalars of one AdamW update, rounded to float the way LibTorch's kernels round them.
@@ -28,8 +30,11 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 //   p *= decay; m = fma(g, 1-beta1, m*beta1); v = fma((1-beta2)*g, g, v*beta2);
 //   p = p + (neg_step_size * m) / (sqrt(v) / sqrt_bias_correction2 + eps)
 // allow_simd = false forces the baseline build of the loop (tests compare the two).
+// sums (three, or nullptr): receive the lane sums (core/digest.h) of the new p, m and v, taken
+// chunk by chunk while the chunk is still in the cache: the digests of parameters and optimizer
+// state without reading them again.
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
-                  bool allow_simd = true);
+                  bool allow_simd = true, LaneSums* sums = nullptr);
 
 // The instruction set adamw_update runs with on this CPU: "avx2+fma" or "generic". Both give the
 // same bits (a fused multiply-add is correctly rounded in hardware and in libm).

@@ -3,7 +3,9 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <cstring>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -62,17 +64,50 @@ class FusedAdamW final : public torch::optim::AdamW {
       s.step(s.step() + 1);
       const AdamWCoefficients c = adamw_coefficients(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
                                                      o.eps(), o.weight_decay(), s.step());
+      LaneSums sums[3];
       adamw_update(it.p.data_ptr<float>(), it.p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
-                   s.exp_avg_sq().data_ptr<float>(), it.p.numel(), c);
+                   s.exp_avg_sq().data_ptr<float>(), it.p.numel(), c, true, keep_sums_ ? sums : nullptr);
       // What an in-place tensor operation would do, so autograd's checks still see the writes.
-      for (const auto* t : {&it.p, &s.exp_avg(), &s.exp_avg_sq()}) t->unsafeGetTensorImpl()->bump_version();
+      const torch::Tensor* written[3] = {&it.p, &s.exp_avg(), &s.exp_avg_sq()};
+      for (int k = 0; k < 3; ++k) {
+        c10::TensorImpl* impl = written[k]->unsafeGetTensorImpl();
+        impl->bump_version();
+        if (!keep_sums_) continue;
+        Known& known = sums_[impl];
+        known.version = impl->version_counter().current_version();
+        known.data = impl->data();
+        sums[k].finish(known.sums);
+      }
     }
     return {};
   }
   int64_t fused_steps() const { return fused_steps_; }
+  bool keeps_sums() const { return keep_sums_; }
+  void keep_sums(bool keep) {
+    keep_sums_ = keep;
+    sums_.clear();
+  }
+  bool known_sums(const torch::Tensor& t, uint64_t out[16]) const {
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    auto it = sums_.find(impl);
+    // The very tensor, unchanged since this optimizer wrote it: any write through a tensor
+    // operation (a checkpoint's copy_, a load) bumps its version.
+    if (it == sums_.end() || it->second.version != impl->version_counter().current_version() ||
+        it->second.data != impl->data())
+      return false;
+    std::memcpy(out, it->second.sums, sizeof it->second.sums);
+    return true;
+  }
 
  private:
+  struct Known {
+    uint32_t version = 0;
+    const void* data = nullptr;
+    uint64_t sums[16];
+  };
   int64_t fused_steps_ = 0;
+  bool keep_sums_ = false;
+  std::unordered_map<const c10::TensorImpl*, Known> sums_;
   static bool dense_f32_cpu(const torch::Tensor& t, int64_t numel) {
     return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kFloat32 &&
            t.is_contiguous() && t.numel() == numel;
@@ -93,6 +128,15 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
   auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
   if (c.fused) return std::make_unique<FusedAdamW>(model.parameters(), options);
   return std::make_unique<torch::optim::AdamW>(model.parameters(), options);
+}
+
+bool fused_lane_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]) {
+  const auto* f = dynamic_cast<const FusedAdamW*>(&opt);
+  return f && f->known_sums(t, out);
+}
+
+void keep_lane_sums(torch::optim::Optimizer& opt, bool keep) {
+  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->keep_sums(keep);
 }
 
 int64_t fused_adamw_steps(const torch::optim::Optimizer& opt) {
@@ -126,6 +170,8 @@ NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Modu
 
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
                           OptimizerKind optim_name, const NamedTensors& state) {
+  // New state tensors: whatever sums the fused AdamW kept are of tensors that are going away.
+  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->keep_sums(f->keeps_sums());
   std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
   auto take = [&](const std::string& key, const torch::Tensor& like) -> torch::Tensor {
     auto it = by_name.find(key);

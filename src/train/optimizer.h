@@ -23,6 +23,13 @@ int64_t fused_adamw_steps(const torch::optim::Optimizer& opt);
 // ".../step" as an int64 scalar). Parameters without state yet are absent. Order: by name.
 NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
                              OptimizerKind optim_name);
+// The fused AdamW's lane sums of what its last step wrote: a parameter, its exp_avg or exp_avg_sq,
+// when `t` is that very tensor and unchanged since (its version counter says so). False for
+// anything else, any other optimizer, or before keep_lane_sums(opt, true).
+bool fused_lane_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]);
+// Whether the fused AdamW takes those sums in its pass (trace.digest_version 2 asks for them).
+void keep_lane_sums(torch::optim::Optimizer& opt, bool keep);
+
 // Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
 // the first missing or mis-shaped entry.
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,

@@ -130,11 +130,15 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   if (with_digests) {
     auto t = Clock::now();
     const DigestKind kind = p.digest_version >= 2 ? DigestKind::kLanes : DigestKind::kXxh3;
-    rec.param_digest = digest_named(model_state(s), kind);
+    // The fused AdamW summed what it wrote (optimizer.h): those tensors are not read again.
+    const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) {
+      return fused_lane_sums(*s.optimizer, t, out);
+    };
+    rec.param_digest = digest_named(model_state(s), kind, &known);
     // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
     // zero in between.
     if (rec.step % p.optimizer_digest_every == 0)
-      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind);
+      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
     const std::string rng = rng_state(s, p.seed).serialize();
     rec.rng_digest = xxh3_128(rng.data(), rng.size());
     if (p.digest_version >= 2) rec.state_digest = policy_digest(s);

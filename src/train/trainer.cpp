@@ -52,6 +52,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       state_(initial_state(config, data, registry)) {
   check_model_fits(config, state_.model, policies_.loss, data);
   if (rank_ > 0) rng::seed_all(rank_seed(static_cast<uint64_t>(config.seed), rank_));
+  keep_lane_sums(*state_.optimizer, config.trace.enabled && config.trace.digests && policies_.digest_version >= 2);
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   state_.model.module->to(device());
   for (const auto& f : policies_.faults.faults()) {

@@ -130,6 +130,42 @@ TEST(FusedAdamW, VectorAndBaselineLoopsAgreeBitwise) {
   EXPECT_EQ(differing(v, v2), 0);
 }
 
+TEST(FusedAdamW, LaneSumsOfItsPassAreThoseOfTheTensorsAndLapseWhenTheyChange) {
+  // Sizes across the pass's 1024-element chunks, odd ones included (a 4-byte tail word).
+  const std::vector<int64_t> sizes{5000, 2048, 7, 1};
+  Params m(sizes, torch::kFloat32, 3);
+  auto opt = make_optimizer(adamw(true, 0.01), m);
+  keep_lane_sums(*opt, true);
+  auto check_all = [&](bool expect_known, const char* when) {
+    auto state = optimizer_state(*opt, m, OptimizerKind::kAdamW);
+    for (const auto& p : m.named_parameters()) state.emplace_back(p.key(), p.value());
+    for (const auto& [name, t] : state) {
+      if (name.size() > 5 && name.substr(name.size() - 5) == "/step") continue;  // not the fused pass's
+      uint64_t known[16], want[16];
+      const bool has = fused_lane_sums(*opt, t, known);
+      EXPECT_EQ(has, expect_known) << name << " " << when;
+      if (!has) continue;
+      lane_sums(t.data_ptr(), t.nbytes(), want);
+      for (int l = 0; l < 16; ++l) ASSERT_EQ(known[l], want[l]) << name << " lane " << l << " " << when;
+    }
+  };
+  for (int step = 1; step <= 3; ++step) {
+    torch::manual_seed(50 + step);
+    for (auto& p : m.parameters()) p.mutable_grad() = torch::randn_like(p);
+    opt->step();
+    check_all(true, "after a fused step");
+  }
+  {
+    torch::NoGradGuard no_grad;
+    m.parameters()[0].add_(1.0f);  // a write through a tensor operation
+  }
+  uint64_t out[16];
+  EXPECT_FALSE(fused_lane_sums(*opt, m.parameters()[0], out));
+  load_optimizer_state(*opt, m, OptimizerKind::kAdamW, optimizer_state(*opt, m, OptimizerKind::kAdamW));
+  for (const auto& [name, t] : optimizer_state(*opt, m, OptimizerKind::kAdamW))
+    EXPECT_FALSE(fused_lane_sums(*opt, t, out)) << name << " after a load";
+}
+
 TEST(FusedAdamW, ContinuesFromStateLoadedOutOfLibTorchsOptimizer) {
   // A checkpoint written by one implementation resumes in the other with the same bits.
   const std::vector<int64_t> sizes{300, 11};

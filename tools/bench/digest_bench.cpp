@@ -1,8 +1,7 @@
-// Benchmark: what the per-step digests cost. Trains the default config (or --set overrides) in
-// one process and, in every round, times a block of steps without digests, then each digest of the
-// step's state on its own (parameters, optimizer state, RNG, policy state), alternating the blocks
-// A B A B. Prints the share of the step each digest takes, as the median of the rounds with their
-// range. Prints figures only: it never fails on speed.
+// Benchmark: what the per-step digests cost. Trains the default config (or --set overrides) twice
+// in one process, at trace.digest_version 1 and 2, alternating blocks of steps A B A B, and prints
+// the share of the step the digests take in each, as the median of the rounds with their range.
+// Prints figures only: it never fails on speed.
 //
 //   build/digest_bench [--rounds R] [--steps N] [--set key=value]...
 #include <algorithm>
@@ -50,54 +49,68 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    sets.push_back("train.steps=100000");
-    train::Config config = train::parse_config("", "digest_bench", sets);
-    train::resolve_threads(config.runtime);
-    train::apply_environment(config.runtime);
+    // A and B: the same config at trace.digest_version 1 (xxh3 of the bytes, optimizer every
+    // step here too) and 2 (lane checksums plus the state digest). Each step's digests are timed
+    // where the trace takes them, right after the step (Timings::trace_ms of run_step; the frame
+    // write is not in it here), on the state the step just wrote.
+    auto config_for = [&](int version, bool digests = true) {
+      std::vector<std::string> s = sets;
+      s.push_back(std::string("trace.digests=") + (digests ? "true" : "false"));
+      s.push_back("train.steps=100000");
+      s.push_back("trace.optimizer_digest_every=1");
+      s.push_back("trace.digest_version=" + std::to_string(version));
+      train::Config c = train::parse_config("", "digest_bench", s);
+      train::resolve_threads(c.runtime);
+      return c;
+    };
+    const train::Config c1 = config_for(1), c2 = config_for(2), c0 = config_for(2, false);
+    train::apply_environment(c1.runtime);
     const train::Registry& registry = train::builtin_registry();
-    data::Dataset data = registry.load_data(config);
-    train::Trainer trainer(config, data, registry);
-    for (int i = 0; i < 20; ++i) trainer.run_step(false);  // warm-up: BLAS threads, allocator
-    const char* names[] = {"parameters", "optimizer", "rng", "policy state", "all", "all, xxh3 bytes"};
-    std::vector<double> share[6];
-    Digest128 sink;
+    data::Dataset data = registry.load_data(c1);
+    // t0: no digests at all (nor the fused AdamW's sums): the step they are the cost over.
+    train::Trainer t1(c1, data, registry), t2(c2, data, registry), t0(c0, data, registry);
+    for (int i = 0; i < 20; ++i) t1.run_step(false), t2.run_step(false), t0.run_step(false);  // warm-up
+    std::vector<double> share1, share2, ratio, whole, optim;
     for (int64_t r = 0; r < rounds; ++r) {
-      auto t = Clock::now();
-      for (int64_t i = 0; i < steps; ++i) trainer.run_step(false);
-      const double step_ms = ms_since(t) / static_cast<double>(steps);
-      double ms[4];
-      const int reps = 20;
-      t = Clock::now();
-      for (int i = 0; i < reps; ++i) sink.lo ^= trainer.param_digest().lo;
-      ms[0] = ms_since(t) / reps;
-      t = Clock::now();
-      for (int i = 0; i < reps; ++i) sink.lo ^= trainer.optimizer_digest().lo;
-      ms[1] = ms_since(t) / reps;
-      t = Clock::now();
-      for (int i = 0; i < reps; ++i) sink.lo ^= trainer.rng_digest().lo;
-      ms[2] = ms_since(t) / reps;
-      t = Clock::now();
-      for (int i = 0; i < reps; ++i) sink.lo ^= trainer.policy_digest().lo;
-      ms[3] = ms_since(t) / reps;
-      // B of the pair: parameters and optimizer digested as digest_version 1 did (xxh3 of the bytes).
-      t = Clock::now();
-      for (int i = 0; i < reps; ++i) {
-        sink.lo ^= digest_named(trainer.model_state(), DigestKind::kXxh3).lo;
-        sink.lo ^= digest_named(trainer.optimizer_state(), DigestKind::kXxh3).lo;
+      double pct[2];
+      train::Trainer* ts[2] = {&t1, &t2};
+      double plain_ms = 0, v2_ms = 0, plain_opt = 0, v2_opt = 0;
+      for (int64_t i = 0; i < steps; ++i) {
+        auto t = Clock::now();
+        plain_opt += t0.run_step(false).timings.optimizer_ms;
+        plain_ms += ms_since(t);
       }
-      const double xxh3_ms = ms_since(t) / reps + ms[2] + ms[3];
-      for (int k = 0; k < 4; ++k) share[k].push_back(100.0 * ms[k] / step_ms);
-      share[4].push_back(100.0 * (ms[0] + ms[1] + ms[2] + ms[3]) / step_ms);
-      share[5].push_back(100.0 * xxh3_ms / step_ms);
-      std::printf("round %lld: step %.3f ms; digests %.4f %.4f %.4f %.4f ms\n", static_cast<long long>(r + 1),
-                  step_ms, ms[0], ms[1], ms[2], ms[3]);
+      for (int k = 0; k < 2; ++k) {
+        double digest_ms = 0, step_ms = 0;
+        for (int64_t i = 0; i < steps; ++i) {
+          const auto t = Clock::now();
+          const records::StepRecord rec = ts[k]->run_step(true);
+          step_ms += ms_since(t);
+          digest_ms += rec.timings.trace_ms;
+          if (k == 1) v2_opt += rec.timings.optimizer_ms;
+        }
+        pct[k] = 100.0 * digest_ms / (step_ms - digest_ms);
+        if (k == 1) v2_ms = step_ms;
+      }
+      whole.push_back(v2_ms / plain_ms);
+      optim.push_back(v2_opt / plain_opt);
+      share1.push_back(pct[0]);
+      share2.push_back(pct[1]);
+      ratio.push_back(pct[1] / pct[0]);
+      std::printf("round %lld: digests %.2f %% of the step at version 1, %.2f %% at version 2\n",
+                  static_cast<long long>(r + 1), pct[0], pct[1]);
     }
-    std::printf("share of the step (median [min, max] over %lld rounds):\n", static_cast<long long>(rounds));
-    for (int k = 0; k < 6; ++k) {
-      const Spread s = spread(share[k]);
-      std::printf("  %-16s %.2f %% [%.2f, %.2f]\n", names[k], s.median, s.lo, s.hi);
-    }
-    std::printf("(digest %016llx)\n", static_cast<unsigned long long>(sink.lo));
+    const Spread a = spread(share1), b = spread(share2), q = spread(ratio), w = spread(whole), o = spread(optim);
+    std::printf("digests' share of the step (median [min, max] over %lld rounds of %lld steps, A B A B):\n",
+                static_cast<long long>(rounds), static_cast<long long>(steps));
+    std::printf("  version 1 (xxh3 of parameters, optimizer, rank 0's RNG)  %.2f %% [%.2f, %.2f]\n", a.median, a.lo,
+                a.hi);
+    std::printf("  version 2 (lane sums, + state and every rank's RNG)      %.2f %% [%.2f, %.2f]\n", b.median, b.lo,
+                b.hi);
+    std::printf("  version 2 / version 1                                   %.2f [%.2f, %.2f]\n", q.median, q.lo, q.hi);
+    std::printf("step time with version 2 digests / without any (the fused AdamW's sums included): %.3f [%.3f, %.3f]\n",
+                w.median, w.lo, w.hi);
+    std::printf("optimizer phase with the fused AdamW's sums / without: %.3f [%.3f, %.3f]\n", o.median, o.lo, o.hi);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "digest_bench: %s\n", e.what());

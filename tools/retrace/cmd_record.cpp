@@ -167,6 +167,7 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   opts.force = a.force;
   opts.scratch = a.scratch;
   opts.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  opts.control.sabotage = sabotage_from_env();
   for (int64_t s : a.checkpoint_at) {
     RETRACE_CHECK(s > 0, ConfigError, "--checkpoint-at expects step numbers >= 1, got ", s);
     opts.control.checkpoint_at.insert(static_cast<uint64_t>(s));

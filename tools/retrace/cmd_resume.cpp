@@ -40,6 +40,7 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   const bool quiet = pg && pg->rank() != 0;
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
   run::LoopControl control;
+  control.sabotage = sabotage_from_env();
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   control.accept_changed_inputs = a.accept_changed_inputs;
   run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),

@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -82,6 +83,16 @@ std::optional<train::Config> recorded_config(const std::string& run_or_trace) {
   if (!stdfs::exists(path)) return std::nullopt;
   trace::TraceReader r = trace::TraceReader::open(path);
   return train::parse_config(r.header().config_toml, path + " (header)", {}, train::ConfigSource::kRecorded);
+}
+
+run::Sabotage sabotage_from_env() {
+  const char* v = std::getenv("RETRACE_TEST_SABOTAGE");
+  if (!v || !*v) return run::Sabotage::kNone;
+  const std::string s = v;
+  if (s == "rollback-newest-checkpoint") return run::Sabotage::kRollbackNewestCheckpoint;
+  if (s == "rank1-rng-restore") return run::Sabotage::kRank1RngRestore;
+  RETRACE_FAIL(ConfigError, "RETRACE_TEST_SABOTAGE=", s, " names no sabotage (rollback-newest-checkpoint, "
+               "rank1-rng-restore); it is for retrace's own edge tests: unset it");
 }
 
 }  // namespace retrace::cli

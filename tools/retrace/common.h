@@ -83,6 +83,9 @@ std::vector<std::string> with_flag(std::vector<std::string> argv, const std::str
 std::vector<std::string> without_flag(std::vector<std::string> argv, const std::string& flag);
 // --steps A:B, A:, :B or N.
 std::pair<uint64_t, uint64_t> parse_range(const std::string& spec);
+// RETRACE_TEST_SABOTAGE, for the edge tests' negative controls only (run::Sabotage); ConfigError
+// for a value that names no sabotage.
+run::Sabotage sabotage_from_env();
 // The config recorded in a run directory's (or a trace file's) header, when it can be read; a
 // command that cannot read it reports that itself, with its own message.
 std::optional<train::Config> recorded_config(const std::string& run_or_trace);
