@@ -140,7 +140,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     rec.allreduce_calls = stats.calls;
     rec.allreduce_bytes = stats.bytes;
     rec.timings.allreduce_ms = stats.ms;
-    if (rank_rng) rec.rank_rng_digests = dp->gather(trainer.rng_digest());
+    if (rank_rng) rec.rank_rng_digests = dp->gather(rec.rng_digest);  // each rank's own, from its step
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;

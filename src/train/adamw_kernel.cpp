@@ -23,25 +23,28 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 
 namespace {
 
-// The body is written once and compiled twice: for AVX2+FMA (vectorized, what LibTorch's own
-// kernels use on these CPUs) and for the x86-64 baseline (std::fma becomes a libm call there).
-#define RETRACE_ADAMW_BODY                                         \
-  for (int64_t i = 0; i < n; ++i) {                                \
-    const float gi = g[i];                                         \
-    const float pi = p[i] * c.decay;                               \
-    const float mi = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1); \
-    const float vi = std::fma(c.one_minus_beta2 * gi, gi, v[i] * c.beta2); \
-    const float denom = std::sqrt(vi) / c.sqrt_bias_correction2 + c.eps; \
-    p[i] = pi + (c.neg_step_size * mi) / denom;                    \
-    m[i] = mi;                                                     \
-    v[i] = vi;                                                     \
+// One body, inlined into an AVX2+FMA build (vectorized, what LibTorch's own kernels use on these
+// CPUs) and into the x86-64 baseline build (std::fma becomes a libm call there).
+inline __attribute__((always_inline)) void update_body(float* __restrict p, const float* __restrict g,
+                                                       float* __restrict m, float* __restrict v, int64_t n,
+                                                       const AdamWCoefficients c) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float pi = p[i] * c.decay;
+    const float mi = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1);
+    const float vi = std::fma(c.one_minus_beta2 * gi, gi, v[i] * c.beta2);
+    const float denom = std::sqrt(vi) / c.sqrt_bias_correction2 + c.eps;
+    p[i] = pi + (c.neg_step_size * mi) / denom;
+    m[i] = mi;
+    v[i] = vi;
   }
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx2,fma"))) void update_avx2(float* __restrict p, const float* __restrict g,
                                                      float* __restrict m, float* __restrict v, int64_t n,
                                                      const AdamWCoefficients c) {
-  RETRACE_ADAMW_BODY
+  update_body(p, g, m, v, n, c);
 }
 bool has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -53,9 +56,8 @@ bool has_avx2_fma() { return false; }
 
 void update_generic(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                     int64_t n, const AdamWCoefficients c) {
-  RETRACE_ADAMW_BODY
+  update_body(p, g, m, v, n, c);
 }
-#undef RETRACE_ADAMW_BODY
 
 }  // namespace
 
