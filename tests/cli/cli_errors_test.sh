@@ -39,6 +39,8 @@ expect force 0 "recorded 3 steps" -- "$RETRACE" record --steps 3 --out "$tmp/ok"
 
 expect inspect 0 "STEP" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace"
 expect inspect-json 0 "\"steps\"" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --json
+expect inspect-run-dir 0 "STEP" -- "$RETRACE" inspect "$tmp/ok"
+expect inspect-not-a-run-dir 4 "cannot open .*trace.rtrace" -- "$RETRACE" inspect "$tmp"
 expect inspect-csv 0 "^step," -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --csv
 head -c 100 "$tmp/ok/trace.rtrace" > "$tmp/cut.rtrace"
 expect inspect-cut 3 "trace has no header frame|truncated|cut" -- "$RETRACE" inspect "$tmp/cut.rtrace"
