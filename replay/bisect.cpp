@@ -99,15 +99,6 @@ std::string tensor_detail(const torch::Tensor& a, const torch::Tensor& b) {
   }
   return o.str();
 }
-Digest128 digest_of_hex(const std::string& hex, const std::string& where) {
-  RETRACE_CHECK(hex.size() == 32, FormatError, where, ": digest \"", hex, "\" is not 32 hex digits");
-  try {
-    return Digest128{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
-  } catch (const std::logic_error&) {
-    RETRACE_FAIL(FormatError, where, ": digest \"", hex, "\" is not hex");
-  }
-}
-
 std::string probe_file(const std::string& prefix, uint32_t rank) {
   return prefix + ".rank" + std::to_string(rank) + ".json";
 }
@@ -123,10 +114,10 @@ Probed read_probe(const std::string& path) {
     p.notes = j.at("notes").get<std::vector<std::string>>();
     for (const auto& e : j.at("entries"))
       p.entries.push_back({e.at("phase"), e.at("module"), e.at("module_type"), e.at("what"),
-                           digest_of_hex(e.at("digest"), path), torch::Tensor()});
+                           parse_digest_hex(e.at("digest"), path), torch::Tensor()});
     for (const auto& o : j.at("ops"))
       p.ops.push_back({o.at("phase"), o.at("module"), o.at("op"), o.at("index").get<uint64_t>(),
-                       digest_of_hex(o.at("digest"), path)});
+                       parse_digest_hex(o.at("digest"), path)});
     return p;
   } catch (const nlohmann::json::exception& e) {
     RETRACE_FAIL(FormatError, "bisection: cannot read ", path, ": ", e.what());

@@ -107,29 +107,18 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   if (options.tolerance) res.tolerance = *options.tolerance;
 
   uint64_t first = std::max<uint64_t>(options.first, options.from_checkpoint ? *options.from_checkpoint + 1 : 1);
-  auto in_range = [&](std::vector<records::StepRecord> v) {
-    std::vector<records::StepRecord> out;
-    for (auto& r : v)
+  // The records (steps, evaluations, events) of the compared steps.
+  auto in_range = [&](auto records) {
+    decltype(records) out;
+    for (auto& r : records)
       if (r.step >= first && r.step <= stop) out.push_back(std::move(r));
     return out;
   };
   auto a = in_range(recorded.steps());
   auto b = in_range(replayed.steps());
   res.report = compare_steps(a, b, res.mode, res.tolerance);
-  auto evals_in_range = [&](std::vector<records::EvalRecord> v) {
-    std::vector<records::EvalRecord> out;
-    for (auto& e : v)
-      if (e.step >= first && e.step <= stop) out.push_back(e);
-    return out;
-  };
-  auto events_in_range = [&](std::vector<records::EventRecord> v) {
-    std::vector<records::EventRecord> out;
-    for (auto& e : v)
-      if (e.step >= first && e.step <= stop) out.push_back(std::move(e));
-    return out;
-  };
-  res.evals_diff = compare_evals(evals_in_range(recorded.evals()), evals_in_range(replayed.evals()), res.mode);
-  res.events_diff = compare_events(events_in_range(recorded.events()), events_in_range(replayed.events()), res.mode);
+  res.evals_diff = compare_evals(in_range(recorded.evals()), in_range(replayed.evals()), res.mode);
+  res.events_diff = compare_events(in_range(recorded.events()), in_range(replayed.events()), res.mode);
   if (res.report.first_diff) {
     res.recorded_at_diff = recorded.step(res.report.first_diff->step);
     res.replayed_at_diff = replayed.step(res.report.first_diff->step);

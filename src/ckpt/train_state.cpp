@@ -45,15 +45,6 @@ uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::strin
   }
 }
 
-Digest128 parse_digest(const std::string& hex, const std::string& where) {
-  RETRACE_CHECK(hex.size() == 32, FormatError, where, ": chain digest \"", hex, "\" is not 32 hex digits");
-  try {
-    return Digest128{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
-  } catch (const std::logic_error&) {
-    RETRACE_FAIL(FormatError, where, ": chain digest \"", hex, "\" is not hex");
-  }
-}
-
 std::map<std::string, std::string> versions() {
   return {{"libtorch", compat::libtorch_version()},
           {"retrace", train::retrace_version()},
@@ -240,7 +231,7 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   out.position.bytes = parse_u64(shard.metadata, "trace_position", where);
   auto chain_it = shard.metadata.find("trace_chain");
   RETRACE_CHECK(chain_it != shard.metadata.end(), FormatError, where, ": no trace_chain");
-  out.position.chain = parse_digest(chain_it->second, where);
+  out.position.chain = parse_digest_hex(chain_it->second, where, "chain digest");
   // The manifest says the same, or one of the two was edited: trust neither. (Rank 0 writes the
   // trace; the other ranks' shards carry no position.)
   RETRACE_CHECK(rank != 0 || (m.trace_position == out.position.bytes && m.trace_chain_hex == out.position.chain.hex()),

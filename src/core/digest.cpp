@@ -101,6 +101,15 @@ void lane_blocks_generic(const unsigned char* p, size_t blocks, uint64_t* a, uin
 }
 }  // namespace
 
+Digest128 parse_digest_hex(const std::string& hex, const std::string& where, const char* what) {
+  RETRACE_CHECK(hex.size() == 32, FormatError, where, ": ", what, " \"", hex, "\" is not 32 hex digits");
+  try {
+    return Digest128{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
+  } catch (const std::logic_error&) {
+    RETRACE_FAIL(FormatError, where, ": ", what, " \"", hex, "\" is not hex");
+  }
+}
+
 void LaneSums::add(const void* data, size_t size) {
   RETRACE_CHECK(!closed_, InvariantError, "LaneSums::add after a piece whose length is not a multiple of 64");
   const auto* p = static_cast<const unsigned char*>(data);

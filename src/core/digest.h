@@ -40,6 +40,9 @@ class Xxh3 {
 };
 
 Digest128 xxh3_128(const void* data, size_t size);
+// Digest128::hex() read back; FormatError "WHERE: WHAT \"HEX\" is not 32 hex digits" (or "is not
+// hex") otherwise.
+Digest128 parse_digest_hex(const std::string& hex, const std::string& where, const char* what = "digest");
 // Lane checksums of `size` bytes read as little-endian 64-bit words, word i into lane i % 8: per
 // lane the sum of its words (out[l]) and the sum of those running sums (out[8 + l]), modulo 2^64;
 // the last size % 8 bytes form one more word, zero-padded. Integer arithmetic, so equal bytes give
