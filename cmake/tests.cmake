@@ -107,3 +107,11 @@ set_tests_properties(disk_faults PROPERTIES TIMEOUT 600)
 # Regression cases of the fault campaign through the CLI (data loss, exit codes, chain checks).
 add_test(NAME nothing_lost COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/nothing_lost_test.sh $<TARGET_FILE:retrace>)
 set_tests_properties(nothing_lost PROPERTIES TIMEOUT 600)
+
+# Tests that read retrace's output with real peers from PyPI, in the test environment .venv that
+# tools/setup.sh makes (tools/requirements-test.txt): TensorBoard's own reader, the Python trace
+# reader (pycapnp, zstandard) and the diff report in headless Chromium.
+set(RETRACE_VENV_PYTHON bash ${CMAKE_SOURCE_DIR}/tests/testing/venv_python.sh ${CMAKE_SOURCE_DIR})
+add_test(NAME tensorboard COMMAND ${RETRACE_VENV_PYTHON} ${CMAKE_SOURCE_DIR}/tests/trace/tensorboard_test.py
+         $<TARGET_FILE:retrace>)
+set_tests_properties(tensorboard PROPERTIES TIMEOUT 300)

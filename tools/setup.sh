@@ -18,6 +18,10 @@ packages=(
   libgtest-dev                 # GoogleTest: unit tests
   librapidcheck-dev            # RapidCheck: property-based tests
   dataset-fashion-mnist        # the built-in default data set
+  libprotobuf-dev protobuf-compiler  # protobuf: TensorBoard event records (`export --tensorboard`)
+  libboost-dev                 # Boost.CRC: the CRC32C of TensorBoard's record framing
+  python3-venv                 # the test environment .venv (Python peers that read retrace's output)
+  chromium                     # headless Chromium: the diff report's screenshot test
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -33,5 +37,16 @@ fi
 if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1; then
   update-alternatives --set libblas.so.3-x86_64-linux-gnu \
     /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || true
+fi
+# The test environment: the Python peers the tests read retrace's output with (pinned in
+# tools/requirements-test.txt), in .venv at the repository root, made with Debian's Python.
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv="$root/.venv"
+req="$root/tools/requirements-test.txt"
+if ! cmp -s "$req" "$venv/requirements-test.txt" 2>/dev/null; then
+  echo "setup: installing the test environment $venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  cp "$req" "$venv/requirements-test.txt"
 fi
 echo "setup: ok"

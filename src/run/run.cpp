@@ -22,6 +22,7 @@
 #include "core/file_util.h"
 #include "core/tensor_digest.h"
 #include "dist/process_group.h"
+#include "trace/tensorboard.h"
 #include "trace/trace_reader.h"
 #include "trace/trace_writer.h"
 #include "train/environment.h"
@@ -59,6 +60,15 @@ void load_fired(const std::string& run_dir, Trainer& trainer) {
   std::string line;
   while (std::getline(in, line))
     if (!line.empty()) trainer.mark_fired(line);
+}
+
+// The live TensorBoard view, when asked for (LoopControl::tensorboard_dir).
+// A new record starts the directory afresh (with force: its old event files go); a resume adds a file.
+void attach_tensorboard(trace::TraceWriter& writer, const LoopControl& control, const records::TraceHeader& h,
+                        bool fresh, bool force) {
+  if (control.tensorboard_dir.empty()) return;
+  trace::prepare_tensorboard_dir(control.tensorboard_dir, fresh, force);
+  writer.set_sink(trace::tensorboard_sink(control.tensorboard_dir, h));
 }
 
 void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
@@ -293,6 +303,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.effective_batch = static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps) * world;
     h.created_utc = utc_now();
     writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level)));
+    attach_tensorboard(*writer, options.control, h, true, options.force);
   }
   run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary, pg, {});
   return summary;
@@ -354,9 +365,11 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   summary.trace_path, " is missing; the checkpoints are kept, but the run's record cannot continue "
                   "without it. Restore the trace, or start again with `retrace record --force`");
     std::vector<records::KeyValue> recorded;
+    records::TraceHeader header;
     {
       const trace::TraceReader before = trace::TraceReader::open(summary.trace_path);
-      recorded = before.header().fingerprint;
+      header = before.header();
+      recorded = header.fingerprint;
       const auto chain = before.chain_at(restored.position.bytes);
       RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", pick->dir, " records trace position ",
                     restored.position.bytes, ", which is not a frame boundary of ", summary.trace_path, " (",
@@ -372,6 +385,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     writer.emplace(trace::TraceWriter::resume(summary.trace_path, restored.position.bytes,
                                               restored.position.chain, trainer.step(), side,
                                               static_cast<int>(config.trace.zstd_level)));
+    attach_tensorboard(*writer, control, header, false, false);
     std::string msg = "resumed from " + pick->dir + " at step " + std::to_string(trainer.step());
     if (before > restored.position.bytes)
       msg += "; " + std::to_string(before - restored.position.bytes) +

@@ -48,6 +48,11 @@ struct LoopControl {
   // change is recorded as a warning event); otherwise that is an IntegrityError.
   bool accept_changed_inputs = false;
   Sabotage sabotage = Sabotage::kNone;
+  // The live TensorBoard view: every record the trace gets also goes, as it is appended, to a new
+  // event file in this directory (trace/tensorboard.h; created when missing). "": none. The
+  // caller checks the directory first (trace::check_tensorboard_dir); a record readies it with the
+  // run's force, so a non-empty one loses its old event files only once the run has started.
+  std::string tensorboard_dir;
 };
 
 struct RecordOptions {

@@ -27,9 +27,9 @@ void check_file_header(int fd, const std::string& path, uint64_t size) {
                 size, " bytes long, shorter than the ", kFileHeaderSize, "-byte file header");
   uint8_t h[kFileHeaderSize];
   pread_full(fd, h, kFileHeaderSize, 0, path);
-  RETRACE_CHECK(std::memcmp(h, kFileMagic, sizeof(kFileMagic)) == 0, FormatError, path,
+  RETRACE_CHECK(std::memcmp(h + layout::kFile_magic, kFileMagic, kFileMagicSize) == 0, FormatError, path,
                 " is not a retrace trace: its first bytes are not the magic \"RTRACE\"");
-  uint16_t version = get_u16(h + 6);
+  uint16_t version = get_u16(h + layout::kFile_version);
   RETRACE_CHECK(version == kFormatVersion, FormatError, path, " has trace format version ",
                 version, " but this binary reads version ", kFormatVersion,
                 "; read it with the retrace version that wrote it");

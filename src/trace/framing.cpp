@@ -26,49 +26,52 @@ const char* kind_name(uint8_t kind) {
 
 void encode_file_header(uint8_t* out) {
   std::memset(out, 0, kFileHeaderSize);
-  std::memcpy(out, kFileMagic, sizeof(kFileMagic));
-  put_u16(out + 6, kFormatVersion);
+  std::memcpy(out + layout::kFile_magic, kFileMagic, kFileMagicSize);
+  put_u16(out + layout::kFile_version, kFormatVersion);
 }
 
 uint16_t compute_header_check(const uint8_t* in) {
-  // Bytes 6..7 hold the check itself, so it covers the rest of the first 24 bytes.
-  uint8_t buf[22];
-  std::memcpy(buf, in, 6);
-  std::memcpy(buf + 6, in + 8, 16);
+  // The check covers the checked bytes except its own two.
+  constexpr size_t kAt = layout::kFrame_header_check;
+  uint8_t buf[layout::kFrameCheckedBytes - 2];
+  std::memcpy(buf, in, kAt);
+  std::memcpy(buf + kAt, in + kAt + 2, layout::kFrameCheckedBytes - kAt - 2);
   return static_cast<uint16_t>(XXH3_64bits(buf, sizeof(buf)) & 0xffff);
 }
 
 uint64_t compute_frame_checksum(const uint8_t* header, const uint8_t* payload, size_t payload_len) {
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
-  XXH3_64bits_update(&state, header, 24);
+  XXH3_64bits_update(&state, header, layout::kFrameCheckedBytes);
   if (payload_len > 0) XXH3_64bits_update(&state, payload, payload_len);
   return XXH3_64bits_digest(&state);
 }
 
 void encode_frame_header(const FrameHeader& h, const uint8_t* payload, uint8_t* out) {
-  put_u32(out, kFrameMagic);
-  out[4] = h.kind;
-  out[5] = h.flags;
-  put_u16(out + 6, 0);
-  put_u64(out + 8, h.step);
-  put_u32(out + 16, h.compressed_len);
-  put_u32(out + 20, h.raw_len);
-  put_u16(out + 6, compute_header_check(out));
-  put_u64(out + 24, compute_frame_checksum(out, payload, h.compressed_len));
+  using namespace layout;
+  put_u32(out + kFrame_magic, layout::kFrameMagic);
+  out[kFrame_kind] = h.kind;
+  out[kFrame_flags] = h.flags;
+  put_u16(out + kFrame_header_check, 0);
+  put_u64(out + kFrame_step, h.step);
+  put_u32(out + kFrame_compressed_len, h.compressed_len);
+  put_u32(out + kFrame_raw_len, h.raw_len);
+  put_u16(out + kFrame_header_check, compute_header_check(out));
+  put_u64(out + kFrame_checksum, compute_frame_checksum(out, payload, h.compressed_len));
 }
 
-uint32_t frame_magic(const uint8_t* in) { return get_u32(in); }
+uint32_t frame_magic(const uint8_t* in) { return get_u32(in + layout::kFrame_magic); }
 
 FrameHeader decode_frame_header(const uint8_t* in) {
+  using namespace layout;
   FrameHeader h;
-  h.kind = in[4];
-  h.flags = in[5];
-  h.header_check = get_u16(in + 6);
-  h.step = get_u64(in + 8);
-  h.compressed_len = get_u32(in + 16);
-  h.raw_len = get_u32(in + 20);
-  h.checksum = get_u64(in + 24);
+  h.kind = in[kFrame_kind];
+  h.flags = in[kFrame_flags];
+  h.header_check = get_u16(in + kFrame_header_check);
+  h.step = get_u64(in + kFrame_step);
+  h.compressed_len = get_u32(in + kFrame_compressed_len);
+  h.raw_len = get_u32(in + kFrame_raw_len);
+  h.checksum = get_u64(in + kFrame_checksum);
   return h;
 }
 

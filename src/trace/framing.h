@@ -1,24 +1,16 @@
-// The byte layout of a trace file (run/trace.rtrace), shared by the writer and the reader. This is
-// the one place the format is described.
+// The byte layout of a trace file (run/trace.rtrace), shared by the writer and the reader. The
+// layout itself is described in one place, src/trace/frame_layout.json: the build generates
+// trace/frame_layout.h (the sizes, offsets, magics and limits used here) from it, and the Python
+// reader (python/retrace_trace.py) reads the same file. In short, all integers little-endian:
 //
-// A trace file is a 16-byte file header followed by frames. All integers are little-endian.
-//
-//   file header (16 bytes)
-//     0  char[6]  magic "RTRACE"
-//     6  u16      format version (kFormatVersion)
-//     8  u8[8]    reserved, zero
-//
+//   file header (16 bytes): magic "RTRACE", u16 format version, 8 reserved zero bytes
 //   frame (32-byte frame header, then compressed_len bytes of payload)
-//     0  u32      frame magic (kFrameMagic)
-//     4  u8       kind: 1 header, 2 step, 3 eval, 4 event (FrameKind)
-//     5  u8       flags, zero (reserved for later use)
-//     6  u16      header check: low 16 bits of xxh3_64 over bytes 0..5 and 8..23 of this header
-//     8  u64      step number (0 for the header frame)
-//    16  u32      compressed_len: payload bytes that follow the frame header
-//    20  u32      raw_len: payload bytes after decompression
-//    24  u64      checksum: xxh3_64 over bytes 0..23 of this header followed by the payload
-//    32  payload  zstd frame holding one Cap'n Proto flat-array message (trace.capnp); its root is
-//                 Header, Step, Eval or Event according to kind. raw_len is a multiple of 8.
+//     0  u32 frame magic   4  u8 kind (FrameKind)   5  u8 flags (zero)
+//     6  u16 header check: low 16 bits of xxh3_64 over bytes 0..5 and 8..23 of this header
+//     8  u64 step          16 u32 compressed_len     20 u32 raw_len (a multiple of 8)
+//    24  u64 checksum: xxh3_64 over bytes 0..23 of this header followed by the payload
+//    32  payload: a zstd frame holding one Cap'n Proto flat-array message (trace.capnp) whose root
+//        is Header, Step, Eval or Event according to kind.
 //
 // The first frame is always the header frame; then steps, evals and events in the order they
 // happened. Both lengths are at most kMaxPayloadLen, raw_len at most max_raw_len(compressed_len),
@@ -35,6 +27,8 @@
 #include <string>
 #include <string_view>
 
+#include "trace/frame_layout.h"
+
 namespace retrace::trace {
 
 // The event that starts each block of frames in a set-aside file (RUN/trace.set-aside.rtrace): the
@@ -43,17 +37,22 @@ namespace retrace::trace {
 inline constexpr const char* kSetAsideEvent = "set-aside";
 inline constexpr const char* kSetAsideSuffix = ".set-aside.rtrace";
 
-inline constexpr char kFileMagic[6] = {'R', 'T', 'R', 'A', 'C', 'E'};
-inline constexpr uint16_t kFormatVersion = 1;
-inline constexpr size_t kFileHeaderSize = 16;
+inline constexpr size_t kFileMagicSize = sizeof(layout::kFileMagic) - 1;  // "RTRACE", no terminator
+inline constexpr const char* kFileMagic = layout::kFileMagic;
+inline constexpr uint16_t kFormatVersion = layout::kFormatVersion;
+inline constexpr size_t kFileHeaderSize = layout::kFileHeaderSize;
 
-inline constexpr uint32_t kFrameMagic = 0x46525452;  // "RTRF" in file byte order
-inline constexpr size_t kFrameHeaderSize = 32;
-inline constexpr uint32_t kMaxPayloadLen = 64u << 20;  // 64 MiB, compressed and raw
+inline constexpr uint32_t kFrameMagic = layout::kFrameMagic;  // "RTRF" in file byte order
+inline constexpr size_t kFrameHeaderSize = layout::kFrameHeaderSize;
+inline constexpr uint32_t kMaxPayloadLen = layout::kMaxPayloadLen;  // 64 MiB, compressed and raw
 // A frame's raw length is also bounded by its compressed length: zstd turns a few bytes into
 // megabytes of zeros, and a reader allocates raw_len. The writer's frames compress 2-6x (step
 // frames about 3x); 32x plus 64 KiB leaves room for any record it writes.
-inline constexpr uint64_t max_raw_len(uint64_t compressed_len) { return 32 * compressed_len + (64u << 10); }
+inline constexpr uint64_t max_raw_len(uint64_t compressed_len) {
+  return layout::kMaxRawFactor * compressed_len + layout::kMaxRawSlack;
+}
+static_assert(kFrameMagic == 0x46525452, "frame magic is the bytes RTRF");
+static_assert(layout::kFrameCheckedBytes + 8 == kFrameHeaderSize, "the checksum is the header's last field");
 
 enum class FrameKind : uint8_t { kHeader = 1, kStep = 2, kEval = 3, kEvent = 4 };
 

@@ -50,7 +50,8 @@ TraceWriter::TraceWriter(TraceWriter&& o) noexcept
       last_chain_(o.last_chain_),
       last_step_(o.last_step_),
       raw_(std::move(o.raw_)),
-      frame_(std::move(o.frame_)) {}
+      frame_(std::move(o.frame_)),
+      sink_(std::move(o.sink_)) {}
 
 TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
   if (this != &o) {
@@ -64,6 +65,7 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
     last_step_ = o.last_step_;
     raw_ = std::move(o.raw_);
     frame_ = std::move(o.frame_);
+    sink_ = std::move(o.sink_);
   }
   return *this;
 }
@@ -178,17 +180,22 @@ void TraceWriter::append_step(records::StepRecord& r) {
   append_frame(static_cast<uint8_t>(FrameKind::kStep), r.step);
   last_chain_ = r.chain_digest;
   last_step_ = r.step;
+  if (sink_) sink_->on_step(r);
 }
 
 void TraceWriter::append_eval(const records::EvalRecord& r) {
   serialize_eval(r, raw_);
   append_frame(static_cast<uint8_t>(FrameKind::kEval), r.step);
+  if (sink_) sink_->on_eval(r);
 }
 
 void TraceWriter::append_event(const records::EventRecord& r) {
   serialize_event(r, raw_);
   append_frame(static_cast<uint8_t>(FrameKind::kEvent), r.step);
+  if (sink_) sink_->on_event(r);
 }
+
+void TraceWriter::set_sink(std::unique_ptr<RecordSink> sink) { sink_ = std::move(sink); }
 
 void TraceWriter::append_frame(uint8_t kind, uint64_t step) {
   RETRACE_CHECK(fd_.valid(), InvariantError, "append to a moved-from TraceWriter");

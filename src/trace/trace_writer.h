@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,17 @@
 #include "records/records.h"
 
 namespace retrace::trace {
+
+// Receives every record right after the writer has appended it, in trace order (the live
+// TensorBoard view, trace/tensorboard.h). A sink must not throw: a view that cannot be written
+// never stops the run or costs the trace a record.
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  virtual void on_step(const records::StepRecord& r) noexcept = 0;
+  virtual void on_eval(const records::EvalRecord& r) noexcept = 0;
+  virtual void on_event(const records::EventRecord& r) noexcept = 0;
+};
 
 class TraceWriter {
  public:
@@ -61,6 +73,9 @@ class TraceWriter {
   uint64_t last_step() const { return last_step_; }
   const std::string& path() const { return path_; }
 
+  // Hands every record appended from now on to `sink` too (nullptr: none).
+  void set_sink(std::unique_ptr<RecordSink> sink);
+
   void flush();  // every append is already handed to the kernel; kept for callers' clarity
   void sync();   // fsync: appended frames survive a machine crash
 
@@ -77,6 +92,7 @@ class TraceWriter {
   uint64_t last_step_ = 0;
   std::string raw_;                // serialized message of the current record, reused
   std::vector<uint8_t> frame_;     // frame header + compressed payload, reused
+  std::unique_ptr<RecordSink> sink_;
 };
 
 }  // namespace retrace::trace

@@ -34,6 +34,7 @@ struct RecordArgs {
   std::string inject;
   int64_t world_size = 1;
   std::vector<int64_t> accum_grid;
+  std::string tensorboard;  // the live TensorBoard view's directory
 };
 
 struct ResumeArgs {
@@ -42,6 +43,7 @@ struct ResumeArgs {
   bool plain = false;
   int64_t interrupt_at = 0;
   int64_t world_size = 1;
+  std::string tensorboard;
 };
 
 struct InspectArgs {
@@ -114,6 +116,8 @@ struct ExportArgs {
   std::string out;    // default: standard output
   std::string steps;  // A:B
   bool evals = true;  // jsonl: evaluation and event rows too
+  std::string tensorboard;  // event files into this directory
+  bool force = false;
 };
 
 // What every command is run with: the registry its runs may use (model.kind, data.kind,

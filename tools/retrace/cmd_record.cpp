@@ -12,6 +12,7 @@
 #include "replay/accum_grid.h"
 #include "replay/compare.h"
 #include "replay/resume_check.h"
+#include "trace/tensorboard.h"
 #include "trace/trace_reader.h"
 #include "train/registry.h"
 
@@ -99,6 +100,9 @@ void add_record(CLI::App& app, RecordArgs& args) {
   rec->add_option("--world-size", r.world_size,
                   "data parallelism: start N rank processes on loopback (Gloo), or check WORLD_SIZE when a "
                   "launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT");
+  rec->add_option("--tensorboard", r.tensorboard,
+                  "live TensorBoard view: also write every record, as it is appended, to an event file in this "
+                  "directory (an existing non-empty one needs --force, which replaces its event files)");
   rec->add_flag("--verify-resume", r.verify_resume,
                 "with --interrupt-at: run uninterrupted (OUT/uninterrupted) and interrupted then resumed "
                 "(OUT/resumed), compare, print RESUME VERIFIED");
@@ -168,6 +172,8 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   opts.scratch = a.scratch;
   opts.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   opts.control.sabotage = sabotage_from_env();
+  opts.control.tensorboard_dir = a.tensorboard;
+  if (!quiet && !a.tensorboard.empty()) trace::check_tensorboard_dir(a.tensorboard, true, a.force);
   for (int64_t s : a.checkpoint_at) {
     RETRACE_CHECK(s > 0, ConfigError, "--checkpoint-at expects step numbers >= 1, got ", s);
     opts.control.checkpoint_at.insert(static_cast<uint64_t>(s));

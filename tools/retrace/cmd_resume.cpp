@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common.h"
+#include "trace/tensorboard.h"
 #include "dist/launcher.h"
 #include "train/registry.h"
 
@@ -18,6 +19,9 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
                 "the change is recorded in the trace");
   res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint");
   res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded)");
+  res->add_option("--tensorboard", args.tensorboard,
+                  "live TensorBoard view: also write every record, as it is appended, to a new event file in this "
+                  "directory (next to the files of the run's earlier processes)");
   res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24");
 
 }
@@ -43,6 +47,8 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   control.sabotage = sabotage_from_env();
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   control.accept_changed_inputs = a.accept_changed_inputs;
+  control.tensorboard_dir = a.tensorboard;
+  if (!quiet && !a.tensorboard.empty()) trace::check_tensorboard_dir(a.tensorboard, false, false);
   run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
                                 ctx.registry);
   printer->clear();
