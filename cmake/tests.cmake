@@ -115,3 +115,11 @@ set(RETRACE_VENV_PYTHON bash ${CMAKE_SOURCE_DIR}/tests/testing/venv_python.sh ${
 add_test(NAME tensorboard COMMAND ${RETRACE_VENV_PYTHON} ${CMAKE_SOURCE_DIR}/tests/trace/tensorboard_test.py
          $<TARGET_FILE:retrace>)
 set_tests_properties(tensorboard PROPERTIES TIMEOUT 300)
+add_test(NAME python_reader COMMAND ${RETRACE_VENV_PYTHON} ${CMAKE_SOURCE_DIR}/tests/trace/python_reader_test.py
+         $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR}/golden)
+set_tests_properties(python_reader PROPERTIES TIMEOUT 300)
+# The divergence report in headless Chromium at two sizes; the screenshots stay in
+# build/test-output/report for people to look at.
+add_test(NAME report_screenshots COMMAND ${RETRACE_VENV_PYTHON} ${CMAKE_SOURCE_DIR}/tests/replay/report_screenshot_test.py
+         $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-output/report)
+set_tests_properties(report_screenshots PROPERTIES TIMEOUT 300)

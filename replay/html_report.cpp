@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <functional>
 #include <map>
 #include <set>
@@ -85,6 +87,8 @@ class Chart {
   double y(double v) const { return kTop + (y_max_ - v) / (y_max_ - y_min_) * plot_h(); }
   static double plot_w() { return kWidth - kLeft - kRight; }
   static double plot_h() { return kHeight - kTop - kBottom; }
+  uint64_t x_min() const { return x_min_; }
+  uint64_t x_max() const { return x_max_; }
 
   // The polyline of one series: every point when there are few, else the first, min, max and last
   // value of each pixel column (in step order), which keeps spikes visible. Non-finite values
@@ -181,6 +185,17 @@ class Chart {
   double y_min_, y_max_;
 };
 
+// The opening tag of a chart's svg, with the geometry a test needs to map steps to positions.
+std::string svg_open(const std::string& title, double height, uint64_t x_min, uint64_t x_max, const char* kind) {
+  std::ostringstream out;
+  out << "<svg viewBox=\"0 0 " << num(kWidth, "%.0f") << " " << num(height, "%.0f") << "\" width=\""
+      << num(kWidth, "%.0f") << "\" height=\"" << num(height, "%.0f") << "\" fill=\"#333\" role=\"img\" aria-label=\""
+      << html_escape(title) << "\" data-chart=\"" << kind << "\" data-x-min=\"" << x_min << "\" data-x-max=\""
+      << std::max(x_max, x_min + 1) << "\" data-plot-left=\"" << num(kLeft) << "\" data-plot-width=\""
+      << num(kWidth - kLeft - kRight) << "\">\n";
+  return out.str();
+}
+
 void skip_shape(std::ostringstream& out, double px, double cy, const char* color) {
   out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(cy - 5) << "\" y2=\""
       << num(cy + 5) << "\" stroke=\"" << color << "\" stroke-width=\"2\"/>";
@@ -246,9 +261,7 @@ std::string render_chart(const ChartInput& in, const RunMarks& ma, const RunMark
 
   std::ostringstream out;
   out << "<figure><figcaption>" << html_escape(in.title) << "</figcaption>\n";
-  out << "<svg viewBox=\"0 0 " << num(kWidth, "%.0f") << " " << num(kHeight, "%.0f") << "\" width=\""
-      << num(kWidth, "%.0f") << "\" height=\"" << num(kHeight, "%.0f")
-      << "\" fill=\"#333\" role=\"img\" aria-label=\"" << html_escape(in.title) << "\">\n";
+  out << svg_open(in.title, kHeight, c.x_min(), c.x_max(), "values");
 
   // Legend: the two runs, then the marker kinds.
   double lx = kLeft;
@@ -304,7 +317,8 @@ std::string render_chart(const ChartInput& in, const RunMarks& ma, const RunMark
     const double px = c.x(static_cast<double>(r.steps.first_diff->step));
     const std::string t = "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" +
                           r.steps.first_diff->field + ")";
-    out << "<g class=\"divergence\"><title>" << html_escape(t) << "</title>";
+    out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><title>" << html_escape(t)
+        << "</title>";
     out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(kLaneA - 8) << "\" y2=\""
         << num(kHeight - kBottom) << "\" stroke=\"" << kColorDiv
         << "\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/>";
@@ -352,6 +366,327 @@ std::string spans_text(const std::vector<StepSpan>& v) {
   return t;
 }
 
+// The steps both runs have, in order, with their records (the later record of a step number).
+struct CommonStep {
+  uint64_t step;
+  const StepRecord* a;
+  const StepRecord* b;
+};
+
+std::vector<CommonStep> common_steps(const std::map<uint64_t, const StepRecord*>& ma,
+                                     const std::map<uint64_t, const StepRecord*>& mb) {
+  std::vector<CommonStep> out;
+  for (const auto& [s, ra] : ma) {
+    auto it = mb.find(s);
+    if (it != mb.end()) out.push_back({s, ra, it->second});
+  }
+  return out;
+}
+
+// The step range every chart of the page shares: the union of both runs' steps.
+std::pair<uint64_t, uint64_t> step_range(const std::map<uint64_t, const StepRecord*>& ma,
+                                         const std::map<uint64_t, const StepRecord*>& mb) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const auto* m : {&ma, &mb})
+    if (!m->empty()) {
+      lo = std::min(lo, m->begin()->first);
+      hi = std::max(hi, m->rbegin()->first);
+    }
+  if (lo > hi) return {0, 1};
+  return {lo, std::max(hi, lo + 1)};
+}
+
+constexpr const char* kColorAbs = "#6a3d9a";  // absolute difference
+constexpr const char* kColorRel = "#1b9e77";  // relative difference
+constexpr const char* kDiffPlotFill = "#fdfbf3";  // the divergence charts' plot area
+
+struct DiffSeries {
+  std::string name;
+  const char* color;
+  const char* dash;
+  std::vector<Point> pts;  // >= 0, 0 = equal; not finite = the difference is not a number
+};
+
+// |a - b| and |a - b| / |a| of one field over the common steps; a non-finite value on either side
+// gives a non-finite difference unless both sides hold the same bits.
+std::pair<std::vector<Point>, std::vector<Point>> differences(const std::vector<CommonStep>& steps,
+                                                              double StepRecord::*field) {
+  std::vector<Point> abs_d, rel_d;
+  for (const auto& c : steps) {
+    const double va = c.a->*field, vb = c.b->*field;
+    double d = 0;
+    if (std::memcmp(&va, &vb, sizeof va) != 0) d = std::fabs(va - vb);
+    if (std::isnan(d)) d = INFINITY;
+    abs_d.push_back({c.step, d});
+    const double denom = std::fabs(va);
+    rel_d.push_back({c.step, d == 0 ? 0 : (denom > 0 && std::isfinite(denom) ? d / denom : INFINITY)});
+  }
+  return {abs_d, rel_d};
+}
+
+// A divergence chart: the series on a log scale, a zero line under it for equal steps, a marker
+// above for steps whose difference is not finite, and the first divergence.
+std::string render_difference_chart(const std::string& title, const std::vector<DiffSeries>& series,
+                                    uint64_t x_min, uint64_t x_max, const DiffReport& r, const char* kind) {
+  constexpr double kH = 300, kT = 36, kB = 46;           // geometry of this chart
+  constexpr double kZeroGap = 22;                        // the zero line sits this far under the log axis
+  const double log_bottom = kH - kB - kZeroGap, zero_y = kH - kB - 6;
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto& s : series)
+    for (const auto& p : s.pts)
+      if (p.value > 0 && std::isfinite(p.value)) {
+        lo = std::min(lo, p.value);
+        hi = std::max(hi, p.value);
+      }
+  int dlo = std::isfinite(lo) ? static_cast<int>(std::floor(std::log10(lo))) : -8;
+  int dhi = std::isfinite(hi) ? static_cast<int>(std::ceil(std::log10(hi))) : 0;
+  if (dhi <= dlo) dhi = dlo + 1;
+  const double left = kLeft, right = kWidth - kRight, pw = right - left;
+  auto x = [&](double step) {
+    return left + (step - static_cast<double>(x_min)) / static_cast<double>(x_max - x_min) * pw;
+  };
+  auto y = [&](double v) {
+    if (v == 0) return zero_y;
+    const double t = (std::log10(v) - dlo) / (dhi - dlo);
+    return log_bottom - t * (log_bottom - kT);
+  };
+
+  std::ostringstream out;
+  out << "<figure><figcaption>" << html_escape(title) << "</figcaption>\n" << svg_open(title, kH, x_min, x_max, kind);
+  out << "<rect x=\"" << num(left) << "\" y=\"" << num(kT) << "\" width=\"" << num(pw) << "\" height=\""
+      << num(kH - kB - kT) << "\" fill=\"" << kDiffPlotFill << "\" class=\"diff-plot\"/>\n";
+  for (int d = dlo; d <= dhi; ++d) {
+    const double py = y(std::pow(10.0, d));
+    out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(py) << "\" y2=\"" << num(py)
+        << "\" class=\"grid\"/><text x=\"" << num(left - 8) << "\" y=\"" << num(py + 4)
+        << "\" text-anchor=\"end\">1e" << d << "</text>\n";
+  }
+  out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(zero_y) << "\" y2=\""
+      << num(zero_y) << "\" class=\"zero\"/><text x=\"" << num(left - 8) << "\" y=\"" << num(zero_y + 4)
+      << "\" text-anchor=\"end\">0</text>\n";
+  const double xs = std::max(1.0, std::round(nice_step(static_cast<double>(x_max - x_min), 10)));
+  for (double st = std::ceil(static_cast<double>(x_min) / xs) * xs; st <= static_cast<double>(x_max); st += xs) {
+    const double px = x(st);
+    out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(kH - kB) << "\" y2=\""
+        << num(kH - kB + 5) << "\" class=\"axis\"/><text x=\"" << num(px) << "\" y=\"" << num(kH - kB + 19)
+        << "\" text-anchor=\"middle\">" << tick_label(st, xs) << "</text>\n";
+  }
+  out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(kH - kB) << "\" y2=\""
+      << num(kH - kB) << "\" class=\"axis\"/><text x=\"" << num(left + pw / 2) << "\" y=\"" << num(kH - 8)
+      << "\" text-anchor=\"middle\" class=\"label\">step</text>\n";
+
+  // Legend.
+  double lx = left;
+  for (const auto& s : series) {
+    out << "<line x1=\"" << num(lx) << "\" x2=\"" << num(lx + 22) << "\" y1=\"16\" y2=\"16\" stroke=\"" << s.color
+        << "\" stroke-width=\"2.5\"" << s.dash << "/><text x=\"" << num(lx + 28) << "\" y=\"20\">"
+        << html_escape(s.name) << "</text>";
+    lx += 28 + 7.0 * static_cast<double>(s.name.size()) + 24;
+  }
+  out << "\n";
+
+  // The series: one point per common step (or the first, min, max and last of each pixel column),
+  // a break at a non-finite difference, which is marked on top instead. The first series is drawn
+  // last, on top.
+  std::set<long> nonfinite_all;
+  for (auto it = series.rbegin(); it != series.rend(); ++it) {
+    const DiffSeries& s = *it;
+    // Points of the path; a horizontal run keeps only its two ends, so long equal stretches (the
+    // zero line) cost two points.
+    std::vector<std::vector<std::pair<double, double>>> pieces(1);
+    std::set<long> nonfinite_cols;
+    bool pen = false;
+    auto emit = [&](double px, double v) {
+      if (!pen && !pieces.back().empty()) pieces.emplace_back();
+      pen = true;
+      auto& pts = pieces.back();
+      const double py = y(v);
+      if (pts.size() >= 2 && pts[pts.size() - 1].second == py && pts[pts.size() - 2].second == py)
+        pts.back().first = px;
+      else if (pts.empty() || pts.back() != std::make_pair(px, py))
+        pts.emplace_back(px, py);
+    };
+    const bool dense = s.pts.size() > 2 * static_cast<size_t>(pw);
+    for (size_t i = 0; i < s.pts.size();) {
+      const long col = std::lround(x(static_cast<double>(s.pts[i].step)));
+      std::vector<double> bucket;  // this point, or every point of this pixel column when dense
+      bool nonfinite = false;
+      do {
+        if (std::isfinite(s.pts[i].value)) bucket.push_back(s.pts[i].value);
+        else nonfinite = true;
+        ++i;
+      } while (dense && i < s.pts.size() && std::lround(x(static_cast<double>(s.pts[i].step))) == col);
+      if (nonfinite) {
+        nonfinite_cols.insert(col);
+        pen = false;
+      }
+      if (bucket.empty()) continue;
+      const double px = dense ? static_cast<double>(col) : x(static_cast<double>(s.pts[i - 1].step));
+      const auto [mn, mx] = std::minmax_element(bucket.begin(), bucket.end());
+      emit(px, bucket.front());
+      if (bucket.size() > 1) {
+        emit(px, *mn);
+        emit(px, *mx);
+        emit(px, bucket.back());
+      }
+    }
+    std::ostringstream d;
+    for (const auto& piece : pieces)
+      for (size_t k = 0; k < piece.size(); ++k) d << (k ? "L" : "M") << num(piece[k].first) << "," << num(piece[k].second);
+    out << "<path d=\"" << d.str() << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\"" << s.dash
+        << " stroke-linejoin=\"round\" class=\"series\" data-series=\"" << html_escape(s.name) << "\"/>\n";
+    nonfinite_all.insert(nonfinite_cols.begin(), nonfinite_cols.end());
+  }
+  // Steps whose difference is not a number (a NaN or an infinity on one side): a band above the
+  // plot, one rect per run of adjacent pixel columns.
+  for (auto it = nonfinite_all.begin(); it != nonfinite_all.end();) {
+    long first_col = *it, last_col = *it;
+    while (++it != nonfinite_all.end() && *it == last_col + 1) last_col = *it;
+    out << "<rect x=\"" << first_col - 1 << "\" y=\"" << num(kT - 8) << "\" width=\"" << last_col - first_col + 3
+        << "\" height=\"6\" fill=\"#555\" class=\"nonfinite\"><title>difference not finite</title></rect>";
+  }
+  out << "\n";
+  if (r.steps.first_diff) {
+    const double px = x(static_cast<double>(r.steps.first_diff->step));
+    const std::string t = "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" +
+                          r.steps.first_diff->field + ")";
+    out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><title>" << html_escape(t)
+        << "</title><line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(kT) << "\" y2=\""
+        << num(kH - kB) << "\" stroke=\"" << kColorDiv << "\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/>";
+    const bool right_side = px < left + pw / 2;
+    out << "<text x=\"" << num(right_side ? px + 6 : px - 6) << "\" y=\"" << num(kT + 14) << "\" text-anchor=\""
+        << (right_side ? "start" : "end") << "\" fill=\"" << kColorDiv << "\">" << html_escape(t) << "</text></g>\n";
+  }
+  out << "</svg></figure>\n";
+  return out.str();
+}
+
+// One row per digest, one cell per pixel column: green where every step in the column agrees, red
+// where one differs, grey where only one run has the step.
+std::string render_digest_strip(const std::map<uint64_t, const StepRecord*>& ma,
+                                const std::map<uint64_t, const StepRecord*>& mb, uint64_t x_min, uint64_t x_max,
+                                const DiffReport& r) {
+  struct Row {
+    const char* name;
+    Digest128 StepRecord::*field;
+  };
+  const Row rows[] = {{"params", &StepRecord::param_digest}, {"optimizer", &StepRecord::optim_digest},
+                      {"RNG", &StepRecord::rng_digest},      {"batch", &StepRecord::sample_digest},
+                      {"state", &StepRecord::state_digest},  {"chain", &StepRecord::chain_digest}};
+  constexpr double kRowH = 16, kT = 8;
+  const double height = kT + kRowH * static_cast<double>(std::size(rows)) + 40;
+  const double left = kLeft, pw = kWidth - kLeft - kRight;
+  auto x = [&](uint64_t step) {
+    return left + static_cast<double>(step - x_min) / static_cast<double>(x_max - x_min) * pw;
+  };
+  // Each step owns the pixels from its position to the next step's (at least one).
+  const double cell_w = std::max(1.0, pw / static_cast<double>(x_max - x_min + 1));
+  std::ostringstream out;
+  out << "<figure><figcaption>Digest agreement per step</figcaption>\n"
+      << svg_open("Digest agreement per step", height, x_min, x_max, "digests");
+  std::set<uint64_t> steps;
+  for (const auto& [s, _] : ma) steps.insert(s);
+  for (const auto& [s, _] : mb) steps.insert(s);
+  for (size_t ri = 0; ri < std::size(rows); ++ri) {
+    const double y0 = kT + kRowH * static_cast<double>(ri);
+    out << "<text x=\"" << num(left - 8) << "\" y=\"" << num(y0 + 12) << "\" text-anchor=\"end\">" << rows[ri].name
+        << "</text>";
+    // state per pixel column: 1 agree, 2 one side only, 3 differ (the worst wins)
+    std::map<long, int> cols;
+    for (uint64_t s : steps) {
+      auto ia = ma.find(s), ib = mb.find(s);
+      const int state = ia == ma.end() || ib == mb.end()        ? 2
+                        : ia->second->*rows[ri].field == ib->second->*rows[ri].field ? 1
+                                                                                     : 3;
+      // The step's cell covers [x - w/2, x + w/2): neighbours share at most a column, the worse state wins.
+      const long c0 = std::lround(std::floor(x(s) - cell_w / 2)), c1 = std::lround(std::ceil(x(s) + cell_w / 2)) - 1;
+      for (long c = c0; c <= std::max(c0, c1); ++c) cols[c] = std::max(cols[c], state);
+    }
+    static const char* kFill[] = {"", "#8fd19e", "#d0d0d0", "#e5484d"};
+    auto it = cols.begin();
+    while (it != cols.end()) {
+      auto run_end = it;
+      long last = it->first;
+      while (std::next(run_end) != cols.end() && std::next(run_end)->first == last + 1 &&
+             std::next(run_end)->second == it->second) {
+        ++run_end;
+        last = run_end->first;
+      }
+      out << "<rect x=\"" << it->first << "\" y=\"" << num(y0 + 2) << "\" width=\"" << last - it->first + 1
+          << "\" height=\"" << num(kRowH - 4) << "\" fill=\"" << kFill[it->second] << "\"/>";
+      it = std::next(run_end);
+    }
+    out << "\n";
+  }
+  const double bottom = kT + kRowH * static_cast<double>(std::size(rows));
+  const double xs = std::max(1.0, std::round(nice_step(static_cast<double>(x_max - x_min), 10)));
+  for (double st = std::ceil(static_cast<double>(x_min) / xs) * xs; st <= static_cast<double>(x_max); st += xs)
+    out << "<text x=\"" << num(x(static_cast<uint64_t>(st))) << "\" y=\"" << num(bottom + 16)
+        << "\" text-anchor=\"middle\">" << tick_label(st, xs) << "</text>";
+  out << "<text x=\"" << num(left) << "\" y=\"" << num(bottom + 32)
+      << "\" class=\"note-svg\">green: equal bits; red: they differ; grey: the step is in one run only</text>\n";
+  if (r.steps.first_diff) {
+    const double px = x(r.steps.first_diff->step);
+    out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><line x1=\"" << num(px)
+        << "\" x2=\"" << num(px) << "\" y1=\"" << num(kT - 4) << "\" y2=\"" << num(bottom + 2) << "\" stroke=\""
+        << kColorDiv << "\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/></g>\n";
+  }
+  out << "</svg></figure>\n<p class=\"note\">params, optimizer and RNG: the digests after the step; batch: the "
+         "samples it trained on; state: loss scaler, guards, fired faults and counters; chain: the hash chain up to "
+         "the step.</p>\n";
+  return out.str();
+}
+
+// Both fingerprints side by side: every key of either, the differing rows highlighted; numerics
+// fields (bitwise agreement depends on them) apart from information fields.
+std::string render_fingerprints(const records::TraceHeader& ha, const records::TraceHeader& hb) {
+  std::map<std::string, std::pair<std::optional<std::string>, std::optional<std::string>>> keys;
+  for (const auto& kv : ha.fingerprint) keys[kv.key].first = kv.value;
+  for (const auto& kv : hb.fingerprint) keys[kv.key].second = kv.value;
+  std::ostringstream out;
+  size_t differ = 0;
+  for (const auto& [k, v] : keys) differ += v.first != v.second ? 1 : 0;
+  out << "<p class=\"note\">" << keys.size() << " fields, " << differ
+      << " differ. Numerics fields decide whether equal bits can be expected; information fields "
+         "(info.*) are recorded for people and never compared.</p>\n";
+  out << "<table class=\"fingerprints\"><tr><th>field</th><th>kind</th><th>a</th><th>b</th></tr>\n";
+  for (const auto& [k, v] : keys) {
+    const bool d = v.first != v.second;
+    out << "<tr" << (d ? " class=\"differs\"" : "") << ">" << td(k, "v")
+        << td(records::is_numerics_key(k) ? "numerics" : "information") << cell(v.first) << cell(v.second)
+        << "</tr>\n";
+  }
+  out << "</table>\n";
+  return out.str();
+}
+
+std::string render_bisect(const std::optional<ReportBisect>& b) {
+  std::ostringstream out;
+  if (!b) {
+    out << "<p class=\"note\">not run for this report: <code>retrace bisect A B --html FILE</code> writes this page "
+           "with the module, phase and operator where the runs part.</p>\n";
+    return out.str();
+  }
+  if (!b->diverged) {
+    out << "<p class=\"note\">" << html_escape(b->summary) << "</p>\n";
+    return out.str();
+  }
+  out << "<table class=\"bisect\">\n";
+  auto row = [&](const char* k, const std::string& v) {
+    if (!v.empty()) out << "<tr><th>" << k << "</th>" << td(v, "v") << "</tr>\n";
+  };
+  row("step", std::to_string(b->step));
+  if (b->rank) row("rank", std::to_string(*b->rank));
+  row("module", b->module + (b->module_type.empty() ? "" : " (" + b->module_type + ")"));
+  row("phase", b->phase);
+  row("op", b->op);
+  row("detail", b->detail);
+  row("re-executed from", "step " + std::to_string(b->replay_start_a) + " (a), step " +
+                              std::to_string(b->replay_start_b) + " (b)");
+  out << "</table>\n<p>" << html_escape(b->summary) << "</p>\n";
+  return out.str();
+}
+
 constexpr const char* kStyle = R"(
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: #1d1d1f;
        margin: 24px; max-width: 1160px; }
@@ -365,6 +700,8 @@ svg .grid { stroke: #e6e6e6; stroke-width: 1; }
 svg .axis { stroke: #555; stroke-width: 1; }
 svg .lane { stroke: #eee; stroke-width: 1; }
 svg .label { font-weight: 600; }
+svg .zero { stroke: #999; stroke-width: 1; stroke-dasharray: 2,2; }
+svg .note-svg { fill: #666; }
 table { border-collapse: collapse; margin: 6px 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f3f4f6; font-weight: 600; }
@@ -410,7 +747,8 @@ std::string html_escape(const std::string& s) {
 }
 
 std::string render_html(const DiffReport& r, const trace::TraceReader& a, const trace::TraceReader& b,
-                        const std::string& label_a, const std::string& label_b) {
+                        const std::string& label_a, const std::string& label_b,
+                        const std::optional<ReportBisect>& bisect) {
   const std::vector<StepRecord> steps_a = a.steps(), steps_b = b.steps();
   std::map<uint64_t, const StepRecord*> ma, mb;
   for (const auto& s : steps_a) ma[s.step] = &s;
@@ -454,14 +792,38 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
   row("environment",
       r.environment_differs() ? "differs: bitwise differences are expected (see below)" : "equal");
   if (r.models_differ()) row("model", "<span class=\"verdict-bad\">models differ (see below)</span>");
+  if (bisect && bisect->diverged) row("bisect", html_escape(bisect->summary));
   out << "</table>\n";
 
-  out << "<h2>Charts</h2>\n";
+  // Where the runs part: differences on a log scale, digest agreement, the bisect result.
+  const auto [x_min, x_max] = step_range(ma, mb);
+  const std::vector<CommonStep> common = common_steps(ma, mb);
+  out << "<h2>Where the runs part</h2>\n";
+  out << "<p class=\"note\">Differences b &minus; a on the steps both runs have, on a log scale; equal bits sit "
+         "on the 0 line. Relative: |a &minus; b| / |a|.</p>\n";
+  {
+    auto [abs_loss, rel_loss] = differences(common, &StepRecord::loss);
+    out << render_difference_chart("Loss difference",
+                                   {{"|loss a - loss b|", kColorAbs, "", std::move(abs_loss)},
+                                    {"relative", kColorRel, " stroke-dasharray=\"6,3\"", std::move(rel_loss)}},
+                                   x_min, x_max, r, "loss-difference");
+    auto [abs_g, rel_g] = differences(common, &StepRecord::grad_norm_pre);
+    out << render_difference_chart("Gradient norm difference (before clipping)",
+                                   {{"|grad a - grad b|", kColorAbs, "", std::move(abs_g)},
+                                    {"relative", kColorRel, " stroke-dasharray=\"6,3\"", std::move(rel_g)}},
+                                   x_min, x_max, r, "grad-difference");
+  }
+  out << render_digest_strip(ma, mb, x_min, x_max, r);
+  out << "<h2>Bisection</h2>\n" << render_bisect(bisect);
+
+  out << "<h2>Curves</h2>\n";
   out << render_chart({"Loss", "loss", series(ma, &StepRecord::loss), series(mb, &StepRecord::loss)}, marks_a,
                       marks_b, r, label_a, label_b);
   out << render_chart({"Gradient norm (before clipping)", "grad norm", series(ma, &StepRecord::grad_norm_pre),
                        series(mb, &StepRecord::grad_norm_pre)},
                       marks_a, marks_b, r, label_a, label_b);
+
+  out << "<h2>Environment fingerprints</h2>\n" << render_fingerprints(a.header(), b.header());
 
   // Header differences.
   out << "<h2>Header differences</h2>\n";

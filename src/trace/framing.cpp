@@ -12,7 +12,17 @@
 
 namespace retrace::trace {
 
-bool is_known_kind(uint8_t kind) { return kind >= 1 && kind <= 4; }
+// The widths the code below reads and writes are the ones frame_layout.json states.
+static_assert(layout::kFrame_magic_size == 4 && layout::kFrame_kind_size == 1 && layout::kFrame_flags_size == 1 &&
+                  layout::kFrame_header_check_size == 2 && layout::kFrame_step_size == 8 &&
+                  layout::kFrame_compressed_len_size == 4 && layout::kFrame_raw_len_size == 4 &&
+                  layout::kFrame_checksum_size == 8,
+              "frame_layout.json changed a field's width: change framing.cpp with it");
+
+bool is_known_kind(uint8_t kind) {
+  return kind == layout::kKind_Header || kind == layout::kKind_Step || kind == layout::kKind_Eval ||
+         kind == layout::kKind_Event;
+}
 
 const char* kind_name(uint8_t kind) {
   switch (kind) {

@@ -54,7 +54,12 @@ inline constexpr uint64_t max_raw_len(uint64_t compressed_len) {
 static_assert(kFrameMagic == 0x46525452, "frame magic is the bytes RTRF");
 static_assert(layout::kFrameCheckedBytes + 8 == kFrameHeaderSize, "the checksum is the header's last field");
 
-enum class FrameKind : uint8_t { kHeader = 1, kStep = 2, kEval = 3, kEvent = 4 };
+enum class FrameKind : uint8_t {
+  kHeader = layout::kKind_Header,
+  kStep = layout::kKind_Step,
+  kEval = layout::kKind_Eval,
+  kEvent = layout::kKind_Event
+};
 
 // True for the four kinds above.
 bool is_known_kind(uint8_t kind);

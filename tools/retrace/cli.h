@@ -92,6 +92,7 @@ struct GoldenArgs {
 struct BisectArgs {
   std::string a, b;
   bool json = false;
+  std::string html;  // also write the divergence report with the result
 };
 
 struct ProbeArgs {  // probe-step, bisect's hidden worker

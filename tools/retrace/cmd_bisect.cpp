@@ -8,6 +8,11 @@
 #include "ckpt/strict_json.h"
 #include "core/error.h"
 #include "replay/bisect.h"
+#include "run/layout.h"
+#include "trace/trace_reader.h"
+#include "core/file_util.h"
+#include "replay/html_report.h"
+#include "replay/diff.h"
 #include "train/registry.h"
 
 namespace retrace::cli {
@@ -16,6 +21,8 @@ void add_bisect(CLI::App& app, BisectArgs& args) {
   bis->add_option("a", args.a, "first run directory")->required();
   bis->add_option("b", args.b, "second run directory")->required();
   bis->add_flag("--json", args.json, "JSON output");
+  bis->add_option("--html", args.html,
+                  "also write the divergence report (retrace diff --html) with the bisect result in it");
   bis->footer("Exit 0 when the runs do not diverge, 1 with the first divergence.\nExample:\n"
               "  retrace record --steps 80 --out a && retrace record --steps 80 --out b --inject perturb-param@57:layers.0.weight\n"
               "  retrace bisect a b");
@@ -47,6 +54,24 @@ int run_bisect(const BisectArgs& a, const Context& ctx) {
                   static_cast<ull>(r.replay_start_b));
     std::printf("%s\n", r.summary().c_str());
     if (!r.detail.empty()) std::printf("  %s\n", r.detail.c_str());
+  }
+  if (!a.html.empty()) {
+    const trace::TraceReader ta = trace::TraceReader::open(run::trace_of(a.a));
+    const trace::TraceReader tb = trace::TraceReader::open(run::trace_of(a.b));
+    replay::ReportBisect view;
+    view.diverged = r.diverged;
+    view.step = r.step;
+    view.rank = r.rank;
+    view.module = r.module;
+    view.module_type = r.module_type;
+    view.phase = r.phase;
+    view.op = r.op;
+    view.detail = r.detail;
+    view.summary = r.summary();
+    view.replay_start_a = r.replay_start_a;
+    view.replay_start_b = r.replay_start_b;
+    fs::write_file_atomic(a.html, replay::render_html(replay::diff_traces(ta, tb), ta, tb, a.a, a.b, view));
+    if (!a.json) std::printf("HTML report: %s\n", a.html.c_str());
   }
   return r.diverged ? static_cast<int>(ExitCode::kVerificationFailed) : 0;
 }
