@@ -123,3 +123,8 @@ set_tests_properties(python_reader PROPERTIES TIMEOUT 300)
 add_test(NAME report_screenshots COMMAND ${RETRACE_VENV_PYTHON} ${CMAKE_SOURCE_DIR}/tests/replay/report_screenshot_test.py
          $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/test-output/report)
 set_tests_properties(report_screenshots PROPERTIES TIMEOUT 300)
+
+# Progress of resume, replay, bisect, golden check and memory: live on a terminal, plain when piped.
+add_test(NAME progress COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/progress_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(progress PROPERTIES TIMEOUT 600)

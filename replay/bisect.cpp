@@ -42,7 +42,8 @@ std::string run_dir_of(const std::string& p) {
 // under numerics profile `numerics` (one process runs one profile). With a process group, this
 // process is one rank of the recorded world size and re-executes with the others.
 Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uint64_t s, const std::string& label,
-                  train::Numerics numerics, const train::Registry& registry, dist::ProcessGroup* pg = nullptr) {
+                  train::Numerics numerics, const train::Registry& registry, dist::ProcessGroup* pg = nullptr,
+                  const run::RunCallbacks* cb = nullptr) {
   train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
   cfg.runtime.numerics = numerics;
   train::resolve_threads(cfg.runtime);
@@ -63,8 +64,15 @@ Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uin
       out.notes.push_back(label + ": skipped checkpoint " + dir + ": " + e.what());
     }
   }
+  const uint64_t from = t.step();
+  const std::string what = label + ": re-executing steps " + std::to_string(from + 1) + ".." + std::to_string(s);
+  auto progress = [&] {
+    if (cb && cb->on_progress) cb->on_progress(what, t.step() - from, s - from);
+  };
+  progress();
   while (t.step() + 1 < s) {
     records::StepRecord r = t.run_step(false);
+    progress();
     if (r.skip_reason == "loss_spike")
       out.notes.push_back(label + ": a loss spike at step " + std::to_string(r.step) +
                           " during re-execution; the original run rolled back there, so the re-executed "
@@ -74,6 +82,7 @@ Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uin
   t.set_probe(&probe);
   t.run_step(false);
   t.set_probe(nullptr);
+  progress();
   out.entries = probe.entries();
   out.ops = probe.ops();
   return out;
@@ -273,8 +282,13 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
                   "compares rank by rank, which needs the same one; use `retrace diff` to compare them");
     const stdfs::path scratch = stdfs::temp_directory_path() / ("retrace-bisect-" + std::to_string(::getpid()));
     fs::make_writable_dir(scratch.string());
+    const std::string what = "re-executing step " + std::to_string(hi) + " of both runs on " +
+                             std::to_string(ha.world_size) + " ranks each";
+    if (cb.on_progress) cb.on_progress(what, 0, 2);
     const auto ranks_a = probe_ranks(dir_a, ha.world_size, hi, numerics, (scratch / "a").string());
+    if (cb.on_progress) cb.on_progress(what, 1, 2);
     const auto ranks_b = probe_ranks(dir_b, hb.world_size, hi, numerics, (scratch / "b").string());
+    if (cb.on_progress) cb.on_progress(what, 2, 2);
     std::error_code ec;
     stdfs::remove_all(scratch, ec);
     uint32_t pick = rep.rank.value_or(0);
@@ -296,8 +310,8 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
     rep.notes.push_back("re-executed on " + std::to_string(ha.world_size) + " ranks; rank " + std::to_string(pick) +
                         "'s re-execution is compared");
   } else {
-    pa = probe_step(dir_a, ha, hi, "run A", numerics, registry);
-    pb = probe_step(dir_b, hb, hi, "run B", numerics, registry);
+    pa = probe_step(dir_a, ha, hi, "run A", numerics, registry, nullptr, &cb);
+    pb = probe_step(dir_b, hb, hi, "run B", numerics, registry, nullptr, &cb);
   }
   rep.replay_start_a = pa.start;
   rep.replay_start_b = pb.start;

@@ -64,7 +64,8 @@ ChildResult measure_child(Config c, const data::Dataset& data, const std::string
 }
 }  // namespace
 
-std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps) {
+std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps,
+                                           const std::function<void(uint64_t done, uint64_t total)>& progress) {
   RETRACE_CHECK(config.model.kind == "gpt", ConfigError,
                 "retrace memory plans a GPT config (model.kind = \"gpt\"); try --config configs/char-gpt.toml");
   data::Dataset data = builtin_registry().load_data(config);
@@ -87,6 +88,7 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
       RETRACE_CHECK(r.has_value(), InvariantError, "measuring policy ", out[i].name,
                     " failed in its child process (see its message above)");
       results[i].push_back(*r);
+      if (progress) progress(static_cast<uint64_t>(round) * out.size() + i + 1, static_cast<uint64_t>(rounds) * out.size());
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {

@@ -10,6 +10,7 @@
 // peak RSS 444 to 332 MiB with tcmalloc, no visible drop with glibc).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct PolicyMeasurement {
 };
 
 // Estimates (and, when rounds > 0, measures) every policy for config's GPT shape.
-std::vector<PolicyMeasurement> plan_memory(const train::Config& config, int64_t world_size, int rounds, int steps);
+// `progress` (when set) hears of each measurement as it finishes: done of total child processes.
+std::vector<PolicyMeasurement> plan_memory(const train::Config& config, int64_t world_size, int rounds, int steps,
+                                           const std::function<void(uint64_t done, uint64_t total)>& progress = {});
 
 }  // namespace retrace::run

@@ -26,6 +26,9 @@ struct RunCallbacks {
   std::function<void(const records::StepRecord&, uint64_t total_steps)> on_step;
   std::function<void(const records::EvalRecord&)> on_eval;
   std::function<void(const std::string&)> on_message;
+  // Long work other than training steps (bisection's re-execution, memory measurement): `what` is
+  // at `done` of `total` units.
+  std::function<void(const std::string& what, uint64_t done, uint64_t total)> on_progress;
 };
 
 // Deliberate bugs for the negative controls of the edge tests (tests/run/edges_test.sh), which

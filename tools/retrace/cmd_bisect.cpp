@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -36,10 +38,20 @@ std::optional<train::Numerics> numerics_bisect(const BisectArgs& args) {
 }
 
 int run_bisect(const BisectArgs& a, const Context& ctx) {
-  auto printer = std::make_shared<StepPrinter>(false);
+  auto progress = std::make_shared<Progress>(!a.json && isatty(STDOUT_FILENO), "steps");
   run::RunCallbacks cb;
-  cb.on_message = [printer](const std::string& m) { printer->message(m); };
+  if (!a.json) {
+    cb.on_message = [progress](const std::string& m) {
+      progress->clear();
+      std::printf("%s\n", m.c_str());
+      std::fflush(stdout);
+    };
+    cb.on_progress = [progress](const std::string& what, uint64_t done, uint64_t total) {
+      progress->update(what, done, total);
+    };
+  }
   replay::BisectReport r = replay::bisect_runs(a.a, a.b, cb, ctx.registry);
+  progress->clear();
   if (a.json) {
     nlohmann::json j = {{"diverged", r.diverged}, {"common_steps", r.common_steps}, {"search_probes", r.search_probes},
                         {"step", r.step}, {"rank", r.rank ? static_cast<int64_t>(*r.rank) : -1}, {"module", r.module},

@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -28,8 +30,14 @@ int run_golden_check(const GoldenArgs& a, const Context& ctx) {
                                   : a.scratch;
   int failed = 0;
   std::vector<records::KeyValue> printed_numerics;
+  Progress progress(isatty(STDOUT_FILENO), "steps");
   for (const auto& n : names) {
-    replay::GoldenResult r = replay::check_golden(a.dir, n, sets, scratch, {}, ctx.registry);
+    run::RunCallbacks cb;
+    cb.on_step = [&progress, &n](const records::StepRecord& rec, uint64_t total) {
+      progress.update("golden " + n, rec.step, total);
+    };
+    replay::GoldenResult r = replay::check_golden(a.dir, n, sets, scratch, cb, ctx.registry);
+    progress.clear();
     const auto& rep = r.report;
     if (r.numerics != printed_numerics) {  // once, and again whenever a golden runs under others
       std::string line;

@@ -1,5 +1,7 @@
 #include "cli.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "common.h"
@@ -32,8 +34,13 @@ std::optional<train::Numerics> numerics_memory(const MemoryArgs& args) {
 
 int run_memory(const MemoryArgs& a, const Context&) {
   train::Config c = train::load_config(a.config_path, a.sets);
+  Progress progress(isatty(STDOUT_FILENO), "measurements");
   std::vector<run::PolicyMeasurement> plan =
-      run::plan_memory(c, a.world_size, a.rounds, a.steps);
+      run::plan_memory(c, a.world_size, a.rounds, a.steps, [&progress, &a](uint64_t done, uint64_t total) {
+        progress.update("memory: " + std::to_string(a.rounds) + " rounds of 4 policies, fresh process each", done,
+                        total);
+      });
+  progress.clear();
   const auto& e0 = plan.front().estimate;
   std::printf("memory plan: %s, gpt d_model %lld, %lld layers, %lld heads, batch %lld, context %lld, %s\n",
               a.config_path.c_str(), static_cast<long long>(c.model.d_model), static_cast<long long>(c.model.n_layers),

@@ -20,6 +20,43 @@ train::Config resolve_config(const std::string& path, std::vector<std::string> s
   return train::load_config(path, sets);
 }
 
+void Progress::update(const std::string& what, uint64_t done, uint64_t total) {
+  const auto now = std::chrono::steady_clock::now();
+  if (what != what_) {
+    clear();
+    what_ = what;
+    start_ = now;
+    start_done_ = done;
+    quarter_ = 0;
+  }
+  const double secs = std::chrono::duration<double>(now - start_).count();
+  const double rate = secs > 0 ? static_cast<double>(done - start_done_) / secs : 0;
+  const double eta = rate > 0 && total >= done ? static_cast<double>(total - done) / rate : 0;
+  if (live_) {
+    if (drawn_ && done < total && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
+    last_draw_ = now;
+    std::printf("\r\033[K%s  %llu/%llu %s  %.1f/s  ETA %.0fs", what.c_str(), static_cast<ull>(done),
+                static_cast<ull>(total), unit_, rate, eta);
+    drawn_ = true;
+    std::fflush(stdout);
+    return;
+  }
+  const int quarter = total ? static_cast<int>(4 * done / total) : 4;
+  if (quarter <= quarter_) return;
+  quarter_ = quarter;
+  std::printf("%s: %llu/%llu %s (%d%%), %.1f/s, ETA %.0fs\n", what.c_str(), static_cast<ull>(done),
+              static_cast<ull>(total), unit_, 25 * quarter, rate, eta);
+  std::fflush(stdout);
+}
+
+void Progress::clear() {
+  if (live_ && drawn_) {
+    std::printf("\r\033[K");
+    std::fflush(stdout);
+  }
+  drawn_ = false;
+}
+
 run::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p) {
   run::RunCallbacks cb;
   cb.on_step = [p](const records::StepRecord& r, uint64_t total) { p->step(r, total); };

@@ -76,6 +76,28 @@ class StepPrinter {
   uint64_t done_ = 0;
 };
 
+// Progress of long work that is not a run's own step table (bisect's re-execution, golden check,
+// memory): on a terminal one live line "WHAT  done/total  rate/s  ETA", redrawn at most 10 times
+// a second; piped, a plain line at each quarter of the way, so logs stay short.
+class Progress {
+ public:
+  Progress(bool live, const char* unit) : live_(live), unit_(unit) {}
+  ~Progress() { clear(); }
+  // `what` at `done` of `total`; a new `what` starts a new count.
+  void update(const std::string& what, uint64_t done, uint64_t total);
+  // Ends the live line (before other output); piped, nothing to do.
+  void clear();
+
+ private:
+  bool live_;
+  const char* unit_;
+  std::string what_;
+  std::chrono::steady_clock::time_point start_{}, last_draw_{};
+  uint64_t start_done_ = 0;
+  int quarter_ = 0;
+  bool drawn_ = false;
+};
+
 run::RunCallbacks callbacks_for(const std::shared_ptr<StepPrinter>& p);
 void print_summary(const run::RunSummary& s);
 // Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
