@@ -23,3 +23,6 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/retraceConfigVersio
                                  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/retraceConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/retraceConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/retrace)
+# The Python trace reader with the two files it reads (the frame layout and the record schema).
+install(FILES python/retrace_trace.py src/trace/frame_layout.json src/trace/trace.capnp
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/retrace/python)
