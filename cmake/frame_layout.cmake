@@ -1,8 +1,11 @@
 # Generates trace/frame_layout.h from src/trace/frame_layout.json, the one description of a trace
 # file's byte layout (python/retrace_trace.py reads the same file). Runs at configure time; an edit
-# of the JSON re-runs it.
+# of the JSON re-runs it. Also a script, for builds outside CMake (tools/fuzz/run.sh):
+#   cmake -DFRAME_LAYOUT_JSON=src/trace/frame_layout.json -DFRAME_LAYOUT_HEADER=OUT/trace/frame_layout.h -P cmake/frame_layout.cmake
 function(retrace_generate_frame_layout json_path out_header)
-  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${json_path})
+  if(NOT CMAKE_SCRIPT_MODE_FILE)
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${json_path})
+  endif()
   file(READ ${json_path} layout)
   string(JSON version GET "${layout}" format_version)
   string(JSON file_size GET "${layout}" file_header size)
@@ -43,3 +46,7 @@ function(retrace_generate_frame_layout json_path out_header)
   string(APPEND text "\n}  // namespace retrace::trace::layout\n")
   file(CONFIGURE OUTPUT ${out_header} CONTENT "${text}")
 endfunction()
+
+if(CMAKE_SCRIPT_MODE_FILE AND DEFINED FRAME_LAYOUT_JSON)
+  retrace_generate_frame_layout(${FRAME_LAYOUT_JSON} ${FRAME_LAYOUT_HEADER})
+endif()

@@ -243,6 +243,10 @@ void prepare_tensorboard_dir(const std::string& dir, bool fresh, bool force) {
 }
 
 TensorBoardExport export_tensorboard(const TraceReader& reader, const std::string& dir, bool force) {
+  // Every record is read before the directory is touched: a trace that fails to read changes nothing.
+  const std::vector<records::StepRecord> steps = reader.steps();
+  const std::vector<records::EvalRecord> evals = reader.evals();
+  const std::vector<records::EventRecord> events = reader.events();
   prepare_tensorboard_dir(dir, true, force);
   const records::TraceHeader& h = reader.header();
   const double start = epoch_seconds(h.created_utc);
@@ -251,9 +255,6 @@ TensorBoardExport export_tensorboard(const TraceReader& reader, const std::strin
   enc.file_version(start, out);
   enc.header(h, start, out);
   // Records in file order, each at the wall time of the steps recorded before it.
-  const std::vector<records::StepRecord> steps = reader.steps();
-  const std::vector<records::EvalRecord> evals = reader.evals();
-  const std::vector<records::EventRecord> events = reader.events();
   size_t si = 0, vi = 0, ei = 0;
   double elapsed_ms = 0;
   for (const FrameIndexEntry& e : reader.index()) {

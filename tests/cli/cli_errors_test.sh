@@ -48,5 +48,17 @@ expect inspect-missing 4 "cannot open|No such file" -- "$RETRACE" inspect "$tmp/
 expect bad-usage 2 "" -- "$RETRACE" record --no-such-flag
 expect help 0 "Example" -- "$RETRACE" record --help
 
+# The live TensorBoard view's bad input: refused before any run directory is made.
+mkdir -p "$tmp/tbfull" && echo mine > "$tmp/tbfull/notes.txt" && echo x > "$tmp/tbfile"
+expect tb-not-empty 2 "--tensorboard .*tbfull is not empty.*--force" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/tb1" --tensorboard "$tmp/tbfull"
+expect tb-a-file 2 "--tensorboard .*tbfile exists and is not a directory" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/tb1" --tensorboard "$tmp/tbfile"
+expect tb-with-grid 2 "--tensorboard views one run; --verify-resume and --accum-grid" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/tb1" --tensorboard "$tmp/tbnew" --accum-grid 1,2
+[[ -e "$tmp/tb1" || -e "$tmp/tbnew" ]] && { echo "FAIL a refused --tensorboard left a directory"; fails=$((fails+1)); }
+[[ $(cat "$tmp/tbfull/notes.txt") == mine ]] || { echo "FAIL a refused --tensorboard touched the directory"; fails=$((fails+1)); }
+expect export-force-alone 2 "--force belongs with --tensorboard" -- "$RETRACE" export "$tmp/none" --jsonl --force
+
 echo "cli_errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

@@ -122,7 +122,7 @@ else
   echo "FAIL export-jsonl-content: $n step rows"; fails=$((fails+1))
 fi
 expect export-csv 0 "^step,epoch" -- "$RETRACE" export "$tmp/ts" --csv --steps 1:3
-expect export-needs-format 2 "exactly one of --jsonl and --csv" -- "$RETRACE" export "$tmp/ts"
+expect export-needs-format 2 "exactly one of --jsonl, --csv and --tensorboard DIR" -- "$RETRACE" export "$tmp/ts"
 
 echo "user models: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

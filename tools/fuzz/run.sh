@@ -29,6 +29,9 @@ mkdir -p "$out/gen/trace"
 if [[ ! -f "$out/gen/trace/trace.capnp.c++" || "$repo/src/trace/trace.capnp" -nt "$out/gen/trace/trace.capnp.c++" ]]; then
   capnp compile -oc++:"$out/gen" --src-prefix="$repo/src" "$repo/src/trace/trace.capnp"
 fi
+# The frame layout's constants, generated from src/trace/frame_layout.json as the build does.
+cmake -DFRAME_LAYOUT_JSON="$repo/src/trace/frame_layout.json" -DFRAME_LAYOUT_HEADER="$out/gen/trace/frame_layout.h" \
+  -P "$repo/cmake/frame_layout.cmake"
 sources=(src/core/digest.cpp src/core/file_util.cpp src/core/strict_json.cpp src/core/safetensors_writer.cpp
          src/core/safetensors_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp
          src/trace/fd_io.cpp src/trace/frame_scanner.cpp src/trace/framing.cpp src/trace/record_codec.cpp

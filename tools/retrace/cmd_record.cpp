@@ -129,6 +129,9 @@ int run_record(const RecordArgs& a, const Context& ctx) {
     std::printf("%s", train::to_toml(config, train::TomlForm::kComplete).c_str());
     return 0;
   }
+  RETRACE_CHECK(a.tensorboard.empty() || (!a.verify_resume && a.accum_grid.empty()), ConfigError,
+                "--tensorboard views one run; --verify-resume and --accum-grid make several. Record without it, then "
+                "`retrace export RUN --tensorboard DIR` each run you want to see");
   if (!a.accum_grid.empty()) {
     auto rows = replay::accum_grid(config, a.accum_grid, a.out, ctx.registry);
     std::printf("accumulation grid: effective batch %lld, %llu steps each (runs in %s/accum-N)\n",
