@@ -128,3 +128,7 @@ set_tests_properties(report_screenshots PROPERTIES TIMEOUT 300)
 add_test(NAME progress COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/progress_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR})
 set_tests_properties(progress PROPERTIES TIMEOUT 600)
+
+# The limit benchmark runs (one short round of the MLP): it prints figures and never gates on them.
+add_test(NAME limit_bench_runs COMMAND limit_bench --rounds 1 --steps 2 --model mlp WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(limit_bench_runs PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION "mlp limit .*step / GEMM")
