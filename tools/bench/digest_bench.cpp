@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_stats.h"
 #include "core/error.h"
 #include "core/tensor_digest.h"
 #include "train/config.h"
@@ -20,19 +21,10 @@
 #include "train/trainer.h"
 
 using namespace retrace;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-struct Spread {
-  double median, lo, hi;
-};
-Spread spread(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
-}
-}  // namespace
+using bench::Clock;
+using bench::ms_since;
+using bench::Spread;
+using bench::spread;
 
 int main(int argc, char** argv) {
   train::prepare_process(train::Numerics::kPortable, argv);  // the default profile (--set may change it: the bench then measures native)

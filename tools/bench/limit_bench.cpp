@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_stats.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/environment.h"
@@ -29,20 +30,12 @@
 #include "train/trainer.h"
 
 using namespace retrace;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::ms_since;
+using bench::Spread;
+using bench::spread;
 
 namespace {
-
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-
-struct Spread {
-  double median, lo, hi;
-};
-Spread spread(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
-}
 
 // One recorded matrix product.
 struct Gemm {
@@ -121,7 +114,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         g.strides.push_back(t.strides().vec());
         g.dtype = t.scalar_type();
       } else if (v.isScalar()) {
-        scalars.push_back(v.toScalar().toDouble());
+        scalars.push_back(v.toScalar().to<double>());
       }
     }
     if (scalars.size() >= 2) g.beta = scalars[0], g.alpha = scalars[1];
@@ -174,7 +167,7 @@ std::pair<double, double> run_gemms(const std::vector<Prepared>& ps) {
   return {fw, bw};
 }
 
-void bench(const std::string& label, std::vector<std::string> sets, int64_t rounds, int64_t steps, bool ops) {
+void measure(const std::string& label, std::vector<std::string> sets, int64_t rounds, int64_t steps, bool ops) {
   sets.push_back("train.steps=100000");
   sets.push_back("trace.digests=false");
   const std::string config_path = label == "gpt" ? "configs/char-gpt.toml" : "";
@@ -297,8 +290,8 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    if (model == "mlp" || model == "both") bench("mlp", sets, rounds, steps, ops);
-    if (model == "gpt" || model == "both") bench("gpt", sets, rounds, std::max<int64_t>(1, steps / 4), ops);
+    if (model == "mlp" || model == "both") measure("mlp", sets, rounds, steps, ops);
+    if (model == "gpt" || model == "both") measure("gpt", sets, rounds, std::max<int64_t>(1, steps / 4), ops);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "limit_bench: %s\n", e.what());
