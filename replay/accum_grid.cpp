@@ -53,8 +53,7 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     row.final_loss = steps.empty() ? 0 : steps.back().loss;
     std::vector<double> ms;
     for (const auto& s : steps)
-      ms.push_back(s.timings.data_ms + s.timings.forward_ms + s.timings.backward_ms + s.timings.optimizer_ms +
-                   s.timings.trace_ms);
+      ms.push_back(s.timings.step_ms());
     std::sort(ms.begin(), ms.end());
     row.median_step_ms = ms.empty() ? 0 : ms[ms.size() / 2];
   }

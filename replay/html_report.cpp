@@ -76,14 +76,53 @@ struct Marker {
   std::string title;
 };
 
+// The step axis every chart of the page shares: steps x_min..x_max across the plot width.
+double step_x(double step, uint64_t x_min, uint64_t x_max) {
+  return kLeft + (step - static_cast<double>(x_min)) / static_cast<double>(x_max - x_min) * (kWidth - kLeft - kRight);
+}
+
+// The step axis's tick labels, `label_dy` under `bottom`, with tick marks when `marks`.
+void step_ticks(std::ostringstream& out, uint64_t x_min, uint64_t x_max, double bottom, bool marks, double label_dy) {
+  const double xs = std::max(1.0, std::round(nice_step(static_cast<double>(x_max - x_min), 10)));
+  for (double s = std::ceil(static_cast<double>(x_min) / xs) * xs; s <= static_cast<double>(x_max); s += xs) {
+    const double px = step_x(s, x_min, x_max);
+    if (marks)
+      out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(bottom) << "\" y2=\""
+          << num(bottom + 5) << "\" class=\"axis\"/>";
+    out << "<text x=\"" << num(px) << "\" y=\"" << num(bottom + label_dy) << "\" text-anchor=\"middle\">"
+        << tick_label(s, xs) << "</text>\n";
+  }
+}
+
+// The first divergence, when there is one: a dashed line from y1 to y2 with the step and field as
+// its tooltip and, when label_y > 0, as a label inside the plot on the side with more room.
+void divergence_mark(std::ostringstream& out, const DiffReport& r, uint64_t x_min, uint64_t x_max, double y1,
+                     double y2, double label_y) {
+  if (!r.steps.first_diff) return;
+  const double px = step_x(static_cast<double>(r.steps.first_diff->step), x_min, x_max);
+  const std::string t =
+      "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" + r.steps.first_diff->field + ")";
+  out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><title>" << html_escape(t)
+      << "</title><line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(y1) << "\" y2=\"" << num(y2)
+      << "\" stroke=\"" << kColorDiv << "\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/>";
+  if (label_y > 0) {
+    const bool right_side = px < kLeft + (kWidth - kLeft - kRight) / 2;
+    const double tw = 6.0 * static_cast<double>(t.size());  // about 6 px per glyph at 12 px
+    const double tx = right_side ? px + 6 : px - 6;
+    out << "<rect x=\"" << num(right_side ? tx - 2 : tx - tw - 2) << "\" y=\"" << num(label_y - 12)
+        << "\" width=\"" << num(tw + 4) << "\" height=\"16\" fill=\"white\" fill-opacity=\"0.85\"/>";
+    out << "<text x=\"" << num(tx) << "\" y=\"" << num(label_y) << "\" text-anchor=\""
+        << (right_side ? "start" : "end") << "\" fill=\"" << kColorDiv << "\">" << html_escape(t) << "</text>";
+  }
+  out << "</g>\n";
+}
+
 class Chart {
  public:
   Chart(uint64_t x_min, uint64_t x_max, double y_min, double y_max)
       : x_min_(x_min), x_max_(std::max(x_max, x_min + 1)), y_min_(y_min), y_max_(y_max) {}
 
-  double x(double step) const {
-    return kLeft + (step - static_cast<double>(x_min_)) / static_cast<double>(x_max_ - x_min_) * plot_w();
-  }
+  double x(double step) const { return step_x(step, x_min_, x_max_); }
   double y(double v) const { return kTop + (y_max_ - v) / (y_max_ - y_min_) * plot_h(); }
   static double plot_w() { return kWidth - kLeft - kRight; }
   static double plot_h() { return kHeight - kTop - kBottom; }
@@ -144,15 +183,7 @@ class Chart {
       out << "<text x=\"" << num(left - 8) << "\" y=\"" << num(py + 4) << "\" text-anchor=\"end\">"
           << tick_label(v, ys) << "</text>\n";
     }
-    const double xs = std::max(1.0, std::round(nice_step(static_cast<double>(x_max_ - x_min_), 10)));
-    for (double s = std::ceil(static_cast<double>(x_min_) / xs) * xs; s <= static_cast<double>(x_max_);
-         s += xs) {
-      const double px = x(s);
-      out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(bottom) << "\" y2=\""
-          << num(bottom + 5) << "\" class=\"axis\"/>";
-      out << "<text x=\"" << num(px) << "\" y=\"" << num(bottom + 19) << "\" text-anchor=\"middle\">"
-          << tick_label(s, xs) << "</text>\n";
-    }
+    step_ticks(out, x_min_, x_max_, bottom, true, 19);
     out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(bottom) << "\" y2=\""
         << num(bottom) << "\" class=\"axis\"/>";
     out << "<line x1=\"" << num(left) << "\" x2=\"" << num(left) << "\" y1=\"" << num(top) << "\" y2=\""
@@ -313,25 +344,7 @@ std::string render_chart(const ChartInput& in, const RunMarks& ma, const RunMark
   c.markers(out, ma.rollbacks, kLaneA, kColorA, rollback_shape);
   c.markers(out, mb.rollbacks, kLaneB, kColorB, rollback_shape);
 
-  if (r.steps.first_diff) {
-    const double px = c.x(static_cast<double>(r.steps.first_diff->step));
-    const std::string t = "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" +
-                          r.steps.first_diff->field + ")";
-    out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><title>" << html_escape(t)
-        << "</title>";
-    out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(kLaneA - 8) << "\" y2=\""
-        << num(kHeight - kBottom) << "\" stroke=\"" << kColorDiv
-        << "\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/>";
-    // The label sits inside the plot, on the side of the line with more room.
-    const bool right_side = px < kLeft + Chart::plot_w() / 2;
-    const double tw = 6.0 * static_cast<double>(t.size());  // about 6 px per glyph at 12 px
-    const double tx = right_side ? px + 6 : px - 6;
-    out << "<rect x=\"" << num(right_side ? tx - 2 : tx - tw - 2) << "\" y=\"" << num(kTop + 4)
-        << "\" width=\"" << num(tw + 4) << "\" height=\"16\" fill=\"white\" fill-opacity=\"0.85\"/>";
-    out << "<text x=\"" << num(tx) << "\" y=\"" << num(kTop + 16) << "\" text-anchor=\""
-        << (right_side ? "start" : "end") << "\" fill=\"" << kColorDiv << "\">" << html_escape(t)
-        << "</text></g>\n";
-  }
+  divergence_mark(out, r, c.x_min(), c.x_max(), kLaneA - 8, kHeight - kBottom, kTop + 16);
   out << "</svg></figure>\n";
   return out.str();
 }
@@ -442,9 +455,7 @@ std::string render_difference_chart(const std::string& title, const std::vector<
   int dhi = std::isfinite(hi) ? static_cast<int>(std::ceil(std::log10(hi))) : 0;
   if (dhi <= dlo) dhi = dlo + 1;
   const double left = kLeft, right = kWidth - kRight, pw = right - left;
-  auto x = [&](double step) {
-    return left + (step - static_cast<double>(x_min)) / static_cast<double>(x_max - x_min) * pw;
-  };
+  auto x = [&](double step) { return step_x(step, x_min, x_max); };
   auto y = [&](double v) {
     if (v == 0) return zero_y;
     const double t = (std::log10(v) - dlo) / (dhi - dlo);
@@ -464,13 +475,7 @@ std::string render_difference_chart(const std::string& title, const std::vector<
   out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(zero_y) << "\" y2=\""
       << num(zero_y) << "\" class=\"zero\"/><text x=\"" << num(left - 8) << "\" y=\"" << num(zero_y + 4)
       << "\" text-anchor=\"end\">0</text>\n";
-  const double xs = std::max(1.0, std::round(nice_step(static_cast<double>(x_max - x_min), 10)));
-  for (double st = std::ceil(static_cast<double>(x_min) / xs) * xs; st <= static_cast<double>(x_max); st += xs) {
-    const double px = x(st);
-    out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(kH - kB) << "\" y2=\""
-        << num(kH - kB + 5) << "\" class=\"axis\"/><text x=\"" << num(px) << "\" y=\"" << num(kH - kB + 19)
-        << "\" text-anchor=\"middle\">" << tick_label(st, xs) << "</text>\n";
-  }
+  step_ticks(out, x_min, x_max, kH - kB, true, 19);
   out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(kH - kB) << "\" y2=\""
       << num(kH - kB) << "\" class=\"axis\"/><text x=\"" << num(left + pw / 2) << "\" y=\"" << num(kH - 8)
       << "\" text-anchor=\"middle\" class=\"label\">step</text>\n";
@@ -546,17 +551,7 @@ std::string render_difference_chart(const std::string& title, const std::vector<
         << "\" height=\"6\" fill=\"#555\" class=\"nonfinite\"><title>difference not finite</title></rect>";
   }
   out << "\n";
-  if (r.steps.first_diff) {
-    const double px = x(static_cast<double>(r.steps.first_diff->step));
-    const std::string t = "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" +
-                          r.steps.first_diff->field + ")";
-    out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><title>" << html_escape(t)
-        << "</title><line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(kT) << "\" y2=\""
-        << num(kH - kB) << "\" stroke=\"" << kColorDiv << "\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/>";
-    const bool right_side = px < left + pw / 2;
-    out << "<text x=\"" << num(right_side ? px + 6 : px - 6) << "\" y=\"" << num(kT + 14) << "\" text-anchor=\""
-        << (right_side ? "start" : "end") << "\" fill=\"" << kColorDiv << "\">" << html_escape(t) << "</text></g>\n";
-  }
+  divergence_mark(out, r, x_min, x_max, kT, kH - kB, kT + 16);
   out << "</svg></figure>\n";
   return out.str();
 }
@@ -576,9 +571,7 @@ std::string render_digest_strip(const std::map<uint64_t, const StepRecord*>& ma,
   constexpr double kRowH = 16, kT = 8;
   const double height = kT + kRowH * static_cast<double>(std::size(rows)) + 40;
   const double left = kLeft, pw = kWidth - kLeft - kRight;
-  auto x = [&](uint64_t step) {
-    return left + static_cast<double>(step - x_min) / static_cast<double>(x_max - x_min) * pw;
-  };
+  auto x = [&](uint64_t step) { return step_x(static_cast<double>(step), x_min, x_max); };
   // Each step owns the pixels from its position to the next step's (at least one).
   const double cell_w = std::max(1.0, pw / static_cast<double>(x_max - x_min + 1));
   std::ostringstream out;
@@ -619,18 +612,10 @@ std::string render_digest_strip(const std::map<uint64_t, const StepRecord*>& ma,
     out << "\n";
   }
   const double bottom = kT + kRowH * static_cast<double>(std::size(rows));
-  const double xs = std::max(1.0, std::round(nice_step(static_cast<double>(x_max - x_min), 10)));
-  for (double st = std::ceil(static_cast<double>(x_min) / xs) * xs; st <= static_cast<double>(x_max); st += xs)
-    out << "<text x=\"" << num(x(static_cast<uint64_t>(st))) << "\" y=\"" << num(bottom + 16)
-        << "\" text-anchor=\"middle\">" << tick_label(st, xs) << "</text>";
+  step_ticks(out, x_min, x_max, bottom, false, 16);
   out << "<text x=\"" << num(left) << "\" y=\"" << num(bottom + 32)
       << "\" class=\"note-svg\">green: equal bits; red: they differ; grey: the step is in one run only</text>\n";
-  if (r.steps.first_diff) {
-    const double px = x(r.steps.first_diff->step);
-    out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><line x1=\"" << num(px)
-        << "\" x2=\"" << num(px) << "\" y1=\"" << num(kT - 4) << "\" y2=\"" << num(bottom + 2) << "\" stroke=\""
-        << kColorDiv << "\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"/></g>\n";
-  }
+  divergence_mark(out, r, x_min, x_max, kT - 4, bottom + 2, 0);
   out << "</svg></figure>\n<p class=\"note\">params, optimizer and RNG: the digests after the step; batch: the "
          "samples it trained on; state: loss scaler, guards, fired faults and counters; chain: the hash chain up to "
          "the step.</p>\n";

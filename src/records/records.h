@@ -71,6 +71,8 @@ struct TraceHeader {
 struct Timings {
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;
   double allreduce_ms = 0;  // part of backward_ms: data-parallel collectives
+  // The whole step: its phases (the collectives are inside backward_ms).
+  double step_ms() const { return data_ms + forward_ms + backward_ms + optimizer_ms + trace_ms; }
 };
 
 struct StepRecord {

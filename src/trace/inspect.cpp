@@ -13,10 +13,6 @@ using nlohmann::json;
 // Digits enough to tell steps apart in a table; the JSON and CSV views carry the full digest.
 constexpr size_t kDigestPrefix = 12;
 
-double step_ms(const records::Timings& t) {
-  return t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms + t.trace_ms;
-}
-
 std::string outcome_text(const records::StepRecord& r) {
   return r.outcome == records::Outcome::kSkip ? "SKIP:" + r.skip_reason : std::string("STEP");
 }
@@ -273,7 +269,7 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
          fixed("%.6f", r.loss), fixed("%.4g", r.grad_norm_pre), fixed("%.4g", r.grad_norm_post),
          fixed("%.4g", r.lr), fixed("%g", r.loss_scale), outcome_text(r),
          r.param_digest.hex().substr(0, kDigestPrefix),
-         r.chain_digest.hex().substr(0, kDigestPrefix), fixed("%.2f", step_ms(r.timings))});
+         r.chain_digest.hex().substr(0, kDigestPrefix), fixed("%.2f", r.timings.step_ms())});
   }
   std::vector<records::EvalRecord> evals = reader.evals();
   out << "\nevals\n";

@@ -80,7 +80,7 @@ class EventEncoder {
     b.scalar("train/skipped", skip ? 1.0 : 0.0);
     if (skip) b.text("train/skip_reason", r.skip_reason);
     const records::Timings& t = r.timings;
-    b.scalar("time/step_ms", t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms + t.trace_ms);
+    b.scalar("time/step_ms", t.step_ms());
     b.scalar("time/data_ms", t.data_ms);
     b.scalar("time/forward_ms", t.forward_ms);
     b.scalar("time/backward_ms", t.backward_ms);
@@ -263,8 +263,7 @@ TensorBoardExport export_tensorboard(const TraceReader& reader, const std::strin
       case FrameKind::kHeader: break;
       case FrameKind::kStep: {
         const records::StepRecord& r = steps.at(si++);
-        const records::Timings& t = r.timings;
-        elapsed_ms += t.data_ms + t.forward_ms + t.backward_ms + t.optimizer_ms + t.trace_ms;
+        elapsed_ms += r.timings.step_ms();
         enc.step(r, start + elapsed_ms / 1000.0, out);
         break;
       }
