@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <memory>
 #include <sstream>
 
 #include "ckpt/checkpoint_dir.h"
@@ -184,7 +186,10 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ",
                 rng::kRngFormatVersion);
-  ShardData shard = load_shard(dir, m, rank, /*check_digest=*/true);
+  // The tensors are views of the shard's bytes where their alignment allows (every tensor of a
+  // shard retrace wrote): the state is read once, into memory it keeps, not copied a second time.
+  auto owner = std::make_shared<ShardData>(load_shard(dir, m, rank, /*check_digest=*/true));
+  const ShardData& shard = *owner;
   out.where = shard.source;
   const std::string& where = shard.source;
   StateSnapshot anchor;
@@ -197,10 +202,17 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
       anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
       continue;
     }
-    torch::Tensor t = torch::empty(e.shape, scalar_type(e.dtype, where));
+    const torch::ScalarType type = scalar_type(e.dtype, where);
+    void* bytes = const_cast<void*>(shard.data(e));
+    torch::Tensor t;
+    if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) == 0) {
+      t = torch::from_blob(bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
+    } else {
+      t = torch::empty(e.shape, type);
+      std::memcpy(t.data_ptr(), bytes, std::min<uint64_t>(e.nbytes, uint64_t(t.nbytes())));
+    }
     RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, where, ": tensor ",
                   e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
-    std::memcpy(t.data_ptr(), shard.data(e), e.nbytes);
     if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
     else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
     else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);

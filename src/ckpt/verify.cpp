@@ -2,7 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/schema.h"
@@ -43,6 +48,34 @@ std::string digest_problem(const std::string& dir, const ShardEntry& s, const st
                         kResumeHint);
 }
 
+// sha256 of each listed shard, several at a time (up to one per core): sha256[i] is the digest of
+// shards[i], or error[i] holds what reading its file threw.
+struct ShardDigests {
+  std::vector<std::string> sha256;
+  std::vector<std::exception_ptr> error;
+};
+ShardDigests hash_shards(const std::string& dir, const std::vector<const ShardEntry*>& shards) {
+  ShardDigests out;
+  out.sha256.resize(shards.size());
+  out.error.resize(shards.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < shards.size(); i = next++) {
+      try {
+        out.sha256[i] = sha256_file_hex(join(dir, shards[i]->file));
+      } catch (...) {
+        out.error[i] = std::current_exception();
+      }
+    }
+  };
+  const size_t workers = std::min<size_t>(shards.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return out;
+}
+
 }  // namespace
 
 Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> expected_world_size) {
@@ -81,9 +114,13 @@ Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expec
     std::string problem = presence_problem(dir, s);
     if (!problem.empty()) throw IntegrityError(problem);
   }
-  for (const ShardEntry& s : m.shards) {
-    if (hashed_by_caller && s.rank == *hashed_by_caller) continue;
-    std::string problem = digest_problem(dir, s, sha256_file_hex(join(dir, s.file)));
+  std::vector<const ShardEntry*> todo;
+  for (const ShardEntry& s : m.shards)
+    if (!hashed_by_caller || s.rank != *hashed_by_caller) todo.push_back(&s);
+  const ShardDigests found = hash_shards(dir, todo);
+  for (size_t i = 0; i < todo.size(); ++i) {  // the first problem in rank order, as a serial check would find
+    if (found.error[i]) std::rethrow_exception(found.error[i]);
+    std::string problem = digest_problem(dir, *todo[i], found.sha256[i]);
     if (!problem.empty()) throw IntegrityError(problem);
   }
   return m;
@@ -101,17 +138,30 @@ VerifyReport verify_report(const std::string& dir, std::optional<uint32_t> expec
   }
   r.manifest_ok = true;
   r.step = r.manifest.step;
+  std::vector<ShardCheck> checks;
+  std::vector<const ShardEntry*> present;
+  std::vector<size_t> present_at;
   for (const ShardEntry& s : r.manifest.shards) {
     ShardCheck c{s.rank, s.file, s.size, s.sha256, "", false, ""};
     c.problem = presence_problem(dir, s);
     if (c.problem.empty()) {
-      try {
-        c.found_sha256 = sha256_file_hex(join(dir, s.file));
-        c.problem = digest_problem(dir, s, c.found_sha256);
-      } catch (const Error& e) {
-        c.problem = e.what();
-      }
+      present.push_back(&s);
+      present_at.push_back(checks.size());
     }
+    checks.push_back(std::move(c));
+  }
+  const ShardDigests found = hash_shards(dir, present);
+  for (size_t i = 0; i < present.size(); ++i) {
+    ShardCheck& c = checks[present_at[i]];
+    try {
+      if (found.error[i]) std::rethrow_exception(found.error[i]);
+      c.found_sha256 = found.sha256[i];
+      c.problem = digest_problem(dir, *present[i], c.found_sha256);
+    } catch (const Error& e) {
+      c.problem = e.what();
+    }
+  }
+  for (ShardCheck& c : checks) {
     c.ok = c.problem.empty();
     if (!c.ok) {
       r.problems.push_back(c.problem);
@@ -159,13 +209,20 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
   const std::string path = join(dir, entry->file);
   std::string problem = presence_problem(dir, *entry);
   if (!problem.empty()) throw IntegrityError(problem);
-  std::string bytes = fs::read_file(path, entry->size);
+  // With check_digest the bytes are hashed as they are read, in the same pass (read_file_sha256).
+  fs::FileBytes bytes;
+  if (check_digest) {
+    HashedFile f = read_file_sha256(path, entry->size);
+    bytes = std::move(f.bytes);
+    if (bytes.size() == entry->size) {
+      problem = digest_problem(dir, *entry, f.sha256);
+      if (!problem.empty()) throw IntegrityError(problem);
+    }
+  } else {
+    bytes = fs::read_file_bytes(path, entry->size);
+  }
   RETRACE_CHECK(bytes.size() == entry->size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ",
                 bytes.size(), " bytes of ", path, ", the manifest records ", entry->size, "; ", kResumeHint);
-  if (check_digest) {
-    problem = digest_problem(dir, *entry, sha256_hex(bytes.data(), bytes.size()));
-    if (!problem.empty()) throw IntegrityError(problem);
-  }
   ShardData shard = parse_shard(std::move(bytes), path);
   shard.metadata = migrate_shard_metadata(std::move(shard.metadata), "shard " + path);
   auto check_meta = [&](const char* key, const std::string& expected) {

@@ -1,5 +1,6 @@
 #include "core/digest.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <endian.h>
@@ -17,7 +18,19 @@
 #include <xxh_x86dispatch.h>
 #endif
 
+#include <sys/stat.h>
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <cstdint>
 #include <cstdio>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -177,21 +190,224 @@ std::string sha256_hex(const void* data, size_t size) {
   return h.finish_hex();
 }
 
+namespace {
+
+// One pass over a file: the calling thread reads blocks, a second thread hashes each block once it
+// has been read. `dest(offset, len)` says where a block goes: into the caller's buffer (the whole
+// file is kept), or into a ring of kRing blocks that the hasher hands back. Small files are read
+// and hashed inline. Returns the number of bytes read; `err` gets the errno of a failed read.
+constexpr size_t kBlock = size_t(4) << 20;
+constexpr size_t kRing = 4;
+constexpr size_t kAhead = 16;
+constexpr uint64_t kThreadedFrom = uint64_t(2) * kBlock;
+
+struct Piece {
+  const char* data;
+  size_t size;
+};
+
+class BlockHasher {
+ public:
+  // `idle`, when given, is work the hashing thread does while no block waits for it; it returns
+  // false when it has nothing (more) to do for now.
+  explicit BlockHasher(bool threaded, std::function<bool()> idle = {}) : idle_(std::move(idle)) {
+    if (threaded) worker_ = std::thread([this] { run(); });
+  }
+  ~BlockHasher() { close(); }
+  // Hands a block over to be hashed; the caller keeps it unchanged until wait_hashed says so.
+  void push(Piece p) {
+    if (!worker_.joinable()) {
+      sha_.update(p.data, p.size);
+      ++hashed_;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(p);
+    ++pushed_;
+    ready_.notify_one();
+  }
+  // Blocks until every block pushed so far except the newest `keep` has been hashed.
+  void wait_hashed(size_t keep) {
+    if (!worker_.joinable()) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    room_.wait(lock, [&] { return hashed_ + keep >= pushed_; });
+  }
+  std::string finish_hex() {
+    close();
+    return sha_.finish_hex();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      Piece p{};
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (queue_.empty() && !done_ && idle_) {
+          lock.unlock();
+          const bool more = idle_();
+          lock.lock();
+          if (!more) break;
+        }
+        ready_.wait(lock, [&] { return done_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        p = queue_.front();
+      }
+      sha_.update(p.data, p.size);
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.pop_front();
+      ++hashed_;
+      room_.notify_all();
+    }
+  }
+  void close() {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      ready_.notify_one();
+    }
+    worker_.join();
+  }
+
+  Sha256 sha_;
+  std::function<bool()> idle_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable ready_, room_;
+  std::deque<Piece> queue_;
+  size_t pushed_ = 0, hashed_ = 0;
+  bool done_ = false;
+};
+
+// Reads up to `size` bytes of fd into dest(offset) blocks and hashes them; returns the bytes read.
+template <class Dest>
+uint64_t read_and_hash(int fd, uint64_t size, BlockHasher& hasher, Dest dest, int& err) {
+  uint64_t done = 0;
+  err = 0;
+  // Sequential: the kernel reads ahead further; and the next kAhead blocks are asked for before
+  // each block is read, so the disk works while this thread copies and the hasher hashes. (Advice
+  // only: a file system that ignores it reads the same bytes.)
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  while (done < size) {
+    const size_t want = size_t(std::min<uint64_t>(kBlock, size - done));
+    if (done + want < size)
+      ::posix_fadvise(fd, off_t(done + want), off_t(std::min<uint64_t>(kAhead * kBlock, size - done - want)),
+                      POSIX_FADV_WILLNEED);
+    char* block = dest(done, want);
+    size_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::read(fd, block + got, want - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) err = errno;
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    if (got > 0) hasher.push({block, got});
+    done += got;
+    if (got < want) break;
+  }
+  return done;
+}
+
+}  // namespace
+
 std::string sha256_file_hex(const std::string& path) {
   const int fd = fs::open_regular_file(path);
-  Sha256 h;
-  std::vector<char> buf(1 << 20);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    RETRACE_FAIL(IoError, "cannot stat ", path, ": ", fs::errno_text(e));
+  }
+  const uint64_t size = uint64_t(st.st_size);
   int err = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) err = errno;
-    if (n <= 0) break;
-    h.update(buf.data(), static_cast<size_t>(n));
+  std::string hex;
+  {
+    BlockHasher hasher(size >= kThreadedFrom);
+    std::vector<char> ring(kRing * kBlock);
+    size_t next = 0;
+    // A block of the ring is reused only after the hasher is done with it: before a block is read,
+    // at most kRing - 1 others still wait to be hashed.
+    (void)read_and_hash(fd, size, hasher, [&](uint64_t, size_t) {
+      hasher.wait_hashed(kRing - 1);
+      char* b = ring.data() + (next % kRing) * kBlock;
+      ++next;
+      return b;
+    }, err);
+    // A file that grew after the stat is hashed to its end, as a plain read loop would.
+    if (err == 0) {
+      for (;;) {
+        hasher.wait_hashed(0);
+        const ssize_t n = ::read(fd, ring.data(), kBlock);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) err = errno;
+        if (n <= 0) break;
+        hasher.push({ring.data(), size_t(n)});
+      }
+    }
+    hex = hasher.finish_hex();
   }
   ::close(fd);
   RETRACE_CHECK(err == 0, IoError, "read error in ", path, " while computing its sha256: ", fs::errno_text(err));
-  return h.finish_hex();
+  return hex;
+}
+
+HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes) {
+  const int fd = fs::open_regular_file(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    RETRACE_FAIL(IoError, "cannot stat ", path, ": ", fs::errno_text(e));
+  }
+  if (uint64_t(st.st_size) > max_bytes) {
+    ::close(fd);
+    RETRACE_FAIL(FormatError, path, " is ", st.st_size, " bytes, more than the limit of ", max_bytes,
+                 " for this kind of file");
+  }
+  HashedFile out;
+  out.bytes = fs::FileBytes(size_t(st.st_size));
+  int err = 0;
+  uint64_t got = 0;
+  {
+    // Fresh memory costs a page fault and a zeroed page per 4 KiB on first write, about as much
+    // as the read's copy; left to the reading thread it would make that thread, not sha256, the
+    // slower of the two. So the hashing thread, when it waits for a block, has the kernel populate
+    // the pages of the next blocks (MADV_POPULATE_WRITE never changes a page already present, so
+    // it cannot race with the read that fills them).
+    char* const base = out.bytes.data();
+    const uint64_t size = out.bytes.size();
+    std::atomic<uint64_t> reading_at{0};
+    uint64_t populated = 0;
+    auto populate = [&, page = uint64_t(::sysconf(_SC_PAGESIZE))]() -> bool {
+#ifdef MADV_POPULATE_WRITE
+      populated = std::max(populated, reading_at.load() + kBlock);
+      if (populated >= size || populated >= reading_at.load() + kAhead * kBlock) return false;
+      const uint64_t from = populated / page * page;
+      const uint64_t to = std::min<uint64_t>(populated + kBlock, size);
+      const uintptr_t start = reinterpret_cast<uintptr_t>(base + from) / page * page;
+      if (::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(base + to) - start),
+                    MADV_POPULATE_WRITE) != 0)
+        populated = size;  // an older kernel: the read faults the pages in, as without this
+      else
+        populated = to;
+      return true;
+#else
+      return false;
+#endif
+    };
+    BlockHasher hasher(size >= kThreadedFrom, populate);
+    got = read_and_hash(fd, size, hasher, [&](uint64_t offset, size_t) {
+      reading_at = offset;
+      return base + offset;
+    }, err);
+    out.sha256 = hasher.finish_hex();
+  }
+  ::close(fd);
+  RETRACE_CHECK(err == 0, IoError, "read error in ", path, ": ", fs::errno_text(err));
+  out.bytes.shrink_to(size_t(got));
+  return out;
 }
 
 }  // namespace retrace

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/file_util.h"
+
 namespace retrace {
 
 // A 128-bit digest, stored as (high, low) like XXH128_hash_t.
@@ -79,8 +81,17 @@ class Sha256 {
 };
 
 std::string sha256_hex(const void* data, size_t size);
-// sha256 of a whole file, read in large blocks. Throws IoError if it cannot be read.
+// sha256 of a whole file in one pass: a second thread hashes each 4 MiB block as soon as it has
+// been read, so the reads and the hashing overlap. Throws IoError if it cannot be read.
 std::string sha256_file_hex(const std::string& path);
+// A whole file and the sha256 of exactly those bytes, in the same single pass (the bytes that are
+// hashed are the bytes returned). FormatError when the file is larger than max_bytes, IoError when
+// it cannot be read; a file that ends early returns what was there (the caller checks the size).
+struct HashedFile {
+  fs::FileBytes bytes;
+  std::string sha256;  // lowercase hex
+};
+HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes);
 std::string to_hex(const uint8_t* data, size_t size);
 
 }  // namespace retrace

@@ -76,7 +76,10 @@ int open_regular_file(const std::string& path) {
   return fd;
 }
 
-std::string read_file(const std::string& path, uint64_t max_bytes) {
+namespace {
+
+// Opens `path` and checks its size against the limit; the caller closes the fd.
+int open_within(const std::string& path, uint64_t max_bytes, uint64_t& size) {
   int fd = open_regular_file(path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -89,16 +92,39 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
     RETRACE_FAIL(FormatError, path, " is ", st.st_size, " bytes, more than the limit of ",
                  max_bytes, " for this kind of file");
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+// Reads up to `size` bytes into `out`; returns how many came (fewer at an early end or an error).
+size_t read_into(int fd, char* out, size_t size) {
   size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+  while (done < size) {
+    ssize_t n = ::read(fd, out + done, size - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     done += static_cast<size_t>(n);
   }
+  return done;
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  uint64_t size = 0;
+  int fd = open_within(path, max_bytes, size);
+  std::string out(static_cast<size_t>(size), '\0');
+  out.resize(read_into(fd, out.data(), out.size()));
   ::close(fd);
-  out.resize(done);
+  return out;
+}
+
+FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes) {
+  uint64_t size = 0;
+  int fd = open_within(path, max_bytes, size);
+  FileBytes out(static_cast<size_t>(size));
+  out.shrink_to(read_into(fd, out.data(), out.size()));
+  ::close(fd);
   return out;
 }
 

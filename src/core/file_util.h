@@ -5,10 +5,36 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 
 namespace retrace::fs {
+
+// The bytes of a file read whole. Unlike std::string, its memory is not zeroed when it is made:
+// the read itself is the first write, so the page faults of fresh memory happen in the reading
+// loop (overlapping the hashing, see read_file_sha256) instead of in a zero-fill before it, which
+// took 0.17 s for 256 MB on a 2-core VM, longer than sha256 of the same bytes.
+class FileBytes {
+ public:
+  FileBytes() = default;
+  explicit FileBytes(size_t n) : p_(n ? new char[n] : nullptr), n_(n) {}  // not initialized
+  explicit FileBytes(std::string_view s) : FileBytes(s.size()) {
+    if (n_) std::memcpy(p_.get(), s.data(), n_);
+  }
+  char* data() { return p_.get(); }
+  const char* data() const { return p_.get(); }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  char operator[](size_t i) const { return p_[i]; }
+  std::string_view view() const { return {p_.get(), n_}; }
+  void shrink_to(size_t n) { n_ = n < n_ ? n : n_; }  // after a short read; keeps the memory
+
+ private:
+  std::unique_ptr<char[]> p_;
+  size_t n_ = 0;
+};
 
 // Replaces `path` atomically with `data` (tmp, fsync, rename, fsync dir).
 void write_file_atomic(const std::string& path, std::string_view data);
@@ -16,6 +42,8 @@ void write_file_atomic(const std::string& path, std::string_view data);
 void fsync_dir(const std::string& dir);
 // Reads a whole file; throws IoError if missing, FormatError if larger than max_bytes.
 std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t(1) << 32);
+// The same into FileBytes, for large files (shards): no zero-fill before the read.
+FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes);
 // Opens a regular file for reading (never blocking on a FIFO); FormatError (exit 3) when what is
 // at `path` is not a regular file, IoError when it cannot be opened. The caller owns the fd.
 int open_regular_file(const std::string& path);

@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "core/file_util.h"
+
 namespace retrace::safetensors {
 
 // Hostile-input limits of the reader.
@@ -92,7 +94,7 @@ struct ShardData {
   std::string source;  // path or name used in error messages
   std::map<std::string, std::string> metadata;
   std::vector<TensorEntry> tensors;
-  std::string bytes;        // the whole file
+  fs::FileBytes bytes;      // the whole file
   uint64_t data_start = 0;  // 8 + header length; a multiple of 8 for files we write
 
   // Pointer to the tensor's bytes inside `bytes` (valid while this ShardData lives unmoved).
@@ -107,7 +109,9 @@ struct ShardData {
 // data_offsets [begin, end] with end - begin == product(shape) * dtype size, ranges contiguous
 // from 0 to the end of the file. Throws FormatError naming `name_for_errors`. Does not look at
 // the schema (see schema.h); does not check any digest (the manifest does, see verify.h).
-ShardData parse_shard(std::string bytes, const std::string& name_for_errors);
+ShardData parse_shard(fs::FileBytes bytes, const std::string& name_for_errors);
+// The same on a copy of `bytes`.
+ShardData parse_shard(std::string_view bytes, const std::string& name_for_errors);
 
 // Reads the file and parse_shard()s it. IoError if it cannot be read.
 ShardData read_shard(const std::string& path);

@@ -90,7 +90,7 @@ const TensorEntry* ShardData::find(const std::string& name) const {
   return nullptr;
 }
 
-ShardData parse_shard(std::string bytes, const std::string& src) {
+ShardData parse_shard(fs::FileBytes bytes, const std::string& src) {
   ShardData out;
   out.source = src;
   RETRACE_CHECK(bytes.size() >= 8, FormatError, "shard ", src, " is ", bytes.size(),
@@ -104,7 +104,7 @@ ShardData parse_shard(std::string bytes, const std::string& src) {
   RETRACE_CHECK(n >= 2 && bytes[8] == '{', FormatError, "shard ", src,
                 ": expected the JSON header to start with '{'");
   const std::string what = "shard " + src + " header";
-  json header = parse_strict_json(std::string_view(bytes).substr(8, n), what);
+  json header = parse_strict_json(bytes.view().substr(8, n), what);
   RETRACE_CHECK(header.is_object(), FormatError, what, ": expected a JSON object, found ",
                 json_type_text(header));
   out.data_start = 8 + n;
@@ -140,8 +140,10 @@ ShardData parse_shard(std::string bytes, const std::string& src) {
   return out;
 }
 
+ShardData parse_shard(std::string_view bytes, const std::string& src) { return parse_shard(fs::FileBytes(bytes), src); }
+
 ShardData read_shard(const std::string& path) {
-  return parse_shard(fs::read_file(path, std::numeric_limits<uint64_t>::max()), path);
+  return parse_shard(fs::read_file_bytes(path, std::numeric_limits<uint64_t>::max()), path);
 }
 
 }  // namespace retrace::safetensors

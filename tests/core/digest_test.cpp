@@ -2,7 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
+
+#include "core/error.h"
+#include "core/file_util.h"
 
 namespace retrace {
 namespace {
@@ -10,6 +16,48 @@ namespace {
 TEST(Digest, Sha256KnownVector) {
   // FIPS 180-2 example "abc".
   EXPECT_EQ(sha256_hex("abc", 3), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+// The one-pass readers (a second thread hashes each 4 MiB block as it is read; the hashing thread
+// populates the pages ahead) against the plain path they replace: a whole read, then sha256 of the
+// bytes in memory. Sizes at and around every edge: empty, one byte, the block, the size from which
+// a thread is used (two blocks), a block count plus and minus one, a file larger than the ring.
+TEST(Digest, OnePassReadAndHashEqualThePlainPath) {
+  const std::string dir = ::testing::TempDir() + "/retrace-digest-onepass";
+  std::filesystem::create_directories(dir);
+  const size_t mib = size_t(1) << 20;
+  for (size_t size : {size_t(0), size_t(1), 4 * mib - 1, 4 * mib, 4 * mib + 1, 8 * mib - 1, 8 * mib, 8 * mib + 1,
+                      12 * mib + 4097, 37 * mib + 3}) {
+    std::string bytes(size, '\0');
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ size;
+    for (size_t i = 0; i < size; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      bytes[i] = char(x >> 29);
+    }
+    const std::string path = dir + "/f" + std::to_string(size);
+    {
+      std::ofstream out(path, std::ios::binary);
+      out.write(bytes.data(), std::streamsize(bytes.size()));
+    }
+    const std::string plain = sha256_hex(bytes.data(), bytes.size());
+    const std::string plain_file = sha256_hex(fs::read_file(path).data(), size);
+    ASSERT_EQ(plain, plain_file) << size;
+    HashedFile f = read_file_sha256(path, size);
+    EXPECT_EQ(f.sha256, plain) << size;
+    ASSERT_EQ(f.bytes.size(), size);
+    EXPECT_TRUE(f.bytes.view() == bytes) << size;
+    EXPECT_EQ(sha256_file_hex(path), plain) << size;
+    EXPECT_EQ(fs::read_file_bytes(path, size).view(), bytes) << size;
+    if (size > 0) {
+      EXPECT_THROW(read_file_sha256(path, size - 1), FormatError) << size;
+      // One byte changed anywhere changes the digest (negative control).
+      bytes[size / 2] ^= 1;
+      EXPECT_NE(sha256_hex(bytes.data(), bytes.size()), f.sha256) << size;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Digest, Xxh3StreamingEqualsOneShot) {

@@ -1,12 +1,19 @@
 // ckpt_bench: how fast a checkpoint is saved and loaded, next to the ceilings of this machine,
-// measured in the same run on the same disk:
+// measured in the same run on the same disk, interleaved round by round:
 //   save     prepare_checkpoint_dir + write_shard (hash in the same pass) + commit_checkpoint
-//   load     verify_checkpoint (sha256 of every shard) + load_shard (read and parse)
+//   load     what a resume does: verify_checkpoint for the other ranks + load_shard, which reads
+//            the shard and hashes it in the same pass, then parses it
+//   read     plain read(2) of the same shard file into memory, nothing else
+//   sha256   OpenSSL EVP sha256 over the same bytes in memory, one thread
 //   write    plain write(2) loop of the same bytes + fsync, to a fresh file in the same directory
-//   sha256   OpenSSL EVP sha256 over the same bytes in memory
-// Prints figures only (MB = 10^6 bytes); never fails for slowness.
+// load and read run twice: from the page cache (warm, as right after a save) and after
+// posix_fadvise(DONTNEED) has dropped the file's pages (cold: from the disk, where the VM lets
+// the advice through). A 4-rank checkpoint of the same total size then measures verify_checkpoint
+// of all shards, which hashes them in parallel, against one thread's sha256.
+// Prints figures and per-round ratios (median [min, max]); never fails for slowness.
+// MB = 10^6 bytes.
 //
-//   ckpt_bench [DIR (default /tmp/retrace-ckpt-bench)] [MB (default 256)] [REPEATS (default 3)]
+//   ckpt_bench [DIR (default /tmp/retrace-ckpt-bench)] [MB (default 256)] [REPEATS (default 5)]
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <unistd.h>
@@ -20,8 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "../../tools/bench/bench_stats.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/shard.h"
+#include "ckpt/verify.h"
 #include "core/error.h"
 
 namespace {
@@ -31,9 +40,32 @@ using namespace retrace::ckpt;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+double median(const std::vector<double>& v) { return retrace::bench::spread(v).median; }
+
+// Drops the file's pages from the page cache (they are clean: the save fsynced them).
+void drop_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+double plain_read(const std::string& path, std::vector<char>& buf) {
+  auto t0 = Clock::now();
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    std::perror("open");
+    std::exit(4);
+  }
+  size_t done = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data() + done, buf.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  return seconds_since(t0);
 }
 
 void fill_random(std::vector<uint8_t>& buf, uint64_t seed) {
@@ -87,7 +119,7 @@ double sha256_memory(const std::vector<std::vector<uint8_t>>& parts) {
 int main(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : "/tmp/retrace-ckpt-bench";
   const uint64_t mb = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 256;
-  const int repeats = argc > 3 ? std::atoi(argv[3]) : 3;
+  const int repeats = argc > 3 ? std::atoi(argv[3]) : 5;
   try {
     std::filesystem::remove_all(root);
     std::filesystem::create_directories(root);
@@ -114,7 +146,10 @@ int main(int argc, char** argv) {
     uint64_t bytes = 4096 + 512;
     for (const auto& p : parts) bytes += p.size();
 
-    std::vector<double> save, load, write, sha;
+    std::vector<double> save, load, load_cold, read, read_cold, write, sha, multi;
+    std::vector<double> r_load, r_cold, r_multi;  // per-round ratios
+    std::vector<char> read_buf;
+    const std::string multi_root = root + "/four-ranks";
     for (int r = 0; r < repeats; ++r) {
       // Interleaved, so that drift of the machine hits every figure alike.
       auto t0 = Clock::now();
@@ -128,27 +163,71 @@ int main(int argc, char** argv) {
       m.shards = {{0, info.file, info.size, info.sha256}};
       commit_checkpoint(root, m, /*keep_last=*/1);
       save.push_back(seconds_since(t0));
+      const std::string shard_path = dir + "/" + info.file;
+      read_buf.resize(info.size);
 
-      t0 = Clock::now();
-      Manifest v = verify_checkpoint(dir, 1);
-      ShardData d = load_shard(dir, v, 0, /*check_digest=*/false);
-      load.push_back(seconds_since(t0));
-      if (d.tensors.size() != views.size()) throw std::runtime_error("bench: wrong tensor count on load");
-
-      write.push_back(plain_write_fsync(root + "/plain-write.bin", parts));
+      auto timed_load = [&] {
+        auto t = Clock::now();
+        Manifest v = verify_checkpoint(dir, 1, /*hashed_by_caller=*/0);
+        ShardData d = load_shard(dir, v, 0, /*check_digest=*/true);
+        const double s = seconds_since(t);
+        if (d.tensors.size() != views.size()) throw std::runtime_error("bench: wrong tensor count on load");
+        return s;
+      };
+      load.push_back(timed_load());
+      read.push_back(plain_read(shard_path, read_buf));
       sha.push_back(sha256_memory(parts));
+      drop_cache(shard_path);
+      load_cold.push_back(timed_load());
+      drop_cache(shard_path);
+      read_cold.push_back(plain_read(shard_path, read_buf));
+      write.push_back(plain_write_fsync(root + "/plain-write.bin", parts));
+      r_load.push_back(sha.back() > read.back() ? sha.back() / load.back() : read.back() / load.back());
+      r_cold.push_back(std::max(sha.back(), read_cold.back()) / load_cold.back());
+
+      // Four ranks' shards of a quarter each, verified together.
+      const std::string mdir = prepare_checkpoint_dir(multi_root, step);
+      Manifest mm;
+      mm.step = step;
+      mm.world_size = 4;
+      mm.config_hash = "bench";
+      for (uint32_t rank = 0; rank < 4; ++rank) {
+        std::vector<TensorView> quarter;
+        for (const TensorView& tv : views) {
+          const int64_t n = tv.shape[0] / 4;
+          quarter.push_back({tv.name, tv.dtype, {n}, static_cast<const uint8_t*>(tv.data) + rank * (tv.nbytes / 4),
+                             uint64_t(n) * (tv.nbytes / uint64_t(tv.shape[0]))});
+        }
+        ShardFileInfo qi = write_shard(mdir + "/" + shard_file_name(rank), shard_metadata(step, rank, 4), quarter);
+        mm.shards.push_back({rank, qi.file, qi.size, qi.sha256});
+      }
+      commit_checkpoint(multi_root, mm, /*keep_last=*/1);
+      t0 = Clock::now();
+      verify_checkpoint(mdir, 4);
+      multi.push_back(seconds_since(t0));
+      r_multi.push_back(sha.back() / multi.back());
     }
     auto rate = [&](double s) { return double(bytes) / 1e6 / s; };
-    const double save_rate = rate(median(save)), load_rate = rate(median(load));
+    auto ratio = [](const char* what, const std::vector<double>& v) {
+      const auto s = retrace::bench::spread(v);
+      std::printf("%-58s %5.2f [%.2f, %.2f]\n", what, s.median, s.lo, s.hi);
+    };
     const double write_rate = rate(median(write)), sha_rate = rate(median(sha));
-    const double ceiling = std::min(write_rate, sha_rate);
-    std::printf("state: %.1f MB in %zu tensors, %d repeats (medians), dir %s\n", double(bytes) / 1e6, views.size(),
+    std::printf("state: %.1f MB in %zu tensors, %d rounds (medians), dir %s\n", double(bytes) / 1e6, views.size(),
                 repeats, root.c_str());
-    std::printf("save (write_shard + commit, sha256 in the same pass): %8.1f MB/s\n", save_rate);
-    std::printf("load (verify sha256 + read + parse):                  %8.1f MB/s\n", load_rate);
-    std::printf("ceiling: sequential write + fsync, same disk:         %8.1f MB/s\n", write_rate);
-    std::printf("ceiling: sha256 in memory (OpenSSL EVP):              %8.1f MB/s\n", sha_rate);
-    std::printf("save / min(ceilings) = %.2f\n", save_rate / ceiling);
+    std::printf("save (write_shard + commit, sha256 in the same pass):  %8.1f MB/s\n", rate(median(save)));
+    std::printf("load, warm (read + sha256 in one pass + parse):         %8.1f MB/s\n", rate(median(load)));
+    std::printf("load, cold (pages dropped first):                       %8.1f MB/s\n", rate(median(load_cold)));
+    std::printf("4-rank verify (all shards, hashed in parallel):         %8.1f MB/s\n", rate(median(multi)));
+    std::printf("ceiling: plain read, warm:                              %8.1f MB/s\n", rate(median(read)));
+    std::printf("ceiling: plain read, cold:                              %8.1f MB/s\n", rate(median(read_cold)));
+    std::printf("ceiling: sha256 in memory (OpenSSL EVP, one thread):    %8.1f MB/s\n", sha_rate);
+    std::printf("ceiling: sequential write + fsync, same disk:           %8.1f MB/s\n", write_rate);
+    std::printf("per-round ratios, median [min, max]:\n");
+    ratio("  load warm / min(read warm, sha256)", r_load);
+    ratio("  load cold / min(read cold, sha256)", r_cold);
+    ratio("  4-rank verify / sha256 (one thread)", r_multi);
+    std::printf("save / min(write, sha256) = %.2f\n", rate(median(save)) / std::min(write_rate, sha_rate));
     std::filesystem::remove_all(root);
   } catch (const retrace::Error& e) {
     std::fprintf(stderr, "ckpt_bench: %s: %s\n", e.kind(), e.what());
