@@ -76,8 +76,11 @@ holds for damaged bytes that no complete, valid frame follows (a cut write, zero
 blocks), as retrace's FrameScanner decides it.
 
 Not checked here: the content digest and the hash chain of the steps (``retrace inspect`` and the
-C++ reader verify them: a trace that reads here may still be refused there as edited); the zero
-``flags`` byte and the reserved bytes of the file header (neither does retrace).
+C++ reader verify them: a trace that reads here may still be refused there as edited); the reserved
+bytes of the file header (neither does retrace).
+
+Formats 1 and 2 are read. In format 2 a step frame whose flags have bit 0 set was compressed with
+the header's ``step_dictionary`` (a zstd raw-content dictionary); any other flag is an error.
 
 Example
 -------
@@ -236,7 +239,7 @@ class Layout:
     """
 
     _FILE_FIELDS = ("magic", "version")
-    _FRAME_FIELDS = ("magic", "kind", "header_check", "step", "compressed_len", "raw_len", "checksum")
+    _FRAME_FIELDS = ("magic", "kind", "flags", "header_check", "step", "compressed_len", "raw_len", "checksum")
 
     def __init__(self, path):
         self.path = path
@@ -247,7 +250,10 @@ class Layout:
             raise LayoutError(f"{path} is not a JSON layout: {e}") from None
         try:
             self.format_version = int(j["format_version"])
+            self.oldest_format_version = int(j.get("oldest_format_version", self.format_version))
             fh, fr, lim = j["file_header"], j["frame_header"], j["limits"]
+            # Format 2: a step frame with this flag was compressed with the header's stepDictionary.
+            self.flag_step_dictionary = int(fr.get("flag_step_dictionary", 0))
             self.file_header_size = int(fh["size"])
             self.file_magic = str(fh["magic"]).encode("ascii")
             self.file_fields = _parse_fields("file_header.fields", fh["fields"], self.file_header_size)
@@ -270,7 +276,7 @@ class Layout:
         ff = self.frame_fields
         if self.file_fields["magic"].size != len(self.file_magic) or self.file_fields["version"].fmt is None:
             raise LayoutError(f"{path}: file_header.magic does not fit its field, or version is not an integer")
-        for name in ("magic", "kind", "header_check", "step", "compressed_len", "raw_len", "checksum"):
+        for name in ("magic", "kind", "flags", "header_check", "step", "compressed_len", "raw_len", "checksum"):
             if ff[name].fmt is None:
                 raise LayoutError(f"{path}: frame_header.fields.{name} must be an integer type")
         self.frame_magic_bytes = ff["magic"].pack(self.frame_magic)
@@ -527,6 +533,7 @@ def _header_dict(b, t):
         "effective_batch": b.effectiveBatch,
         "world_size": b.worldSize,
         "created_utc": t(b.createdUtc),
+        "step_dictionary": bytes(b.stepDictionary),  # format 2; empty in format 1
     }
 
 
@@ -539,7 +546,15 @@ def _step_dict(b, t, outcomes, where):
     else:
         raise TraceFormatError(f"{where} has step outcome {raw}, which this reader does not know; read it with "
                                f"the retrace that wrote it")
-    tm = b.timings
+    if b._has("timingsNs"):  # whole nanoseconds (format 2 writers); ns / 1e6 is the double retrace wrote
+        n = b.timingsNs
+        timings = {"data_ms": n.dataNs / 1e6, "forward_ms": n.forwardNs / 1e6, "backward_ms": n.backwardNs / 1e6,
+                   "optimizer_ms": n.optimizerNs / 1e6, "trace_ms": n.traceNs / 1e6,
+                   "allreduce_ms": n.allreduceNs / 1e6}
+    else:
+        tm = b.timings
+        timings = {"data_ms": tm.dataMs, "forward_ms": tm.forwardMs, "backward_ms": tm.backwardMs,
+                   "optimizer_ms": tm.optimizerMs, "trace_ms": tm.traceMs, "allreduce_ms": tm.allreduceMs}
     return {
         "step": b.step,
         "epoch": b.epoch,
@@ -566,14 +581,7 @@ def _step_dict(b, t, outcomes, where):
         "chain_digest": _digest(b.chainDigest),
         "allreduce_calls": b.allreduceCalls,
         "allreduce_bytes": b.allreduceBytes,
-        "timings": {
-            "data_ms": tm.dataMs,
-            "forward_ms": tm.forwardMs,
-            "backward_ms": tm.backwardMs,
-            "optimizer_ms": tm.optimizerMs,
-            "trace_ms": tm.traceMs,
-            "allreduce_ms": tm.allreduceMs,
-        },
+        "timings": timings,
     }
 
 
@@ -665,6 +673,7 @@ class Trace:
         # The payloads are read again, one frame at a time, when records are asked for.
         del buf, scanner
         self.header = self._records(lay.header_kind)[0]
+        self._step_dictionary = self.header.pop("step_dictionary")  # the frames', not a field of the record
         if self.header["schema"] != SUPPORTED_SCHEMA:
             raise TraceFormatError(f"trace {path} has schema \"{self.header['schema']}\" but this reader reads "
                                    f"\"{SUPPORTED_SCHEMA}\"; it was probably written by a newer retrace")
@@ -678,9 +687,11 @@ class Trace:
             raise TraceFormatError(f"{path} is not a retrace trace: its first bytes are not the magic "
                                    f"\"{lay.file_magic.decode('ascii')}\"")
         version = lay.file_fields["version"].read(buf)
-        if version != lay.format_version:
-            raise TraceFormatError(f"{path} has trace format version {version} but this reader reads version "
-                                   f"{lay.format_version}; read it with the retrace version that wrote it")
+        if not lay.oldest_format_version <= version <= lay.format_version:
+            raise TraceFormatError(f"{path} has trace format version {version} but this reader reads versions "
+                                   f"{lay.oldest_format_version} to {lay.format_version}; read it with the retrace "
+                                   f"version that wrote it")
+        self.format_version = version
 
     def __repr__(self):
         return (f"<Trace {self.path!r}: {len(self.frames)} frames, {self.valid_bytes} bytes"
@@ -700,6 +711,7 @@ class Trace:
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
         try:
             dctx = zstandard.ZstdDecompressor()
+            dict_dctx = None  # made from the header's step dictionary when a flagged frame needs it
             for f in frames:
                 size = hs + f.compressed_len
                 data = _read_at(fd, size, f.offset)
@@ -717,12 +729,27 @@ class Trace:
                     raise TraceFormatError(f"{self.where(f)} has a raw length of {f.raw_len} bytes, not a whole number "
                                            f"of {CAPNP_WORD}-byte words")
                 payload = data[hs:]
+                flags = lay.frame_fields["flags"].read(data)
+                if flags & ~lay.flag_step_dictionary:
+                    raise TraceFormatError(f"{self.where(f)} has frame flags {flags}; only bit 0 (the step dictionary) "
+                                           f"is defined. It was written by a newer retrace: read it with that version")
+                use = dctx
+                if flags & lay.flag_step_dictionary:
+                    dictionary = getattr(self, "_step_dictionary", b"")
+                    if kind == lay.header_kind or not dictionary or lay.kinds.get(kind) != "Step":
+                        raise TraceFormatError(f"{self.where(f)} is flagged as compressed with the step dictionary, "
+                                               f"but only step frames of a trace whose header holds one are; the "
+                                               f"file is damaged")
+                    if dict_dctx is None:
+                        dict_dctx = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(
+                            dictionary, dict_type=zstandard.DICT_TYPE_RAWCONTENT))
+                    use = dict_dctx
                 try:
                     declared = zstandard.frame_content_size(payload)
                     if declared not in (-1, f.raw_len):
                         raise TraceFormatError(f"{self.where(f)} decompresses to {declared} bytes but its header says "
                                                f"{f.raw_len}")
-                    raw = dctx.decompress(payload, max_output_size=max(f.raw_len, 1), allow_extra_data=False)
+                    raw = use.decompress(payload, max_output_size=max(f.raw_len, 1), allow_extra_data=False)
                 except zstandard.ZstdError as e:
                     raise TraceFormatError(f"cannot decompress {self.where(f)}: {e}") from None
                 if len(raw) != f.raw_len:

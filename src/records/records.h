@@ -2,6 +2,7 @@
 // Cap'n Proto schema in trace.capnp; nothing outside src/trace sees Cap'n Proto.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,6 +66,9 @@ struct TraceHeader {
   uint32_t world_size = 1;
   uint64_t effective_batch = 0;  // data.batch_size x train.accum_steps x world size
   std::string created_utc;  // ISO 8601; informational, not compared
+  // Format 2 traces: the zstd raw-content dictionary of their step frames (see trace/framing.h);
+  // made by the writer, empty in format 1 traces. Not part of any digest.
+  std::string step_dictionary;
 };
 
 // Wall time of one step, split by phase, in milliseconds. Never part of any digest.
@@ -73,6 +77,9 @@ struct Timings {
   double allreduce_ms = 0;  // part of backward_ms: data-parallel collectives
   // The whole step: its phases (the collectives are inside backward_ms).
   double step_ms() const { return data_ms + forward_ms + backward_ms + optimizer_ms + trace_ms; }
+  // A sum of measured durations rounded to the whole nanoseconds the clock counts (the doubles'
+  // own rounding drifts by an ulp or so per addition): the trace then stores them as integers.
+  static double whole_ns(double ms) { return ms >= 0 && ms < 9e9 ? std::round(ms * 1e6) / 1e6 : ms; }
 };
 
 struct StepRecord {

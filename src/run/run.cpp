@@ -149,7 +149,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     if (dp) rec.rank_grad_digests = dp->rank_grad_digests;
     rec.allreduce_calls = stats.calls;
     rec.allreduce_bytes = stats.bytes;
-    rec.timings.allreduce_ms = stats.ms;
+    rec.timings.allreduce_ms = records::Timings::whole_ns(stats.ms);
     if (rank_rng) rec.rank_rng_digests = dp->gather(rec.rng_digest);  // each rank's own, from its step
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
@@ -302,7 +302,8 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.world_size = world;
     h.effective_batch = static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps) * world;
     h.created_utc = utc_now();
-    writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level)));
+    writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level),
+                                              static_cast<uint32_t>(config.train.accum_steps)));
     attach_tensorboard(*writer, options.control, h, true, options.force);
   }
   run_loop(trainer, config, writer ? &*writer : nullptr, options.out_dir, options.control, cb, summary, pg, {});

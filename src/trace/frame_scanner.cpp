@@ -22,7 +22,7 @@ std::string hex64(uint64_t v) {
 
 }  // namespace
 
-void check_file_header(int fd, const std::string& path, uint64_t size) {
+uint16_t check_file_header(int fd, const std::string& path, uint64_t size) {
   RETRACE_CHECK(size >= kFileHeaderSize, FormatError, path, " is not a retrace trace: it is ",
                 size, " bytes long, shorter than the ", kFileHeaderSize, "-byte file header");
   uint8_t h[kFileHeaderSize];
@@ -30,9 +30,11 @@ void check_file_header(int fd, const std::string& path, uint64_t size) {
   RETRACE_CHECK(std::memcmp(h + layout::kFile_magic, kFileMagic, kFileMagicSize) == 0, FormatError, path,
                 " is not a retrace trace: its first bytes are not the magic \"RTRACE\"");
   uint16_t version = get_u16(h + layout::kFile_version);
-  RETRACE_CHECK(version == kFormatVersion, FormatError, path, " has trace format version ",
-                version, " but this binary reads version ", kFormatVersion,
+  RETRACE_CHECK(version >= layout::kOldestFormatVersion && version <= kFormatVersion, FormatError, path,
+                " has trace format version ", version, " but this binary reads versions ",
+                layout::kOldestFormatVersion, " to ", kFormatVersion,
                 "; read it with the retrace version that wrote it");
+  return version;
 }
 
 FrameScanner::FrameScanner(int fd, std::string path, uint64_t start, uint64_t end,

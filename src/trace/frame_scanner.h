@@ -23,7 +23,8 @@ namespace retrace::trace {
 
 // Reads and checks the 16-byte file header of `path` (open as fd, `size` bytes long). Throws
 // FormatError naming the path for a short file, a bad magic, or an unsupported version.
-void check_file_header(int fd, const std::string& path, uint64_t size);
+// Returns the file's format version (kOldestFormatVersion to kFormatVersion).
+uint16_t check_file_header(int fd, const std::string& path, uint64_t size);
 
 class FrameScanner {
  public:

@@ -1,5 +1,8 @@
 #include "trace/record_codec.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <kj/exception.h>
@@ -88,9 +91,21 @@ void serialize_header(const records::TraceHeader& h, std::string& out) {
   b.setTotalSteps(h.total_steps);
   b.setWorldSize(h.world_size);
   b.setEffectiveBatch(h.effective_batch);
+  if (!h.step_dictionary.empty())
+    b.setStepDictionary(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(h.step_dictionary.data()),
+                                            h.step_dictionary.size()));
   b.setCreatedUtc(text(h.created_utc));
   flatten(builder, out);
 }
+
+namespace {
+// True when `ms` is exactly ns / 1e6 for a whole ns (below 2^53, where doubles hold every integer).
+bool whole_nanoseconds(double ms, uint64_t& ns) {
+  if (!(ms >= 0) || !(ms * 1e6 < 9007199254740992.0)) return false;
+  ns = static_cast<uint64_t>(std::llround(ms * 1e6));
+  return static_cast<double>(ns) / 1e6 == ms;
+}
+}  // namespace
 
 void serialize_step(const records::StepRecord& r, std::string& out) {
   capnp::MallocMessageBuilder builder(kFirstSegmentWords);
@@ -119,13 +134,28 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
   for (size_t i = 0; i < r.rank_grad_digests.size(); ++i) set_digest(grads[i], r.rank_grad_digests[i]);
   set_digest(b.initContentDigest(), r.content_digest);
   set_digest(b.initChainDigest(), r.chain_digest);
-  auto t = b.initTimings();
-  t.setDataMs(r.timings.data_ms);
-  t.setForwardMs(r.timings.forward_ms);
-  t.setBackwardMs(r.timings.backward_ms);
-  t.setOptimizerMs(r.timings.optimizer_ms);
-  t.setTraceMs(r.timings.trace_ms);
-  t.setAllreduceMs(r.timings.allreduce_ms);
+  const double ms[6] = {r.timings.data_ms,    r.timings.forward_ms, r.timings.backward_ms,
+                        r.timings.optimizer_ms, r.timings.trace_ms, r.timings.allreduce_ms};
+  uint64_t ns[6] = {};
+  bool whole = true;
+  for (int i = 0; i < 6; ++i) whole = whole && whole_nanoseconds(ms[i], ns[i]);
+  if (whole) {
+    auto t = b.initTimingsNs();
+    t.setDataNs(ns[0]);
+    t.setForwardNs(ns[1]);
+    t.setBackwardNs(ns[2]);
+    t.setOptimizerNs(ns[3]);
+    t.setTraceNs(ns[4]);
+    t.setAllreduceNs(ns[5]);
+  } else {
+    auto t = b.initTimings();
+    t.setDataMs(ms[0]);
+    t.setForwardMs(ms[1]);
+    t.setBackwardMs(ms[2]);
+    t.setOptimizerMs(ms[3]);
+    t.setTraceMs(ms[4]);
+    t.setAllreduceMs(ms[5]);
+  }
   b.setAllreduceCalls(r.allreduce_calls);
   b.setAllreduceBytes(r.allreduce_bytes);
   if (r.state_digest != Digest128{}) set_digest(b.initStateDigest(), r.state_digest);
@@ -134,6 +164,29 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
     for (size_t i = 0; i < r.rank_rng_digests.size(); ++i) set_digest(rngs[i], r.rank_rng_digests[i]);
   }
   flatten(builder, out);
+}
+
+std::string step_dictionary_for(const records::TraceHeader& h, uint32_t micro_batches) {
+  records::StepRecord t;
+  const uint32_t world = std::max<uint32_t>(1, h.world_size);
+  const uint32_t micro = std::max<uint32_t>(1, micro_batches);
+  t.step = 1;
+  t.batch_size = static_cast<uint32_t>(h.effective_batch / world);
+  t.micro_batch_sizes.assign(micro, t.batch_size / micro);
+  t.micro_losses.assign(micro, 1.0);
+  t.loss = 1.0;
+  t.lr = 1e-3;
+  t.loss_scale = 1.0;
+  const Digest128 marker{0x0101010101010101ull, 0x0101010101010101ull};  // any non-zero value
+  t.sample_digest = t.param_digest = t.optim_digest = t.rng_digest = t.state_digest = marker;
+  t.content_digest = t.chain_digest = marker;
+  if (world > 1) {
+    t.rank_grad_digests.assign(world, marker);
+    t.rank_rng_digests.assign(world, marker);
+  }
+  std::string out;
+  serialize_step(t, out);
+  return out;
 }
 
 void serialize_eval(const records::EvalRecord& r, std::string& out) {
@@ -178,6 +231,10 @@ records::TraceHeader parse_header(const uint64_t* words, size_t n_words, const s
     h.total_steps = b.getTotalSteps();
     h.world_size = b.getWorldSize();
     h.effective_batch = b.getEffectiveBatch();
+    if (b.hasStepDictionary()) {
+      auto d = b.getStepDictionary();
+      h.step_dictionary.assign(reinterpret_cast<const char*>(d.begin()), d.size());
+    }
     h.created_utc = str(b.getCreatedUtc());
     return h;
   });
@@ -212,12 +269,22 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
     r.content_digest = get_digest(b.getContentDigest());
     r.chain_digest = get_digest(b.getChainDigest());
     auto t = b.getTimings();
-    r.timings.data_ms = t.getDataMs();
-    r.timings.forward_ms = t.getForwardMs();
-    r.timings.backward_ms = t.getBackwardMs();
-    r.timings.optimizer_ms = t.getOptimizerMs();
-    r.timings.trace_ms = t.getTraceMs();
-    r.timings.allreduce_ms = t.getAllreduceMs();
+    if (b.hasTimingsNs()) {
+      auto n = b.getTimingsNs();
+      r.timings.data_ms = double(n.getDataNs()) / 1e6;
+      r.timings.forward_ms = double(n.getForwardNs()) / 1e6;
+      r.timings.backward_ms = double(n.getBackwardNs()) / 1e6;
+      r.timings.optimizer_ms = double(n.getOptimizerNs()) / 1e6;
+      r.timings.trace_ms = double(n.getTraceNs()) / 1e6;
+      r.timings.allreduce_ms = double(n.getAllreduceNs()) / 1e6;
+    } else {
+      r.timings.data_ms = t.getDataMs();
+      r.timings.forward_ms = t.getForwardMs();
+      r.timings.backward_ms = t.getBackwardMs();
+      r.timings.optimizer_ms = t.getOptimizerMs();
+      r.timings.trace_ms = t.getTraceMs();
+      r.timings.allreduce_ms = t.getAllreduceMs();
+    }
     r.allreduce_calls = b.getAllreduceCalls();
     r.allreduce_bytes = b.getAllreduceBytes();
     if (b.hasStateDigest()) r.state_digest = get_digest(b.getStateDigest());

@@ -25,6 +25,11 @@ inline constexpr int kNestingLimit = 16;
 // Replace the contents of `out` with the serialized message.
 void serialize_header(const records::TraceHeader& h, std::string& out);
 void serialize_step(const records::StepRecord& r, std::string& out);
+// The step dictionary of a format 2 trace (TraceHeader::step_dictionary): a Step message of the
+// run's shape (its world size's per-rank digest lists, its micro-batches, a state digest), whose
+// pointers, tags and constants the step frames share. zstd uses it as raw content: about 90 of a
+// step frame's 310 compressed bytes are structure that it then does not have to repeat.
+std::string step_dictionary_for(const records::TraceHeader& h, uint32_t micro_batches);
 void serialize_eval(const records::EvalRecord& r, std::string& out);
 void serialize_event(const records::EventRecord& r, std::string& out);
 

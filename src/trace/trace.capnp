@@ -50,6 +50,9 @@ struct Header {
   worldSize @11 :UInt32;
   createdUtc @12 :Text;
   effectiveBatch @13 :UInt64;  # samples per optimizer step: micro batch x accum steps x world size
+  # Format 2: a zstd raw-content dictionary (a template Step message of this run's shape) for the
+  # step frames whose flags have bit 0 set. Empty in format 1 traces.
+  stepDictionary @14 :Data;
 }
 
 enum Outcome {
@@ -64,6 +67,18 @@ struct Timings {
   optimizerMs @3 :Float64;
   traceMs @4 :Float64;
   allreduceMs @5 :Float64;  # part of backwardMs: the data-parallel collectives
+}
+
+# The same six times as whole nanoseconds, which is what the clock measures: a step frame holds
+# this instead of Timings when every value v is exactly ns / 1e6 for its ns (then it reads back to
+# the same double), and these compress to about half the bytes of six Float64s.
+struct TimingsNs {
+  dataNs @0 :UInt64;
+  forwardNs @1 :UInt64;
+  backwardNs @2 :UInt64;
+  optimizerNs @3 :UInt64;
+  traceNs @4 :UInt64;
+  allreduceNs @5 :UInt64;
 }
 
 struct Step {
@@ -95,6 +110,7 @@ struct Step {
   # Added later; absent (zero, empty) in traces from before them.
   stateDigest @24 :Digest128;          # scaler, guards, fired faults, set-aside batches, counters
   rankRngDigests @25 :List(Digest128);  # data parallelism: every rank's RngState after the step
+  timingsNs @26 :TimingsNs;  # instead of timings (left unset) when the times are whole nanoseconds
 }
 
 struct Eval {

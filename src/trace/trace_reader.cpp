@@ -23,6 +23,7 @@ TraceReader::TraceReader(TraceReader&& o) noexcept
       index_(std::move(o.index_)),
       by_step_(std::move(o.by_step_)),
       valid_bytes_(o.valid_bytes_),
+      version_(o.version_),
       tail_warning_(std::move(o.tail_warning_)),
       dctx_(std::exchange(o.dctx_, nullptr)),
       compressed_(std::move(o.compressed_)),
@@ -37,6 +38,7 @@ TraceReader& TraceReader::operator=(TraceReader&& o) noexcept {
     index_ = std::move(o.index_);
     by_step_ = std::move(o.by_step_);
     valid_bytes_ = o.valid_bytes_;
+    version_ = o.version_;
     tail_warning_ = std::move(o.tail_warning_);
     dctx_ = std::exchange(o.dctx_, nullptr);
     compressed_ = std::move(o.compressed_);
@@ -57,7 +59,7 @@ TraceReader TraceReader::open(const std::string& path) {
   RETRACE_CHECK(r.dctx_ != nullptr, InvariantError, "ZSTD_createDCtx failed (out of memory)");
 
   uint64_t size = file_size(r.fd_.get(), path);
-  check_file_header(r.fd_.get(), path, size);
+  r.version_ = check_file_header(r.fd_.get(), path, size);
   FrameScanner scanner(r.fd_.get(), path, kFileHeaderSize, size);
   while (auto f = scanner.next()) {
     FrameKind kind = static_cast<FrameKind>(f->header.kind);
@@ -84,6 +86,9 @@ TraceReader TraceReader::open(const std::string& path) {
 
   r.load(r.index_[0]);
   r.header_ = parse_header(r.words_.data(), r.words_.size(), r.where(r.index_[0]));
+  RETRACE_CHECK(r.version_ >= 2 || r.header_.step_dictionary.empty(), FormatError, "trace ", path,
+                " is format version ", r.version_, " but its header holds a step dictionary, which only "
+                "version 2 has; the file is damaged");
   RETRACE_CHECK(r.header_.schema == records::kTraceSchema, FormatError, "trace ", path, " has schema \"",
                 r.header_.schema, "\" but this binary reads \"", records::kTraceSchema,
                 "\"; it was probably written by a newer retrace: read it with that version");
@@ -161,9 +166,26 @@ void TraceReader::load(const FrameIndexEntry& e) const {
                 "); another process is writing the file, or the disk is failing");
   RETRACE_CHECK(e.raw_len % 8 == 0, FormatError, where(e), " has a raw length of ", e.raw_len,
                 " bytes, not a whole number of 8-byte words");
+  const uint8_t dict_flag = layout::kFlagStepDictionary;
+  RETRACE_CHECK((h.flags & ~dict_flag) == 0, FormatError, where(e), " has frame flags ", unsigned(h.flags),
+                "; only bit 0 (the step dictionary) is defined. It was written by a newer retrace: read it with "
+                "that version");
+  const bool with_dictionary = (h.flags & dict_flag) != 0;
+  if (with_dictionary) {
+    // The header frame is the first loaded, and never flagged, so header_ is known here.
+    RETRACE_CHECK(e.kind == FrameKind::kStep && !header_.step_dictionary.empty(), FormatError, where(e),
+                  " is flagged as compressed with the step dictionary, but ",
+                  e.kind != FrameKind::kStep ? "only step frames are"
+                                             : "the trace's header holds none (a format 1 trace)",
+                  "; the file is damaged");
+  }
   words_.resize(e.raw_len / 8);
-  size_t n = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
-                                 p + kFrameHeaderSize, e.compressed_len);
+  size_t n = with_dictionary
+                 ? ZSTD_decompress_usingDict(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
+                                             p + kFrameHeaderSize, e.compressed_len, header_.step_dictionary.data(),
+                                             header_.step_dictionary.size())
+                 : ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
+                                       p + kFrameHeaderSize, e.compressed_len);
   RETRACE_CHECK(!ZSTD_isError(n), FormatError, "cannot decompress ", where(e), ": ",
                 ZSTD_getErrorName(n));
   RETRACE_CHECK(n == e.raw_len, FormatError, where(e), " decompresses to ", n,

@@ -93,6 +93,7 @@ class TraceReader {
   // (step, position in index_) of every step frame, sorted by step, then by position.
   std::vector<std::pair<uint64_t, size_t>> by_step_;
   uint64_t valid_bytes_ = 0;
+  uint16_t version_ = 0;  // the file's format version; 2 allows step frames with the header's dictionary
   std::optional<std::string> tail_warning_;
   void* dctx_ = nullptr;                    // ZSTD_DCtx, reused
   mutable std::vector<uint8_t> compressed_;  // reused read buffer

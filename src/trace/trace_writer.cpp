@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/file_util.h"
@@ -23,13 +24,27 @@ std::string parent_dir(const std::string& path) {
   return dir.empty() ? "." : dir;
 }
 
-// Finds the header frame at the start of an open trace; returns the offset just after it.
-uint64_t header_frame_end(int fd, const std::string& path, uint64_t size) {
-  check_file_header(fd, path, size);
+// Finds the header frame at the start of an open trace; returns the offset just after it. In a
+// format 2 trace, `step_dictionary` gets the header record's dictionary (empty in format 1).
+uint64_t header_frame_end(int fd, const std::string& path, uint64_t size, std::string* step_dictionary) {
+  const uint16_t version = check_file_header(fd, path, size);
   FrameScanner scanner(fd, path, kFileHeaderSize, size);
   auto first = scanner.next();
   RETRACE_CHECK(first && first->header.kind == static_cast<uint8_t>(FrameKind::kHeader),
                 FormatError, path, ": trace has no header frame; the file is not a complete trace");
+  if (step_dictionary != nullptr) {
+    step_dictionary->clear();
+    if (version >= 2) {
+      const FrameHeader& fh = first->header;
+      RETRACE_CHECK(fh.raw_len % 8 == 0, FormatError, path, ": the header frame's raw length ", fh.raw_len,
+                    " is not a whole number of 8-byte words");
+      std::vector<uint64_t> words(fh.raw_len / 8);
+      const size_t n = ZSTD_decompress(words.data(), fh.raw_len, first->bytes + kFrameHeaderSize, fh.compressed_len);
+      RETRACE_CHECK(!ZSTD_isError(n) && n == fh.raw_len, FormatError, path, ": cannot decompress its header frame",
+                    ZSTD_isError(n) ? std::string(": ") + ZSTD_getErrorName(n) : std::string());
+      *step_dictionary = parse_header(words.data(), words.size(), path + " header frame").step_dictionary;
+    }
+  }
   return scanner.position();
 }
 
@@ -46,6 +61,7 @@ TraceWriter::TraceWriter(TraceWriter&& o) noexcept
       fd_(std::move(o.fd_)),
       zstd_level_(o.zstd_level_),
       cctx_(std::exchange(o.cctx_, nullptr)),
+      step_dictionary_(std::move(o.step_dictionary_)),
       bytes_written_(o.bytes_written_),
       last_chain_(o.last_chain_),
       last_step_(o.last_step_),
@@ -60,6 +76,7 @@ TraceWriter& TraceWriter::operator=(TraceWriter&& o) noexcept {
     fd_ = std::move(o.fd_);
     zstd_level_ = o.zstd_level_;
     cctx_ = std::exchange(o.cctx_, nullptr);
+    step_dictionary_ = std::move(o.step_dictionary_);
     bytes_written_ = o.bytes_written_;
     last_chain_ = o.last_chain_;
     last_step_ = o.last_step_;
@@ -75,7 +92,7 @@ TraceWriter::~TraceWriter() {
 }
 
 TraceWriter TraceWriter::create(const std::string& path, const records::TraceHeader& header,
-                                int zstd_level) {
+                                int zstd_level, uint32_t micro_batches) {
   int raw_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (raw_fd < 0 && errno == EEXIST) {
     RETRACE_FAIL(IoError, "refusing to create trace ", path,
@@ -89,8 +106,11 @@ TraceWriter TraceWriter::create(const std::string& path, const records::TraceHea
   encode_file_header(file_header);
   write_full(w.fd_.get(), file_header, kFileHeaderSize, path);
   w.bytes_written_ = kFileHeaderSize;
-  serialize_header(header, w.raw_);
+  records::TraceHeader with_dictionary = header;
+  with_dictionary.step_dictionary = step_dictionary_for(header, micro_batches);
+  serialize_header(with_dictionary, w.raw_);
   w.append_frame(static_cast<uint8_t>(FrameKind::kHeader), 0);
+  w.step_dictionary_ = std::move(with_dictionary.step_dictionary);  // after the header frame: it has none
   // The trace's existence is durable from the start, so a checkpoint never points at a trace
   // that a power loss could make vanish.
   w.sync();
@@ -106,7 +126,8 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
                 fs::errno_text(errno));
   UniqueFd fd(raw_fd);
   uint64_t size = file_size(fd.get(), path);
-  uint64_t header_end = header_frame_end(fd.get(), path, size);
+  std::string step_dictionary;
+  uint64_t header_end = header_frame_end(fd.get(), path, size, &step_dictionary);
   RETRACE_CHECK(keep_bytes <= size, IntegrityError, "trace ", path, " is ", size,
                 " bytes long but the checkpoint says it had reached ", keep_bytes,
                 " bytes; the trace was truncated or replaced after the checkpoint was taken. "
@@ -168,6 +189,7 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
   RETRACE_CHECK(::lseek(fd.get(), static_cast<off_t>(keep_bytes), SEEK_SET) >= 0, IoError,
                 "cannot seek in trace ", path, ": ", fs::errno_text(errno));
   TraceWriter w(path, std::move(fd), zstd_level, keep_bytes);
+  w.step_dictionary_ = std::move(step_dictionary);  // a format 1 trace goes on without one
   w.last_chain_ = chain;
   w.last_step_ = last_step;
   return w;
@@ -203,12 +225,18 @@ void TraceWriter::append_frame(uint8_t kind, uint64_t step) {
                 " record of ", raw_.size(), " bytes exceeds the frame limit of ", kMaxPayloadLen);
   size_t bound = ZSTD_compressBound(raw_.size());
   if (frame_.size() < kFrameHeaderSize + bound) frame_.resize(kFrameHeaderSize + bound);
-  size_t n = ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize,
-                               bound, raw_.data(), raw_.size(), zstd_level_);
+  const bool with_dictionary = kind == static_cast<uint8_t>(FrameKind::kStep) && !step_dictionary_.empty();
+  size_t n = with_dictionary
+                 ? ZSTD_compress_usingDict(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize, bound,
+                                           raw_.data(), raw_.size(), step_dictionary_.data(), step_dictionary_.size(),
+                                           zstd_level_)
+                 : ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize,
+                                     bound, raw_.data(), raw_.size(), zstd_level_);
   RETRACE_CHECK(!ZSTD_isError(n), InvariantError, "zstd compression failed: ",
                 ZSTD_getErrorName(n));
   FrameHeader h;
   h.kind = kind;
+  h.flags = with_dictionary ? layout::kFlagStepDictionary : 0;
   h.step = step;
   h.compressed_len = static_cast<uint32_t>(n);
   h.raw_len = static_cast<uint32_t>(raw_.size());

@@ -41,7 +41,9 @@ class TraceWriter {
  public:
   // Creates a new trace at `path` (never overwrites: an existing file is an IoError) and writes
   // the file header and the header frame. zstd_level is any level zstd accepts (1..19 typical).
-  static TraceWriter create(const std::string& path, const records::TraceHeader& header, int zstd_level);
+  // `micro_batches` (accumulation steps per optimizer step) shapes the step dictionary only.
+  static TraceWriter create(const std::string& path, const records::TraceHeader& header, int zstd_level,
+                            uint32_t micro_batches = 1);
 
   // Reopens a trace to continue a run from a checkpoint. `keep_bytes` is the checkpoint's trace
   // position (bytes_written() when it was taken), `chain` and `last_step` the writer's state then.
@@ -87,6 +89,7 @@ class TraceWriter {
   UniqueFd fd_;
   int zstd_level_;
   void* cctx_ = nullptr;  // ZSTD_CCtx, reused across frames
+  std::string step_dictionary_;  // format 2: the header's; empty when appending to a format 1 trace
   uint64_t bytes_written_ = 0;
   Digest128 last_chain_;
   uint64_t last_step_ = 0;

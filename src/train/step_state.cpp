@@ -117,9 +117,9 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   rec.skip_reason = r.skip_reason;
   rec.micro_batch_sizes = r.micro_sizes;
   rec.micro_losses = r.micro_losses;
-  rec.timings.forward_ms = r.forward_ms;
-  rec.timings.backward_ms = r.backward_ms;
-  rec.timings.optimizer_ms = r.optimizer_ms;
+  rec.timings.forward_ms = records::Timings::whole_ns(r.forward_ms);  // sums over micro-batches
+  rec.timings.backward_ms = records::Timings::whole_ns(r.backward_ms);
+  rec.timings.optimizer_ms = records::Timings::whole_ns(r.optimizer_ms);
 
   if (!r.skipped) s.spike_guard.record(rec.loss);
   if (auto warning = s.skip_guard.record(r.skipped, rec.step)) out.events.emplace_back("warning", *warning);

@@ -407,17 +407,65 @@ def check_missing_and_cli():
     return "missing: exit 4; run directory --json equals inspect; table prints"
 
 
+def reflag_frame(data, offset, flags):
+    """Sets the flags of the frame at `offset` in `data` (a bytearray) and reseals its header check
+    and checksum, as a writer that meant those flags would have."""
+    lay = rt.load_layout()
+    ff, hs = lay.frame_fields, lay.frame_header_size
+    clen = ff["compressed_len"].read(data[offset:offset + hs])
+    h = bytearray(data[offset:offset + hs])
+    h[ff["flags"].offset] = flags
+    hc, cs = ff["header_check"], ff["checksum"]
+    h[hc.offset : hc.offset + hc.size] = hc.pack(lay.header_check(h))
+    h[cs.offset : cs.offset + cs.size] = cs.pack(lay.checksum(h, bytes(data[offset + hs:offset + hs + clen])))
+    data[offset:offset + hs] = h
+    return data
+
+
+def check_format2_trace():
+    """A trace this binary writes now (format 2): its step frames are compressed with the header's
+    step dictionary and flagged so, the reader equals inspect on it, a step costs at most 256 bytes
+    of file for the default MLP (the frame header included), and wrong flags are refused by both."""
+    run = os.path.join(TMP, "fmt2")
+    p = subprocess.run([RETRACE, "record", "--steps", "40", "--out", run, "--plain"], capture_output=True)
+    assert p.returncode == 0, f"record exited {p.returncode}: {p.stderr.decode()[-2000:]}"
+    path = os.path.join(run, "trace.rtrace")
+    t = rt.open_trace(path)
+    assert t.format_version == 2, f"format version {t.format_version}"
+    lay = rt.load_layout()
+    steps = [f for f in t.frames if lay.kinds.get(f.kind) == "Step"]
+    flags = {lay.frame_fields["flags"].read(open(path, "rb").read()[f.offset:f.offset + lay.frame_header_size])
+             for f in steps}
+    assert flags == {lay.flag_step_dictionary}, f"step frame flags {flags}"
+    d = first_difference(t.to_json(), inspect_json(path))
+    assert d is None, f"reader vs inspect differ at {d}"
+    per_step = sum(lay.frame_header_size + f.compressed_len for f in steps) / len(steps)
+    assert per_step <= 256, f"{per_step:.1f} bytes per step frame, more than 256"
+    first_step, header = steps[0], t.frames[0]
+    for what, offset, value, message in (
+            ("unknown flag", first_step.offset, 3, "frame flags 3"),
+            ("flagged header", header.offset, 1, "flagged as compressed with the step dictionary")):
+        bad = copy_with(path, f"fmt2-{what.replace(' ', '-')}.rtrace",
+                        lambda data, o=offset, v=value: reflag_frame(data, o, v))
+        expect_raises(rt.TraceFormatError, lambda b=bad: rt.open_trace(b).to_json(), message)
+        rc, _, err = inspect(bad)
+        assert rc == 3 and message in err, f"{what}: inspect exited {rc}: {err[-500:]}"
+    return f"{len(steps)} step frames flagged, {per_step:.1f} bytes per step, wrong flags refused (exit 3)"
+
+
 def check_layout_from_json():
     """The reader takes the layout from the JSON: the same trace under a layout of another format
     version is refused."""
     lay = rt.load_layout()
     j = json.load(open(lay.path))
     j["format_version"] += 1
+    j["oldest_format_version"] = j["format_version"]
     p = os.path.join(TMP, "layout-v2.json")
     with open(p, "w") as f:
         json.dump(j, f)
+    v = lay.format_version + 1
     expect_raises(rt.TraceFormatError, lambda: rt.open_trace(golden(), layout_path=p),
-                  f"this reader reads version {lay.format_version + 1}")
+                  f"this reader reads versions {v} to {v}")
     j = json.load(open(lay.path))
     j["frame_header"]["magic"] ^= 1
     with open(p, "w") as f:
@@ -459,6 +507,7 @@ CHECKS = [
     check_not_a_trace,
     check_missing_and_cli,
     check_layout_from_json,
+    check_format2_trace,
     check_negative_control,
 ]
 

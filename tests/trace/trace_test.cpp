@@ -128,6 +128,99 @@ TEST(TraceTest, CreateRefusesExistingFileAndMissingDirectory) {
                IoError);
 }
 
+// Format 2 step frames are compressed with the header's step dictionary and flagged so; format 1
+// traces (every golden, every trace recorded before) have no dictionary, read as before and, when a
+// run resumes on one, go on in format 1. A flag where it does not belong is a FormatError.
+TEST(TraceTest, StepDictionaryFramesAndFormat1TracesReadAndResume) {
+  TempDir dir;
+  const std::string v2 = dir.file("v2.rtrace");
+  const std::vector<records::StepRecord> written = write_trace(v2, 12);
+  auto all_equal = [&](const std::vector<records::StepRecord>& got) {
+    if (got.size() != written.size()) return false;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!steps_equal(got[i], written[i])) return false;
+    return true;
+  };
+  auto frame_flags = [](const std::string& path) {
+    std::vector<std::pair<uint8_t, uint8_t>> out;  // (kind, flags) of every frame
+    const std::string b = read_bytes(path);
+    for (size_t off = kFileHeaderSize; off + kFrameHeaderSize <= b.size();) {
+      const FrameHeader h = decode_frame_header(reinterpret_cast<const uint8_t*>(b.data()) + off);
+      out.emplace_back(h.kind, h.flags);
+      off += kFrameHeaderSize + h.compressed_len;
+    }
+    return out;
+  };
+  {
+    TraceReader r = TraceReader::open(v2);
+    EXPECT_FALSE(r.header().step_dictionary.empty());
+    EXPECT_TRUE(all_equal(r.steps()));
+    size_t flagged = 0;
+    for (auto [kind, flags] : frame_flags(v2)) {
+      EXPECT_EQ(flags, kind == uint8_t(FrameKind::kStep) ? layout::kFlagStepDictionary : 0) << int(kind);
+      flagged += flags != 0;
+    }
+    EXPECT_EQ(flagged, 12u);
+  }
+  // The same records as a format 1 file: plain zstd frames, a header without a dictionary.
+  const std::string v1 = dir.file("v1.rtrace");
+  std::string bytes(kFileHeaderSize, '\0');
+  encode_file_header(reinterpret_cast<uint8_t*>(bytes.data()));
+  bytes[layout::kFile_version] = 1;
+  std::string raw;
+  serialize_header(sample_header(), raw);
+  bytes += encode_frame(FrameKind::kHeader, 0, raw, kLevel);
+  for (const records::StepRecord& r : written) {
+    serialize_step(r, raw);
+    bytes += encode_frame(FrameKind::kStep, r.step, raw, kLevel);
+  }
+  write_bytes(v1, bytes);
+  {
+    TraceReader r = TraceReader::open(v1);
+    EXPECT_TRUE(r.header().step_dictionary.empty());
+    EXPECT_TRUE(all_equal(r.steps()));
+    TraceWriter w = TraceWriter::resume(v1, r.valid_bytes(), written.back().chain_digest, 12,
+                                        dir.file("v1.set-aside.rtrace"), kLevel);
+    records::StepRecord next = sample_step(13);
+    w.append_step(next);
+  }
+  {
+    TraceReader r = TraceReader::open(v1);
+    EXPECT_EQ(r.steps().size(), 13u);
+    EXPECT_FALSE(r.first_chain_break());
+    for (auto [kind, flags] : frame_flags(v1)) EXPECT_EQ(flags, 0) << int(kind);
+  }
+  // Flags where they do not belong, each resealed so that only the flag is wrong.
+  auto reflag = [&](const std::string& from, size_t frame, uint8_t flags, const std::string& to) {
+    std::string b = read_bytes(from);
+    size_t off = kFileHeaderSize;
+    for (size_t i = 0; i < frame; ++i)
+      off += kFrameHeaderSize + decode_frame_header(reinterpret_cast<const uint8_t*>(b.data()) + off).compressed_len;
+    auto* p = reinterpret_cast<uint8_t*>(b.data()) + off;
+    FrameHeader h = decode_frame_header(p);
+    h.flags = flags;
+    encode_frame_header(h, p + kFrameHeaderSize, p);
+    write_bytes(to, b);
+    return to;
+  };
+  auto message_of = [](const std::string& path) {
+    try {
+      TraceReader r = TraceReader::open(path);
+      r.steps();
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no FormatError");
+  };
+  EXPECT_NE(message_of(reflag(v1, 1, layout::kFlagStepDictionary, dir.file("a.rtrace"))).find("holds none"),
+            std::string::npos);
+  EXPECT_NE(message_of(reflag(v2, 0, layout::kFlagStepDictionary, dir.file("b.rtrace"))).find("only step frames"),
+            std::string::npos);
+  EXPECT_NE(message_of(reflag(v2, 1, 2, dir.file("c.rtrace"))).find("frame flags 2"), std::string::npos);
+  // A format 2 step frame without its flag does not decompress to its record: refused, not misread.
+  EXPECT_NE(message_of(reflag(v2, 1, 0, dir.file("d.rtrace"))), "no FormatError");
+}
+
 TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");
@@ -537,13 +630,17 @@ TEST(TraceTest, EmptyGarbageAndWrongVersionAreFormatErrors) {
   std::string good = read_bytes(dir.file("good.rtrace"));
   write_bytes(path, good.substr(0, kFileHeaderSize) + garbage);
   EXPECT_THROW(TraceReader::open(path), FormatError);
-  // A newer format version.
+  // A newer format version, and one older than the oldest this binary reads.
   std::string newer = good;
-  newer[6] = 2;
+  newer[6] = char(kFormatVersion + 1);
   write_bytes(path, newer);
   std::string message = error_message([&] { TraceReader::open(path); });
-  EXPECT_NE(message.find("version 2"), std::string::npos) << message;
-  EXPECT_NE(message.find("reads version 1"), std::string::npos) << message;
+  EXPECT_NE(message.find(detail::concat("version ", kFormatVersion + 1)), std::string::npos) << message;
+  EXPECT_NE(message.find(detail::concat("reads versions 1 to ", kFormatVersion)), std::string::npos) << message;
+  std::string older = good;
+  older[6] = 0;
+  write_bytes(path, older);
+  EXPECT_THROW(TraceReader::open(path), FormatError);
   EXPECT_NE(message.find(path), std::string::npos) << message;
   EXPECT_THROW(TraceReader::open(dir.file("missing.rtrace")), IoError);
 }
