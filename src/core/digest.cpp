@@ -18,7 +18,6 @@
 #include <xxh_x86dispatch.h>
 #endif
 
-#include <sys/stat.h>
 
 #include <sys/mman.h>
 
@@ -313,14 +312,8 @@ uint64_t read_and_hash(int fd, uint64_t size, BlockHasher& hasher, Dest dest, in
 }  // namespace
 
 std::string sha256_file_hex(const std::string& path) {
-  const int fd = fs::open_regular_file(path);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    RETRACE_FAIL(IoError, "cannot stat ", path, ": ", fs::errno_text(e));
-  }
-  const uint64_t size = uint64_t(st.st_size);
+  uint64_t size = 0;
+  const int fd = fs::open_regular_file_within(path, UINT64_MAX, size);
   int err = 0;
   std::string hex;
   {
@@ -354,20 +347,10 @@ std::string sha256_file_hex(const std::string& path) {
 }
 
 HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes) {
-  const int fd = fs::open_regular_file(path);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    RETRACE_FAIL(IoError, "cannot stat ", path, ": ", fs::errno_text(e));
-  }
-  if (uint64_t(st.st_size) > max_bytes) {
-    ::close(fd);
-    RETRACE_FAIL(FormatError, path, " is ", st.st_size, " bytes, more than the limit of ", max_bytes,
-                 " for this kind of file");
-  }
+  uint64_t file_size = 0;
+  const int fd = fs::open_regular_file_within(path, max_bytes, file_size);
   HashedFile out;
-  out.bytes = fs::FileBytes(size_t(st.st_size));
+  out.bytes = fs::FileBytes(size_t(file_size));
   int err = 0;
   uint64_t got = 0;
   {

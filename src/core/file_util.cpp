@@ -76,10 +76,7 @@ int open_regular_file(const std::string& path) {
   return fd;
 }
 
-namespace {
-
-// Opens `path` and checks its size against the limit; the caller closes the fd.
-int open_within(const std::string& path, uint64_t max_bytes, uint64_t& size) {
+int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size) {
   int fd = open_regular_file(path);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -95,6 +92,8 @@ int open_within(const std::string& path, uint64_t max_bytes, uint64_t& size) {
   size = static_cast<uint64_t>(st.st_size);
   return fd;
 }
+
+namespace {
 
 // Reads up to `size` bytes into `out`; returns how many came (fewer at an early end or an error).
 size_t read_into(int fd, char* out, size_t size) {
@@ -112,7 +111,7 @@ size_t read_into(int fd, char* out, size_t size) {
 
 std::string read_file(const std::string& path, uint64_t max_bytes) {
   uint64_t size = 0;
-  int fd = open_within(path, max_bytes, size);
+  int fd = open_regular_file_within(path, max_bytes, size);
   std::string out(static_cast<size_t>(size), '\0');
   out.resize(read_into(fd, out.data(), out.size()));
   ::close(fd);
@@ -121,7 +120,7 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
 
 FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes) {
   uint64_t size = 0;
-  int fd = open_within(path, max_bytes, size);
+  int fd = open_regular_file_within(path, max_bytes, size);
   FileBytes out(static_cast<size_t>(size));
   out.shrink_to(read_into(fd, out.data(), out.size()));
   ::close(fd);

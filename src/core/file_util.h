@@ -44,6 +44,9 @@ void fsync_dir(const std::string& dir);
 std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t(1) << 32);
 // The same into FileBytes, for large files (shards): no zero-fill before the read.
 FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes);
+// open_regular_file, then its size, checked against max_bytes (FormatError when larger, IoError
+// when it cannot be stat'ed; the fd is closed then). The caller owns the fd.
+int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size);
 // Opens a regular file for reading (never blocking on a FIFO); FormatError (exit 3) when what is
 // at `path` is not a regular file, IoError when it cannot be opened. The caller owns the fd.
 int open_regular_file(const std::string& path);
