@@ -138,10 +138,10 @@ Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, tor
   auto kind = kind_of(optimizer);
   RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::resume: the optimizer is not AdamW or SGD");
   std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::find_newest_valid(run::checkpoint_root(dir), 1, &skipped);
+  auto pick = ckpt::load_newest_snapshot(run::checkpoint_root(dir), 1, 0, &skipped);  // own shard hashed once
   RETRACE_CHECK(pick.has_value(), IntegrityError, "Recorder::resume: no checkpoint of ", dir, " verifies",
                 skipped.empty() ? " (there is none)" : "", "; start the run again with Recorder::create");
-  ckpt::LoadedSnapshot snap = ckpt::load_snapshot(pick->dir, 1, 0);
+  ckpt::LoadedSnapshot snap = std::move(pick->snapshot);
   auto opt_it = snap.metadata.find("optim");
   RETRACE_CHECK(opt_it != snap.metadata.end() && opt_it->second == train::optimizer_name(*kind), ConfigError,
                 "checkpoint ", pick->dir, " holds ", opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(),

@@ -256,10 +256,31 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
 
 uint64_t metadata_u64(const LoadedSnapshot& s, const std::string& key) { return parse_u64(s.metadata, key, s.where); }
 
-RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
-  // The config is checked before any tensor is read: the manifest holds its hash.
+std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
+                                                   std::vector<std::pair<std::string, std::string>>* skipped) {
+  std::vector<std::pair<std::string, std::string>> skips;
+  std::optional<NewestSnapshot> out;
+  for (const auto& [step, dir] : list_step_dirs(root)) {
+    (void)step;
+    try {
+      out = NewestSnapshot{dir, load_snapshot(dir, world_size, rank), {}};
+      break;
+    } catch (const WorldSizeMismatch&) {
+      throw;
+    } catch (const Error& e) {
+      skips.emplace_back(dir, e.what());
+    }
+  }
+  if (out) out->skipped = skips;
+  if (skipped) *skipped = std::move(skips);
+  return out;
+}
+
+namespace {
+
+RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap) {
+  // The config is checked before any tensor is applied: the manifest holds its hash.
   const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
-  LoadedSnapshot snap = load_snapshot(dir, trainer.world_size(), trainer.rank());
   const Manifest& m = snap.manifest;
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
                 " was made with another config (config hash ", m.config_hash.substr(0, 12),
@@ -286,6 +307,19 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
   if (snap.anchor_is_self) out.anchor = snapshot_of(trainer, /*copy=*/true);
   else out.anchor = std::move(snap.anchor);
   return out;
+}
+
+}  // namespace
+
+RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
+  return restore(trainer, dir, load_snapshot(dir, trainer.world_size(), trainer.rank()));
+}
+
+std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
+                                                    std::vector<std::pair<std::string, std::string>>* skipped) {
+  auto newest = load_newest_snapshot(root, trainer.world_size(), trainer.rank(), skipped);
+  if (!newest) return std::nullopt;
+  return restore(trainer, newest->dir, std::move(newest->snapshot));
 }
 
 }  // namespace retrace::ckpt

@@ -93,6 +93,18 @@ struct LoadedSnapshot {
 // Verifies `dir` for `world_size` (verify.h) and reads rank `rank`'s shard, hashed from the very
 // bytes it parses; checks the RNG format and that shard and manifest agree on the trace position.
 LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank);
+// The newest checkpoint under `root` that loads: each step directory, newest first, goes through
+// load_snapshot, and one that fails to verify or parse is skipped (in `skipped`, with why). So a
+// resume reads and hashes its own shard once, in the pass that parses it, where picking the
+// checkpoint with find_newest_valid first and loading it then hashed it twice. Every rank checks
+// every other rank's shard, so ranks agree on what to skip. WorldSizeMismatch propagates.
+struct NewestSnapshot {
+  std::string dir;
+  LoadedSnapshot snapshot;
+  std::vector<std::pair<std::string, std::string>> skipped;  // (dir, why), newest first
+};
+std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
+                                                   std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
 // A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
 uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
 
@@ -109,6 +121,10 @@ struct RestoredState {
 // and loads model, optimizer, counters, RNG and policy state into the trainer. ConfigError when the checkpoint
 // belongs to another config.
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir);
+// load_checkpoint of the newest checkpoint under `root` that loads (load_newest_snapshot); nullopt
+// when none does (`skipped` then says why each was skipped).
+std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
+                                                    std::vector<std::pair<std::string, std::string>>* skipped);
 
 std::string config_hash(const std::string& config_toml);
 

@@ -101,10 +101,7 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
   msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
   bool rolled = false;
   if (sabotage == Sabotage::kRollbackNewestCheckpoint) {
-    if (auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), trainer.world_size(), nullptr)) {
-      ckpt::load_checkpoint(trainer, pick->dir);
-      rolled = true;
-    }
+    if (ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), nullptr)) rolled = true;
   } else if (anchor) {
     ckpt::apply_snapshot(trainer, *anchor, "the rollback anchor of step " + std::to_string(anchor->step));
     rolled = true;
@@ -331,32 +328,32 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
                   "with them (the change is recorded in the trace)");
   }
-  std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::find_newest_valid(checkpoint_root(run_dir), world, &skipped);
-  for (const auto& [dir, why] : skipped)
-    if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);
-  RETRACE_CHECK(pick.has_value(), IntegrityError, "no complete checkpoint in ",
-                checkpoint_root(run_dir), skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
-                "; start again with `retrace record --force`");
-  if (pg) {
-    // Every rank must continue from the same checkpoint: rank 0's pick wins.
-    const auto picks = pg->allgather(pick->dir);
-    RETRACE_CHECK(picks[0] == pick->dir, IntegrityError, "rank ", rank, " picked ", pick->dir, " but rank 0 picked ",
-                  picks[0], "; are the ranks looking at the same run directory?");
-  }
-
   registry.check(config);
   data::Dataset data = registry.load_data(config);
   Trainer trainer(config, data, registry, rank, world);
   const rng::RngState fresh = trainer.rng_state();
-  ckpt::RestoredState restored = ckpt::load_checkpoint(trainer, pick->dir);
+  // The newest checkpoint that verifies and parses; this rank's shard is read and hashed once.
+  std::vector<std::pair<std::string, std::string>> skipped;
+  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped);
+  for (const auto& [dir, why] : skipped)
+    if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);
+  RETRACE_CHECK(loaded.has_value(), IntegrityError, "no complete checkpoint in ",
+                checkpoint_root(run_dir), skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
+                "; start again with `retrace record --force`");
+  ckpt::RestoredState restored = std::move(*loaded);
+  if (pg) {
+    // Every rank must continue from the same checkpoint: rank 0's wins.
+    const auto picks = pg->allgather(restored.dir);
+    RETRACE_CHECK(picks[0] == restored.dir, IntegrityError, "rank ", rank, " picked ", restored.dir,
+                  " but rank 0 picked ", picks[0], "; are the ranks looking at the same run directory?");
+  }
   if (rank == 1 && control.sabotage == Sabotage::kRank1RngRestore) rng::restore_torch(fresh);
   load_fired(run_dir, trainer);
 
   RunSummary summary;
   summary.run_dir = run_dir;
   summary.trace_path = trace_path(run_dir);
-  summary.resumed_from = pick->dir;
+  summary.resumed_from = restored.dir;
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
     const std::string side = set_aside_path(run_dir);
@@ -372,11 +369,11 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
       header = before.header();
       recorded = header.fingerprint;
       const auto chain = before.chain_at(restored.position.bytes);
-      RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", pick->dir, " records trace position ",
+      RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", restored.dir, " records trace position ",
                     restored.position.bytes, ", which is not a frame boundary of ", summary.trace_path, " (",
                     before.valid_bytes(), " bytes of complete frames); the checkpoint does not belong to this trace. "
                     "Resume from an earlier checkpoint or start a new run");
-      RETRACE_CHECK(*chain == restored.position.chain, IntegrityError, "checkpoint ", pick->dir,
+      RETRACE_CHECK(*chain == restored.position.chain, IntegrityError, "checkpoint ", restored.dir,
                     " records chain digest ", restored.position.chain.hex(), " at trace position ",
                     restored.position.bytes, " but the trace has ", chain->hex(),
                     " there; the checkpoint does not belong to this trace. Resume from an earlier checkpoint or "
@@ -387,7 +384,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                                               restored.position.chain, trainer.step(), side,
                                               static_cast<int>(config.trace.zstd_level)));
     attach_tensorboard(*writer, control, header, false, false);
-    std::string msg = "resumed from " + pick->dir + " at step " + std::to_string(trainer.step());
+    std::string msg = "resumed from " + restored.dir + " at step " + std::to_string(trainer.step());
     if (before > restored.position.bytes)
       msg += "; " + std::to_string(before - restored.position.bytes) +
              " trace bytes written after that checkpoint were set aside in " + side;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <fstream>
 #include <map>
 
 #include "replay/compare.h"
@@ -65,6 +66,37 @@ TEST(RobustStep, InjectedCrashThenResumeEqualsTheUninterruptedRun) {
   EXPECT_EQ(rep.compared, 30u);
   // Frames the dead process wrote after its checkpoint (steps 11..17) were set aside, not dropped.
   EXPECT_EQ(trace::TraceReader::open(tmp.file("c/trace.set-aside.rtrace")).steps().size(), 7u);
+}
+
+// A resume reads and hashes its own shard once, in the pass that parses it (load_newest_checkpoint),
+// so a damaged shard is found there: the checkpoint is skipped, said so, and the run continues
+// from the one before it, bitwise equal to the uninterrupted run.
+TEST(RobustStep, ResumeSkipsACheckpointWhoseShardIsDamagedAndContinuesFromTheOneBefore) {
+  testing::TempDir tmp;
+  const std::string common = " --steps 30 --plain --set checkpoint.every_steps=10 --set train.eval_each_epoch=false ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + common), 0);
+  EXPECT_EQ(run_binary("record --out " + tmp.file("c") + common + "--inject crash@27"), 128 + SIGKILL);
+  const std::string shard = tmp.file("c/checkpoints/step-00000020/shard-rank00000.safetensors");
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(0, std::ios::end);
+    const std::streamoff middle = f.tellg() / 2;
+    f.seekg(middle);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(middle);
+    f.write(&c, 1);
+  }
+  std::string out;
+  ASSERT_EQ(run_binary("resume " + tmp.file("c") + " --plain", &out), 0) << out;
+  EXPECT_NE(out.find("skipped checkpoint " + tmp.file("c/checkpoints/step-00000020")), std::string::npos) << out;
+  EXPECT_NE(out.find("sha256 mismatch on rank 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("step-00000010"), std::string::npos) << out;
+  auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("c")), replay::CompareMode::kBitwise);
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step) : "");
+  EXPECT_EQ(rep.compared, 30u);
 }
 
 TEST(RobustStep, ScalerScheduleAndSamplerContinueExactlyAfterResume) {
