@@ -114,13 +114,13 @@ Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expec
     std::string problem = presence_problem(dir, s);
     if (!problem.empty()) throw IntegrityError(problem);
   }
-  std::vector<const ShardEntry*> todo;
+  std::vector<const ShardEntry*> to_hash;
   for (const ShardEntry& s : m.shards)
-    if (!hashed_by_caller || s.rank != *hashed_by_caller) todo.push_back(&s);
-  const ShardDigests found = hash_shards(dir, todo);
-  for (size_t i = 0; i < todo.size(); ++i) {  // the first problem in rank order, as a serial check would find
+    if (!hashed_by_caller || s.rank != *hashed_by_caller) to_hash.push_back(&s);
+  const ShardDigests found = hash_shards(dir, to_hash);
+  for (size_t i = 0; i < to_hash.size(); ++i) {  // the first problem in rank order, as a serial check would find
     if (found.error[i]) std::rethrow_exception(found.error[i]);
-    std::string problem = digest_problem(dir, *todo[i], found.sha256[i]);
+    std::string problem = digest_problem(dir, *to_hash[i], found.sha256[i]);
     if (!problem.empty()) throw IntegrityError(problem);
   }
   return m;

@@ -24,6 +24,9 @@ from tensorboard.backend.event_processing import plugin_event_accumulator as pea
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 from tensorboard.util import tensor_util
 
+# The trace's byte layout (resolved before the test changes directory).
+LAYOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "trace", "frame_layout.json")
+
 FAILS = []
 
 
@@ -184,12 +187,19 @@ def main():
               f"--force replaces the event files and keeps other files: {sorted(os.listdir('tb'))}")
         # A damaged trace: exit 3, and the directory's files are left as they were.
         shutil.copytree("run", "bad", ignore=shutil.ignore_patterns("checkpoints"))
-        size = os.path.getsize("bad/trace.rtrace")
-        with open("bad/trace.rtrace", "r+b") as f:
-            f.seek(size // 2)
-            b = f.read(1)
-            f.seek(size // 2)
-            f.write(bytes([b[0] ^ 0xFF]))
+        # One byte in the middle of the payload of the frame that holds the file's middle byte (a
+        # frame header byte would be a different damage, reported differently).
+        lay = json.load(open(LAYOUT))
+        hs, len_at = lay["frame_header"]["size"], lay["frame_header"]["fields"]["compressed_len"]["offset"]
+        data = bytearray(open("bad/trace.rtrace", "rb").read())
+        off = lay["file_header"]["size"]
+        while True:
+            clen = struct.unpack_from("<I", data, off + len_at)[0]
+            if off + hs + clen > len(data) // 2:
+                break
+            off += hs + clen
+        data[off + hs + clen // 2] ^= 0xFF
+        open("bad/trace.rtrace", "wb").write(bytes(data))
         r = run([retrace, "export", "bad", "--tensorboard", "tb", "--force"])
         check(r.returncode == 3 and "corrupt" in r.stderr,
               f"damaged trace: exit {r.returncode}, {r.stderr.strip()}")
