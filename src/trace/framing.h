@@ -3,9 +3,10 @@
 // trace/frame_layout.h (the sizes, offsets, magics and limits used here) from it, and the Python
 // reader (python/retrace_trace.py) reads the same file. In short, all integers little-endian:
 //
-//   file header (16 bytes): magic "RTRACE", u16 format version, 8 reserved zero bytes
+//   file header (16 bytes): magic "RTRACE", u16 format version (1 or 2), 8 reserved zero bytes
 //   frame (32-byte frame header, then compressed_len bytes of payload)
-//     0  u32 frame magic   4  u8 kind (FrameKind)   5  u8 flags (zero)
+//     0  u32 frame magic   4  u8 kind (FrameKind)   5  u8 flags (bit 0, format 2 step frames only:
+//        compressed with the header record's step dictionary; every other bit zero)
 //     6  u16 header check: low 16 bits of xxh3_64 over bytes 0..5 and 8..23 of this header
 //     8  u64 step          16 u32 compressed_len     20 u32 raw_len (a multiple of 8)
 //    24  u64 checksum: xxh3_64 over bytes 0..23 of this header followed by the payload
