@@ -243,22 +243,11 @@ std::optional<std::string> read_latest(const std::string& root) {
 std::optional<ResumePick> find_newest_valid(const std::string& root, std::optional<uint32_t> expected_world_size,
                                             std::vector<std::pair<std::string, std::string>>* skipped_out) {
   std::vector<std::pair<std::string, std::string>> skipped;
-  std::optional<ResumePick> pick;
-  for (const auto& [step, dir] : list_step_dirs(root)) {
-    (void)step;
-    try {
-      Manifest m = verify_checkpoint(dir, expected_world_size);
-      pick = ResumePick{dir, std::move(m), {}};
-      break;
-    } catch (const WorldSizeMismatch&) {
-      throw;
-    } catch (const Error& e) {
-      skipped.emplace_back(dir, e.what());
-    }
-  }
+  auto found = newest_step_dir_that(
+      root, [&](const std::string& dir) { return verify_checkpoint(dir, expected_world_size); }, skipped);
   if (skipped_out) *skipped_out = skipped;
-  if (pick) pick->skipped = std::move(skipped);
-  return pick;
+  if (!found) return std::nullopt;
+  return ResumePick{found->first, std::move(found->second), std::move(skipped)};
 }
 
 }  // namespace retrace::ckpt

@@ -70,17 +70,37 @@ RotationReport rotate_checkpoints(const std::string& root, uint32_t keep_last = 
 // The content of LATEST (without the newline), or nullopt.
 std::optional<std::string> read_latest(const std::string& root);
 
+// The step directories newest first, each passed to `attempt(dir)` until one returns; one that
+// throws an Error is skipped with its message in `skipped` (dir, reason), except a world size
+// mismatch (WorldSizeMismatch), which is thrown: resuming on another world size is a request to
+// fix, not damage to step over. Returns (dir, what attempt returned), or nullopt when none did.
+template <class Attempt>
+auto newest_step_dir_that(const std::string& root, Attempt attempt,
+                          std::vector<std::pair<std::string, std::string>>& skipped)
+    -> std::optional<std::pair<std::string, decltype(attempt(std::string()))>> {
+  for (const auto& entry : list_step_dirs(root)) {
+    const std::string& dir = entry.second;
+    try {
+      auto value = attempt(dir);
+      return std::make_pair(dir, std::move(value));
+    } catch (const WorldSizeMismatch&) {
+      throw;
+    } catch (const Error& e) {
+      skipped.emplace_back(dir, e.what());
+    }
+  }
+  return std::nullopt;
+}
+
 struct ResumePick {
   std::string dir;
   Manifest manifest;
   std::vector<std::pair<std::string, std::string>> skipped;  // newer dirs passed over: dir, reason
 };
 
-// Scans the step directories newest first and returns the first that verify_checkpoint accepts,
-// with the reasons for every newer one it skipped (torn, corrupt, no manifest). A world size
-// mismatch is not skipped but thrown (WorldSizeMismatch): resuming on another world size is a
-// request to fix, not damage to step over. nullopt if none verifies; `skipped_out`, if given,
-// receives the reasons in both cases.
+// newest_step_dir_that with verify_checkpoint: the newest checkpoint that verifies, with the
+// reasons for every newer one it skipped (torn, corrupt, no manifest). nullopt if none verifies;
+// `skipped_out`, if given, receives the reasons in both cases.
 std::optional<ResumePick> find_newest_valid(
     const std::string& root, std::optional<uint32_t> expected_world_size,
     std::vector<std::pair<std::string, std::string>>* skipped_out = nullptr);

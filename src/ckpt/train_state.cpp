@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <memory>
 #include <sstream>
 
@@ -204,15 +203,10 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
     }
     const torch::ScalarType type = scalar_type(e.dtype, where);
     void* bytes = const_cast<void*>(shard.data(e));
-    torch::Tensor t;
-    if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) == 0) {
-      t = torch::from_blob(bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
-    } else {
-      t = torch::empty(e.shape, type);
-      std::memcpy(t.data_ptr(), bytes, std::min<uint64_t>(e.nbytes, uint64_t(t.nbytes())));
-    }
+    torch::Tensor t = torch::from_blob(bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
     RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, where, ": tensor ",
                   e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
+    if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
     if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
     else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
     else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
@@ -259,21 +253,11 @@ uint64_t metadata_u64(const LoadedSnapshot& s, const std::string& key) { return 
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
                                                    std::vector<std::pair<std::string, std::string>>* skipped) {
   std::vector<std::pair<std::string, std::string>> skips;
-  std::optional<NewestSnapshot> out;
-  for (const auto& [step, dir] : list_step_dirs(root)) {
-    (void)step;
-    try {
-      out = NewestSnapshot{dir, load_snapshot(dir, world_size, rank), {}};
-      break;
-    } catch (const WorldSizeMismatch&) {
-      throw;
-    } catch (const Error& e) {
-      skips.emplace_back(dir, e.what());
-    }
-  }
-  if (out) out->skipped = skips;
-  if (skipped) *skipped = std::move(skips);
-  return out;
+  auto found = newest_step_dir_that(
+      root, [&](const std::string& dir) { return load_snapshot(dir, world_size, rank); }, skips);
+  if (skipped) *skipped = skips;
+  if (!found) return std::nullopt;
+  return NewestSnapshot{found->first, std::move(found->second), std::move(skips)};
 }
 
 namespace {

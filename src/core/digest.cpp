@@ -18,15 +18,14 @@
 #include <xxh_x86dispatch.h>
 #endif
 
-
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -321,24 +320,14 @@ std::string sha256_file_hex(const std::string& path) {
     std::vector<char> ring(kRing * kBlock);
     size_t next = 0;
     // A block of the ring is reused only after the hasher is done with it: before a block is read,
-    // at most kRing - 1 others still wait to be hashed.
-    (void)read_and_hash(fd, size, hasher, [&](uint64_t, size_t) {
+    // at most kRing - 1 others still wait to be hashed. Read to the end of the file, as a plain
+    // read loop would, even if it grew after the stat (the size only chose the threading).
+    (void)read_and_hash(fd, UINT64_MAX, hasher, [&](uint64_t, size_t) {
       hasher.wait_hashed(kRing - 1);
       char* b = ring.data() + (next % kRing) * kBlock;
       ++next;
       return b;
     }, err);
-    // A file that grew after the stat is hashed to its end, as a plain read loop would.
-    if (err == 0) {
-      for (;;) {
-        hasher.wait_hashed(0);
-        const ssize_t n = ::read(fd, ring.data(), kBlock);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) err = errno;
-        if (n <= 0) break;
-        hasher.push({ring.data(), size_t(n)});
-      }
-    }
     hex = hasher.finish_hex();
   }
   ::close(fd);
@@ -367,9 +356,8 @@ HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes) {
 #ifdef MADV_POPULATE_WRITE
       populated = std::max(populated, reading_at.load() + kBlock);
       if (populated >= size || populated >= reading_at.load() + kAhead * kBlock) return false;
-      const uint64_t from = populated / page * page;
       const uint64_t to = std::min<uint64_t>(populated + kBlock, size);
-      const uintptr_t start = reinterpret_cast<uintptr_t>(base + from) / page * page;
+      const uintptr_t start = reinterpret_cast<uintptr_t>(base + populated) / page * page;
       if (::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(base + to) - start),
                     MADV_POPULATE_WRITE) != 0)
         populated = size;  // an older kernel: the read faults the pages in, as without this
