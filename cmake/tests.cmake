@@ -50,6 +50,15 @@ target_precompile_headers(train_props REUSE_FROM retrace_core_torch)
 add_test(NAME train_props COMMAND train_props)
 set_tests_properties(train_props PROPERTIES TIMEOUT 300)
 
+# Batch invariance: any world size and accumulation count give the same bits (fake process group
+# in threads), with two negative controls that must fail.
+add_executable(invariance_props property_tests/invariance_props.cpp)
+target_include_directories(invariance_props PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+target_link_libraries(invariance_props PRIVATE retrace_lib rapidcheck Threads::Threads)
+target_precompile_headers(invariance_props REUSE_FROM retrace_core_torch)
+add_test(NAME invariance_props COMMAND invariance_props)
+set_tests_properties(invariance_props PROPERTIES TIMEOUT 300)
+
 add_test(NAME cli_errors COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/cli_errors_test.sh $<TARGET_FILE:retrace>)
 set_tests_properties(cli_errors PROPERTIES TIMEOUT 300)
 

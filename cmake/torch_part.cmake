@@ -66,6 +66,7 @@ retrace_torch_part(retrace_train_torch
   src/train/policies.cpp
   src/train/state.cpp
   src/train/step_state.cpp
+  src/train/invariant.cpp
   src/train/trainer.cpp
 )
 target_link_libraries(retrace_train_torch PUBLIC retrace_train retrace_model retrace_data_torch)

@@ -21,6 +21,13 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     RETRACE_CHECK(a >= 1 && effective % a == 0, ConfigError, "--accum-grid: ", a,
                   " micro-batches do not divide the effective batch of ", effective,
                   " (data.batch_size x train.accum_steps); choose divisors of it");
+  if (config.runtime.invariance == train::Invariance::kBatch)
+    for (int64_t a : grid)
+      RETRACE_CHECK((effective / a) % config.runtime.invariance_chunk == 0, ConfigError, "--accum-grid: ", a,
+                    " micro-batches of ", effective / a, " samples do not split into whole chunks of "
+                    "runtime.invariance_chunk = ", config.runtime.invariance_chunk,
+                    "; choose settings whose micro-batch (effective batch / accum) is a multiple of the chunk, or a "
+                    "smaller chunk");
   fs::make_writable_dir(out_dir);
   std::vector<AccumGridRow> rows;
   for (int64_t a : grid) {
@@ -51,6 +58,10 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     row.max_loss_diff = rep.max_loss_diff;
     row.compared = rep.compared;
     row.final_loss = steps.empty() ? 0 : steps.back().loss;
+    CompareReport same = compare_steps(base, steps, CompareMode::kLayout);
+    row.bitwise = same.equal();
+    if (same.first_diff)
+      row.first_diff = "step " + std::to_string(same.first_diff->step) + " " + same.first_diff->field;
     std::vector<double> ms;
     for (const auto& s : steps)
       ms.push_back(s.timings.step_ms());

@@ -57,11 +57,14 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
 #define RETRACE_CMP_INT(f) check(#f, a.f == b.f, std::to_string(a.f), std::to_string(b.f))
 #define RETRACE_CMP_DBL(f) check(#f, same_bits(a.f, b.f), num(a.f), num(b.f))
 #define RETRACE_CMP_DIG(f) check(#f, a.f == b.f, a.f.hex(), b.f.hex())
+  const bool layout = mode == CompareMode::kLayout;
   RETRACE_CMP_INT(epoch);
   RETRACE_CMP_INT(batch_in_epoch);
-  RETRACE_CMP_INT(batch_size);
-  RETRACE_CMP_DIG(sample_digest);
-  if (mode == CompareMode::kBitwise) {
+  if (!layout) {
+    RETRACE_CMP_INT(batch_size);
+    RETRACE_CMP_DIG(sample_digest);
+  }
+  if (mode == CompareMode::kBitwise || layout) {
     RETRACE_CMP_DBL(loss);
     RETRACE_CMP_INT(loss_bits);
     RETRACE_CMP_DBL(grad_norm_pre);
@@ -78,12 +81,13 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
   check("outcome", a.outcome == b.outcome, a.outcome == records::Outcome::kStep ? "STEP" : "SKIP",
         b.outcome == records::Outcome::kStep ? "STEP" : "SKIP");
   check("skip_reason", a.skip_reason == b.skip_reason, a.skip_reason, b.skip_reason);
-  if (mode == CompareMode::kBitwise) {
+  if (mode == CompareMode::kBitwise || layout) {
     RETRACE_CMP_DIG(param_digest);
     RETRACE_CMP_DIG(optim_digest);
     RETRACE_CMP_DIG(rng_digest);
     RETRACE_CMP_DIG(state_digest);
   }
+  if (layout) return d;
   check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),
         join(b.micro_batch_sizes));
   if (mode == CompareMode::kBitwise) {

@@ -14,6 +14,11 @@ namespace retrace::replay {
 enum class CompareMode {
   kBitwise,    // every field equal (timings excluded), digests included
   kTolerance,  // losses within a ToleranceRule; digests and exact loss bits are not compared
+  // Batch invariance: every field that does not depend on the layout (micro-batches, world size)
+  // bitwise: loss bits, norms, LR, scale, outcome, parameter, optimizer, RNG and state digests.
+  // Left out: this rank's batch size and sample digest, micro-batch sizes and losses, per-rank
+  // digests and the hash chain (which covers them).
+  kLayout,
 };
 
 // How close losses must be when the numerics differ. Steps up to `horizon` (every step when it is

@@ -65,6 +65,12 @@ std::vector<int64_t> Sampler::batch(const Cursor& cursor) {
                               cached_.begin() + static_cast<std::ptrdiff_t>(hi));
 }
 
+uint64_t Sampler::rank_offset(const Cursor& cursor) const {
+  const uint64_t global = batch_size_ * world_size_;
+  const uint64_t size = global_batch_samples(cursor);
+  return size == global ? rank_ * batch_size_ : rank_ * size / world_size_;
+}
+
 uint64_t Sampler::global_batch_samples(const Cursor& cursor) const {
   const uint64_t global = batch_size_ * world_size_;
   const uint64_t begin = cursor.batch_in_epoch * global;

@@ -38,6 +38,8 @@ class Sampler {
   std::vector<int64_t> batch(const Cursor& cursor);
   // Samples of the whole global batch at `cursor` over all ranks.
   uint64_t global_batch_samples(const Cursor& cursor) const;
+  // Where this rank's samples start within the global batch at `cursor`.
+  uint64_t rank_offset(const Cursor& cursor) const;
   // The cursor after `cursor` (rolls over to the next epoch).
   Cursor next(const Cursor& cursor) const;
 

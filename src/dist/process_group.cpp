@@ -168,6 +168,20 @@ std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   return result;
 }
 
+std::vector<torch::Tensor> ProcessGroup::allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> in = {mine.contiguous().to(device_)};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty_like(in[0]));
+  collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out, in)->wait(); });
+  std::vector<torch::Tensor> result;
+  for (auto& t : out[0]) result.push_back(t.to(torch::kCPU));
+  stats.calls += 1;
+  stats.bytes += static_cast<uint64_t>(mine.nbytes());
+  stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
 void ProcessGroup::barrier() {
   collective("barrier", env_.rank, [&] { return impl_->pg->barrier()->wait(); });
 }

@@ -56,6 +56,9 @@ class ProcessGroup {
   void allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes, CollectiveStats& stats);
   // Sum of a scalar over the ranks (float32, like the losses it carries).
   float allreduce_sum(float value, CollectiveStats& stats);
+  // Every rank's float32 tensor of `mine`'s shape (the same on every rank), indexed by rank, on the
+  // CPU. Adds to stats.
+  std::vector<torch::Tensor> allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats);
   // Every rank's bytes, indexed by rank.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier();

@@ -11,6 +11,19 @@ namespace retrace::run {
 
 DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, const train::Config& config) : pg_(pg) {
   const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
+  sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
+  if (trainer.invariant()) {
+    const train::TensorGather gather = [this](const torch::Tensor& t) { return pg_.allgather_tensor(t, stats); };
+    trainer.set_invariant_hooks([this] { chunks_ = train::ChunkGrads(); },
+                                [this, &trainer] { chunks_.take(trainer.module().parameters()); },
+                                [gather](const std::vector<float>& mine) { return train::fold_chunk_losses(mine, gather); });
+    trainer.set_after_last_backward([this, &trainer, gather] {
+      torch::Tensor local;
+      chunks_.reduce_into(trainer.module().parameters(), gather, train::ChunkOrder::kGlobalFold, &local);
+      rank_grad_digests = this->gather(digest_named({{"chunk_grads", local}}));
+    });
+    return;
+  }
   trainer.set_after_last_backward([this, &trainer, bucket_bytes] {
     NamedTensors grads;
     for (const auto& item : trainer.module().named_parameters()) grads.emplace_back(item.key(), item.value().grad());
@@ -18,7 +31,6 @@ DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, cons
     pg_.allreduce_grads(trainer.module().parameters(), bucket_bytes, stats);
   });
   trainer.set_reduce_loss([this](float v) { return pg_.allreduce_sum(v, stats); });
-  sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
 }
 
 std::vector<Digest128> DataParallel::gather(const Digest128& mine) {

@@ -1,7 +1,9 @@
 // Data parallelism on a trainer: after the last micro-batch's backward, every rank's local gradient
 // digest is gathered (rank 0 traces them all) and the gradients are summed over the ranks in
 // buckets; the loss is summed before backward, so skip and spike decisions agree on every rank;
-// a sharded checkpoint save agrees through the group. The record loop and bisection's
+// a sharded checkpoint save agrees through the group. Under runtime.invariance = "batch" the sums
+// are train/invariant.h's instead: every chunk's gradients and loss are all-gathered and folded in
+// global chunk order on every rank (the local digest is then of this rank's chunk gradients). The record loop and bisection's
 // re-execution wire a rank the same way.
 #pragma once
 
@@ -12,6 +14,7 @@
 #include "core/digest.h"
 #include "dist/process_group.h"
 #include "train/config.h"
+#include "train/invariant.h"
 #include "train/trainer.h"
 
 namespace retrace::run {
@@ -33,6 +36,7 @@ class DataParallel {
  private:
   dist::ProcessGroup& pg_;
   ckpt::ShardSync sync_;
+  train::ChunkGrads chunks_;  // batch invariance: this step's per-chunk gradients
 };
 
 }  // namespace retrace::run

@@ -170,6 +170,15 @@ std::vector<Field> fields() {
                at(&C::runtime, &RuntimeConfig::collective_timeout_s)});
   f.push_back({"runtime.bucket_mb", Kind::kFloat, "data parallelism: gradient all-reduce bucket size in MiB", {}, 0,
                1e6, true, false, at(&C::runtime, &RuntimeConfig::bucket_mb)});
+  f.push_back({"runtime.invariance", Kind::kChoice,
+               "batch: the same bits for any train.accum_steps and world size that split the global batch into "
+               "whole chunks of runtime.invariance_chunk samples (each chunk computed alone, gradients summed over "
+               "chunks in global order, dropout masks keyed by step and chunk, so by sample); none: the fastest "
+               "layout-dependent arithmetic", {"none", "batch"}, 0, 0, false, false,
+               at(&C::runtime, &RuntimeConfig::invariance), "'none'"});
+  f.push_back({"runtime.invariance_chunk", Kind::kInt,
+               "invariance = batch: samples per chunk; data.batch_size must be a multiple of it", {}, 1, 65536, false,
+               false, at(&C::runtime, &RuntimeConfig::invariance_chunk), "8"});
   f.push_back({"trace.enabled", Kind::kBool, "write the step trace", {}, 0, 0, false, false,
                at(&C::trace, &TraceConfig::enabled)});
   f.push_back({"trace.digests", Kind::kBool, "digest parameters, optimizer and RNG state every step", {},
@@ -352,6 +361,16 @@ void validate(Config& c) {
   RETRACE_CHECK(!(c.amp.mode == AmpMode::kFp16 && c.runtime.device == DeviceKind::kCpu), ConfigError,
                 "bad value for amp.mode: \"fp16\" autocast needs runtime.device = \"cuda\"; on CPU use \"bf16\"");
   c.faults.parsed = parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
+  if (c.runtime.invariance == Invariance::kBatch) {
+    RETRACE_CHECK(c.data.batch_size % c.runtime.invariance_chunk == 0, ConfigError,
+                  "runtime.invariance = \"batch\" computes whole chunks of runtime.invariance_chunk = ",
+                  c.runtime.invariance_chunk, " samples, but data.batch_size = ", c.data.batch_size,
+                  " (the micro-batch) is not a multiple of it; choose a data.batch_size that is, or a chunk that "
+                  "divides it");
+    RETRACE_CHECK(c.data.last_batch == data::LastBatch::kDrop, ConfigError,
+                  "runtime.invariance = \"batch\" needs data.last_batch = \"drop\": a kept last batch is split "
+                  "over the ranks unevenly, not into whole chunks");
+  }
   RETRACE_CHECK(!c.model.kind.empty(), ConfigError, "bad value for model.kind: it is empty");
   RETRACE_CHECK(c.model.kind != "torchscript" || !c.model.path.empty(), ConfigError,
                 "model.kind = \"torchscript\" needs model.path, the file saved with torch.jit.save "

@@ -24,6 +24,7 @@ enum class ScheduleKind : uint8_t { kCosine, kConstant };  // schedule.kind: cos
 enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };       // amp.mode: off | bf16 | fp16
 enum class ScalerMode : uint8_t { kAuto, kOn, kOff };      // amp.scaler: auto | on | off
 enum class DeviceKind : uint8_t { kCpu, kCuda };           // runtime.device: cpu | cuda
+enum class Invariance : uint8_t { kNone, kBatch };          // runtime.invariance: none | batch
 const char* optimizer_name(OptimizerKind k);
 const char* amp_name(AmpMode m);
 
@@ -116,6 +117,11 @@ struct RuntimeConfig {
   bool deterministic = true;
   double collective_timeout_s = 120;  // data parallelism: rendezvous and collective timeout
   double bucket_mb = 25;              // data parallelism: gradient all-reduce bucket size
+  // "batch": every step is computed as fixed chunks of invariance_chunk samples in global sample
+  // order (train/step.h), so parameters, optimizer state, losses and digests are the same bits for
+  // every accumulation count and world size that split the global batch into whole chunks.
+  Invariance invariance = Invariance::kNone;
+  int64_t invariance_chunk = 8;  // samples per chunk (batch mode)
 };
 
 struct TraceConfig {

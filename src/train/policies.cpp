@@ -55,7 +55,8 @@ Policies make_policies(const Config& c, const Registry& registry, uint64_t total
                   c.optim.name,
                   FaultPlan(c.faults.parsed),
                   static_cast<uint64_t>(c.trace.optimizer_digest_every),
-                  static_cast<uint8_t>(c.trace.digest_version)};
+                  static_cast<uint8_t>(c.trace.digest_version),
+                  c.runtime.invariance == Invariance::kBatch ? c.runtime.invariance_chunk : 0};
 }
 
 }  // namespace retrace::train

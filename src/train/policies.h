@@ -52,6 +52,7 @@ struct Policies {
   FaultPlan faults;
   uint64_t optimizer_digest_every = 1;
   uint8_t digest_version = 2;  // trace.digest_version
+  int64_t invariance_chunk = 0;  // runtime.invariance = "batch": samples per chunk (0: not invariant)
 };
 
 Policies make_policies(const Config& config, const Registry& registry, uint64_t total_steps);

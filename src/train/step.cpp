@@ -54,35 +54,64 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   const int64_t count = policy.global_count > 0 ? policy.global_count : local_count;
   const double inv_count = 1.0 / static_cast<double>(count);
 
+  // Data parallelism decides on non-finite losses with the global loss, after the last forward.
+  const bool collective_loss = static_cast<bool>(policy.reduce_loss) || static_cast<bool>(policy.after_chunk_backward);
   torch::Tensor total = torch::zeros({}, torch::kFloat32);
+  std::vector<float> chunk_losses;
+  uint64_t next_chunk = policy.first_chunk;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
     const bool last = i + 1 == micro_batches.size();
     auto t = Clock::now();
-    torch::Tensor loss;
-    if (policy.probe) policy.probe->set_phase("forward");
-    {
-      compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
-      torch::Tensor logits = forward(mb.inputs);
-      loss = (policy.loss ? policy.loss(logits, mb.targets) : cross_entropy_sum(logits, mb.targets)) * inv_count;
+    // The pieces computed alone: the micro-batch itself, or its chunks (batch invariance).
+    std::vector<MicroBatch> pieces;
+    if (policy.chunk > 0) {
+      const int64_t n = mb.targets.size(0);
+      RETRACE_CHECK(n % policy.chunk == 0, ConfigError, "a micro-batch of ", n,
+                    " samples does not split into whole chunks of runtime.invariance_chunk = ", policy.chunk,
+                    "; choose data.batch_size, train.accum_steps and the world size so that it does");
+      for (int64_t lo = 0; lo < n; lo += policy.chunk)
+        pieces.push_back({mb.inputs.slice(0, lo, lo + policy.chunk), mb.targets.slice(0, lo, lo + policy.chunk)});
+    } else {
+      pieces.push_back(mb);
     }
-    if (i == 0 && faults.nan_loss) loss = loss * std::numeric_limits<float>::quiet_NaN();
-    if (faults.loss_factor != 1.0) loss = loss * faults.loss_factor;
-    const float loss_value = loss.item<float>();
-    total = total + loss.detach().to(torch::kCPU);
+    std::vector<torch::Tensor> losses;
+    float loss_value = 0;
+    if (policy.probe) policy.probe->set_phase("forward");
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      if (policy.chunk > 0 && policy.before_chunk) policy.before_chunk(next_chunk++);
+      torch::Tensor loss;
+      {
+        compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
+        torch::Tensor logits = forward(pieces[j].inputs);
+        loss = (policy.loss ? policy.loss(logits, pieces[j].targets) : cross_entropy_sum(logits, pieces[j].targets)) *
+               inv_count;
+      }
+      if (i == 0 && j == 0 && faults.nan_loss) loss = loss * std::numeric_limits<float>::quiet_NaN();
+      if (faults.loss_factor != 1.0) loss = loss * faults.loss_factor;
+      const float v = loss.item<float>();
+      loss_value = j == 0 ? v : loss_value + v;
+      total = total + loss.detach().to(torch::kCPU);
+      if (policy.chunk > 0) chunk_losses.push_back(v);
+      losses.push_back(std::move(loss));
+    }
     r.micro_sizes.push_back(static_cast<uint32_t>(mb.targets.size(0)));
     r.micro_losses.push_back(static_cast<double>(loss_value) * static_cast<double>(count) /
                              static_cast<double>(mb.targets.numel()));
     r.forward_ms += ms_since(t);
-    if (!policy.reduce_loss && !std::isfinite(loss_value)) {
-      r.loss = total.item<float>();
+    if (!collective_loss && !std::isfinite(loss_value)) {
+      r.loss = policy.chunk > 0 && policy.fold_losses ? policy.fold_losses(chunk_losses) : total.item<float>();
       r.skipped = true;
       r.skip_reason = "non_finite_loss";  // the scaler is not updated on this path
       return r;
     }
     if (last) {
-      r.loss = total.item<float>();
-      if (policy.reduce_loss) r.loss = policy.reduce_loss(r.loss);
+      if (policy.chunk > 0 && policy.fold_losses) {
+        r.loss = policy.fold_losses(chunk_losses);
+      } else {
+        r.loss = total.item<float>();
+        if (policy.reduce_loss) r.loss = policy.reduce_loss(r.loss);
+      }
       if (!std::isfinite(r.loss)) {
         r.skipped = true;
         r.skip_reason = "non_finite_loss";
@@ -96,8 +125,11 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     }
     t = Clock::now();
     if (policy.probe) policy.probe->set_phase("backward");
-    if (policy.scaler) policy.scaler->scale_loss(loss).backward();
-    else loss.backward();
+    for (auto& loss : losses) {
+      if (policy.scaler) policy.scaler->scale_loss(loss).backward();
+      else loss.backward();
+      if (policy.after_chunk_backward) policy.after_chunk_backward();
+    }
     if (last && policy.after_last_backward) policy.after_last_backward();
     r.backward_ms += ms_since(t);
   }

@@ -50,6 +50,16 @@ struct StepPolicy {
   StepProbe* probe = nullptr;  // bisection only
   // outputs, targets -> the sum of the per-item losses (registry.h); empty: cross entropy.
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
+  // Batch invariance (train/invariant.h): every micro-batch is computed as chunks of `chunk`
+  // samples (0: off), each alone: before_chunk(global chunk index) keys the generators, then
+  // forward and loss; backward runs chunk by chunk in order, after_chunk_backward (data
+  // parallelism: ChunkGrads::take) after each. The step's loss is fold_losses(this rank's chunk
+  // losses in order). first_chunk: the global index of this rank's first chunk.
+  int64_t chunk = 0;
+  uint64_t first_chunk = 0;
+  std::function<void(uint64_t)> before_chunk;
+  std::function<void()> after_chunk_backward;
+  std::function<float(const std::vector<float>&)> fold_losses;
 };
 
 struct StepFaults {

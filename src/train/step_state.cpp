@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "rng/philox.h"
+#include "rng/rng_state.h"
+#include "train/invariant.h"
 #include "train/optimizer.h"
 #include "train/step.h"
 
@@ -68,6 +70,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
                       bool with_digests) {
   StepOutput out;
   records::StepRecord& rec = out.record;
+  if (hooks.step_start) hooks.step_start();
   // Split the rank's batch into accum_steps micro-batches, as evenly as possible (a kept last
   // batch can be ragged): piece j holds samples [j*n/a, (j+1)*n/a).
   std::vector<MicroBatch> micro;
@@ -103,6 +106,18 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     policy.global_count = static_cast<int64_t>(batch.global_samples) * (y.numel() / std::max<int64_t>(1, y.size(0)));
   }
   policy.reduce_loss = hooks.reduce_loss;
+  if (p.invariance_chunk > 0) {
+    // Chunk k of the global batch holds its samples [k*c, (k+1)*c); keyed by (seed, step, k).
+    policy.chunk = p.invariance_chunk;
+    policy.first_chunk = batch.global_offset / static_cast<uint64_t>(p.invariance_chunk);
+    const uint64_t seed = p.seed, step = rec.step;
+    policy.before_chunk = [seed, step](uint64_t chunk) { rng::seed_all(chunk_seed(seed, step, chunk)); };
+    policy.after_chunk_backward = hooks.after_chunk_backward;
+    policy.fold_losses = hooks.fold_losses ? hooks.fold_losses : [](const std::vector<float>& mine) {
+      return fold_chunk_losses(mine, [](const torch::Tensor& t) { return std::vector<torch::Tensor>{t}; });
+    };
+    policy.reduce_loss = nullptr;
+  }
   policy.after_last_backward = hooks.after_last_backward;
   policy.probe = hooks.probe;
   policy.loss = p.loss;
@@ -124,8 +139,11 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   if (!r.skipped) s.spike_guard.record(rec.loss);
   if (auto warning = s.skip_guard.record(r.skipped, rec.step)) out.events.emplace_back("warning", *warning);
 
+  // Invariant: the generators after a step depend on (seed, step) alone, the same on every rank
+  // and layout; the samples seen are the global batch's, so the state digest is layout-free too.
+  if (p.invariance_chunk > 0) rng::seed_all(step_end_seed(p.seed, rec.step));
   s.step += 1;
-  s.samples_seen += batch.indices.size();
+  s.samples_seen += p.invariance_chunk > 0 && batch.global_samples > 0 ? batch.global_samples : batch.indices.size();
   s.cursor = batch.next;
   if (with_digests) {
     auto t = Clock::now();

@@ -29,6 +29,7 @@ struct Batch {
   std::vector<int64_t> indices;  // sample indices, in order
   torch::Tensor inputs, targets;
   uint64_t global_samples = 0;   // samples of the effective batch over all ranks (0: this rank's)
+  uint64_t global_offset = 0;    // where this rank's samples start in the global batch
   double data_ms = 0;            // time taken to gather it
 };
 
@@ -37,6 +38,12 @@ struct Batch {
 struct StepHooks {
   std::function<void()> after_last_backward;
   std::function<float(float)> reduce_loss;
+  // Batch invariance under data parallelism (train/invariant.h): after each chunk's backward, and
+  // the step's loss from this rank's chunk losses. Unset: one rank (autograd's accumulation and a
+  // local fold are already the global fold).
+  std::function<void()> step_start;
+  std::function<void()> after_chunk_backward;
+  std::function<float(const std::vector<float>&)> fold_losses;
   StepProbe* probe = nullptr;
 };
 

@@ -91,7 +91,10 @@ Batch Trainer::next_batch() {
   b.inputs = data_.train.inputs.index_select(0, index).to(device());
   b.targets = data_.train.targets.index_select(0, index).to(device());
   b.next = sampler_.next(b.at);
-  if (world_size_ > 1) b.global_samples = sampler_.global_batch_samples(b.at);
+  if (world_size_ > 1) {
+    b.global_samples = sampler_.global_batch_samples(b.at);
+    b.global_offset = sampler_.rank_offset(b.at);
+  }
   b.data_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   return b;
 }

@@ -107,6 +107,15 @@ class Trainer {
   }
   // Data parallelism: the sum of a loss over the ranks (see StepPolicy::reduce_loss).
   void set_reduce_loss(std::function<float(float)> reduce) { hooks_.reduce_loss = std::move(reduce); }
+  // Batch invariance under data parallelism (StepHooks): at the start of each step, after each
+  // chunk's backward, and the step's loss from this rank's chunk losses.
+  void set_invariant_hooks(std::function<void()> step_start, std::function<void()> after_chunk_backward,
+                           std::function<float(const std::vector<float>&)> fold_losses) {
+    hooks_.step_start = std::move(step_start);
+    hooks_.after_chunk_backward = std::move(after_chunk_backward);
+    hooks_.fold_losses = std::move(fold_losses);
+  }
+  bool invariant() const { return policies_.invariance_chunk > 0; }
 
  private:
   Config config_;

@@ -143,9 +143,25 @@ int run_record(const RecordArgs& a, const Context& ctx) {
       std::printf("%6lld %8lld %12.6f %22.3g %14.2f %12.2f %14.1f\n", static_cast<long long>(r.accum_steps),
                   static_cast<long long>(r.micro_batch), r.final_loss, r.max_loss_diff, r.median_step_ms,
                   r.median_step_ms / rows.front().median_step_ms, r.peak_rss_mib);
+    if (config.runtime.invariance == train::Invariance::kBatch) {
+      bool all = true;
+      for (const auto& r : rows) {
+        all = all && r.bitwise;
+        if (!r.bitwise)
+          std::printf("accum %lld differs from accum %lld: %s\n", static_cast<long long>(r.accum_steps),
+                      static_cast<long long>(rows.front().accum_steps), r.first_diff.c_str());
+      }
+      std::printf("runtime.invariance = \"batch\" (chunks of %lld samples): %s\n",
+                  static_cast<long long>(config.runtime.invariance_chunk),
+                  all ? "BITWISE: every setting has the same losses, parameter, optimizer, RNG and state digests "
+                        "at every step"
+                      : "NOT BITWISE (a bug: report it)");
+      return all ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
+    }
     if (config.model.dropout > 0)
       std::printf("note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
-                  "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone\n",
+                  "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone, "
+                  "--set runtime.invariance=batch gives the same bits\n",
                   config.model.dropout);
     return 0;
   }
