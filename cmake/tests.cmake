@@ -25,6 +25,7 @@ retrace_gtest(torch_test
   tests/replay/replay_test.cpp
   tests/replay/resume_verdict_test.cpp
   tests/train/step_test.cpp
+  tests/train/invariance_test.cpp
   tests/train/optimizer_test.cpp
   tests/model/dropout_test.cpp
   tests/model/torchscript_test.cpp

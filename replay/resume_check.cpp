@@ -50,14 +50,20 @@ ResumeCheck resume_verdict(const std::string& uninterrupted_trace, const std::st
   ResumeCheck r;
   const trace::TraceReader a = trace::TraceReader::open(uninterrupted_trace);
   const trace::TraceReader b = trace::TraceReader::open(resumed_trace);
-  r.bitwise = compare_steps(a.steps(), b.steps(), CompareMode::kBitwise);
+  for (const auto& e : b.events())
+    if (e.kind == "resume" && e.message.rfind("resharded from", 0) == 0) {
+      r.resharded = true;
+      r.invariant = e.message.find("bitwise (runtime.invariance") != std::string::npos;
+    }
   r.numerics_diffs = records::numerics_differences(a.header().fingerprint, b.header().fingerprint);
+  const bool bitwise = r.numerics_diffs.empty() && (!r.resharded || r.invariant);
+  r.bitwise = compare_steps(a.steps(), b.steps(), r.resharded && r.invariant ? CompareMode::kLayout : CompareMode::kBitwise);
   const bool same_steps = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0;
-  const CompareMode mode = r.numerics_diffs.empty() ? CompareMode::kBitwise : CompareMode::kTolerance;
+  const CompareMode mode = bitwise ? CompareMode::kBitwise : CompareMode::kTolerance;
   r.evals_diff = compare_evals(a.evals(), b.evals(), mode);
   r.events_diff = compare_events(a.events(), b.events(), mode);
   r.verified = same_steps && !r.evals_diff && !r.events_diff &&
-               (r.numerics_diffs.empty() ? !r.bitwise.first_diff.has_value() : r.bitwise.max_loss_diff < r.tolerance);
+               (bitwise ? !r.bitwise.first_diff.has_value() : r.bitwise.max_loss_diff < r.tolerance);
   return r;
 }
 

@@ -26,6 +26,12 @@ struct ResumeCheck {
   bool verified = false;    // see above
   double tolerance = 1e-4;
   std::vector<std::string> numerics_diffs;  // numerics fields that differ (empty: bitwise verdict)
+  // The resumed run continued on another world size (`resume --reshard`, its "resharded from"
+  // event). Under runtime.invariance = "batch" (`invariant`) the steps are compared with
+  // CompareMode::kLayout, every layout-free field and digest bitwise; without it, losses within
+  // the tolerance.
+  bool resharded = false;
+  bool invariant = false;
 };
 
 // The verdict on two finished traces: the uninterrupted run's and the resumed run's.

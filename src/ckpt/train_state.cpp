@@ -11,6 +11,7 @@
 #include "core/safetensors_torch.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "rng/philox.h"
 #include "rng/rng_state.h"
 #include "train/config.h"
 #include "train/environment.h"
@@ -262,9 +263,10 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
 
 namespace {
 
-RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap) {
+RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap,
+                      const Reshard* reshard = nullptr) {
   // The config is checked before any tensor is applied: the manifest holds its hash.
-  const std::string cfg_hash = config_hash(train::to_toml(trainer.config()));
+  const std::string cfg_hash = reshard ? reshard->config_hash : config_hash(train::to_toml(trainer.config()));
   const Manifest& m = snap.manifest;
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
                 " was made with another config (config hash ", m.config_hash.substr(0, 12),
@@ -281,6 +283,14 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
   state.rng = snap.rng;
   state.metadata = snap.metadata;
   apply_snapshot(trainer, state, snap.where);
+  if (reshard && reshard->from_world != trainer.world_size() && !trainer.invariant()) {
+    // Per-rank counts and streams: scaled, and re-keyed on the ranks the checkpoint did not have.
+    const uint64_t seen = metadata_u64(snap, "samples_seen") * reshard->from_world / trainer.world_size();
+    rng::RngState rng = rng::RngState::deserialize(state.rng);
+    trainer.restore_position(m.step, rng, seen);
+    if (trainer.rank() >= reshard->from_world)
+      rng::seed_all(train::rank_seed(rng::mix_key(trainer.config().seed, m.step), trainer.rank()));
+  }
 
   RestoredState out;
   out.dir = dir;
@@ -300,10 +310,21 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
 }
 
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
-                                                    std::vector<std::pair<std::string, std::string>>* skipped) {
-  auto newest = load_newest_snapshot(root, trainer.world_size(), trainer.rank(), skipped);
+                                                    std::vector<std::pair<std::string, std::string>>* skipped,
+                                                    const Reshard* reshard) {
+  const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
+  const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
+  auto newest = load_newest_snapshot(root, world, rank, skipped);
   if (!newest) return std::nullopt;
-  return restore(trainer, newest->dir, std::move(newest->snapshot));
+  return restore(trainer, newest->dir, std::move(newest->snapshot), reshard);
+}
+
+std::optional<Manifest> newest_checkpoint_manifest(const std::string& root) {
+  std::vector<std::pair<std::string, std::string>> skips;
+  auto found = newest_step_dir_that(
+      root, [](const std::string& dir) { return read_checked_manifest(dir, std::nullopt); }, skips);
+  if (!found) return std::nullopt;
+  return found->second;
 }
 
 }  // namespace retrace::ckpt

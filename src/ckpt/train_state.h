@@ -121,10 +121,23 @@ struct RestoredState {
 // and loads model, optimizer, counters, RNG and policy state into the trainer. ConfigError when the checkpoint
 // belongs to another config.
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir);
+// Elastic resume (`resume --world-size M --reshard`): the checkpoints were written by `from_world`
+// ranks under the config whose hash is `config_hash` (the same run at its own layout); the
+// trainer runs on M ranks. Rank r loads shard r, or shard 0 when r >= from_world (data
+// parallelism keeps parameters, optimizer and policy state equal on every rank; under
+// runtime.invariance = "batch" the RNG state and the samples seen too). Otherwise ranks >= from_world re-key their
+// generators with rank_seed, and the samples seen per rank are scaled by from_world / M.
+struct Reshard {
+  uint32_t from_world = 1;
+  std::string config_hash;
+};
 // load_checkpoint of the newest checkpoint under `root` that loads (load_newest_snapshot); nullopt
 // when none does (`skipped` then says why each was skipped).
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
-                                                    std::vector<std::pair<std::string, std::string>>* skipped);
+                                                    std::vector<std::pair<std::string, std::string>>* skipped,
+                                                    const Reshard* reshard = nullptr);
+// The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
+std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);
 
 std::string config_hash(const std::string& config_toml);
 

@@ -102,7 +102,9 @@ Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> e
     throw WorldSizeMismatch(detail::concat(
         "world_size mismatch: expected ", *expected_world_size, ", found ", m.world_size, " in ", path,
         "; the checkpoint was saved by ", m.world_size, " ranks and this run has ", *expected_world_size,
-        "; resume with --world-size ", m.world_size));
+        "; resume with --world-size ", m.world_size, ", or continue on ", *expected_world_size,
+        " ranks with --world-size ", *expected_world_size, " --reshard (bitwise when the run has runtime.invariance = "
+        "\"batch\")"));
   }
   return m;
 }

@@ -249,6 +249,55 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 }
 }  // namespace
 
+// `resume --reshard` onto `world` ranks: the checkpoint's world size (its newest manifest), the
+// config it was written under (the run's config.toml is at the checkpoint's layout, or at this
+// layout when an earlier reshard onto `world` stopped before its first checkpoint), and `config`
+// changed in place to the same global batch on `world` ranks.
+namespace {
+ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t world, std::string& note) {
+  const std::optional<ckpt::Manifest> newest = ckpt::newest_checkpoint_manifest(root);
+  RETRACE_CHECK(newest.has_value(), IntegrityError, "resume --reshard: no checkpoint with a readable manifest in ", root);
+  const uint32_t n = newest->world_size;
+  // Candidates for the layout config.toml describes: the checkpoint's world, or this one.
+  Config source = config;
+  bool found = false;
+  for (uint32_t w : {n, world}) {
+    const int64_t scaled = config.data.batch_size * static_cast<int64_t>(w);
+    if (scaled % static_cast<int64_t>(n) != 0) continue;
+    Config c = config;
+    c.data.batch_size = scaled / static_cast<int64_t>(n);
+    if (newest->config_hash == ckpt::config_hash(to_toml(c))) {
+      source = c;
+      found = true;
+      break;
+    }
+  }
+  RETRACE_CHECK(found, ConfigError, "resume --reshard: the newest checkpoint in ", root, " (", n,
+                " ranks) was made with another config than the run's config.toml at data.batch_size ",
+                config.data.batch_size, " and train.accum_steps ", config.train.accum_steps,
+                "; resume with the run directory's own config.toml");
+  const int64_t global = source.data.batch_size * source.train.accum_steps * static_cast<int64_t>(n);
+  const int64_t per_rank = source.data.batch_size * static_cast<int64_t>(n);
+  RETRACE_CHECK(per_rank % static_cast<int64_t>(world) == 0, ConfigError, "resume --reshard: the global batch of ",
+                global, " samples (data.batch_size ", source.data.batch_size, " x train.accum_steps ",
+                source.train.accum_steps, " x ", n, " ranks) does not split into ", world,
+                " ranks of whole micro-batches of train.accum_steps = ", source.train.accum_steps,
+                "; choose a world size that divides ", per_rank);
+  config.data.batch_size = per_rank / static_cast<int64_t>(world);
+  if (config.runtime.invariance == Invariance::kBatch)
+    RETRACE_CHECK(config.data.batch_size % config.runtime.invariance_chunk == 0, ConfigError,
+                  "resume --reshard onto ", world, " ranks: micro-batches of data.batch_size = ", config.data.batch_size,
+                  " samples do not split into whole chunks of runtime.invariance_chunk = ",
+                  config.runtime.invariance_chunk, "; choose a world size whose micro-batch is a multiple of it");
+  note = "resharded from " + std::to_string(n) + " ranks x data.batch_size " + std::to_string(source.data.batch_size) +
+         " to " + std::to_string(world) + " ranks x data.batch_size " + std::to_string(config.data.batch_size) +
+         " (train.accum_steps " + std::to_string(config.train.accum_steps) + ", global batch " + std::to_string(global) +
+         "): " + (config.runtime.invariance == Invariance::kBatch ? "bitwise (runtime.invariance = \"batch\")"
+                                                              : "within rounding (runtime.invariance = \"none\")");
+  return ckpt::Reshard{n, ckpt::config_hash(to_toml(source))};
+}
+}  // namespace
+
 std::vector<records::KeyValue> run_fingerprint(const Config& config, const model::ModelHandle& model,
                                                uint32_t world_size) {
   std::vector<records::KeyValue> f = fingerprint(config.runtime, world_size);
@@ -328,13 +377,23 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
                   "with them (the change is recorded in the trace)");
   }
+  std::optional<ckpt::Reshard> reshard;
+  std::string reshard_note;
+  if (control.reshard) {
+    reshard = plan_reshard(config, checkpoint_root(run_dir), world, reshard_note);
+    if (cb.on_message && rank == 0) cb.on_message(reshard_note);
+    if (config.runtime.invariance != Invariance::kBatch && cb.on_message && rank == 0)
+      cb.on_message("warning: runtime.invariance is \"none\": the resharded run continues within float rounding of "
+                    "the uninterrupted one, not bitwise (record with --set runtime.invariance=batch for equal bits)");
+  }
   registry.check(config);
   data::Dataset data = registry.load_data(config);
   Trainer trainer(config, data, registry, rank, world);
   const rng::RngState fresh = trainer.rng_state();
   // The newest checkpoint that verifies and parses; this rank's shard is read and hashed once.
   std::vector<std::pair<std::string, std::string>> skipped;
-  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped);
+  std::optional<ckpt::RestoredState> loaded =
+      ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr);
   for (const auto& [dir, why] : skipped)
     if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);
   RETRACE_CHECK(loaded.has_value(), IntegrityError, "no complete checkpoint in ",
@@ -348,6 +407,8 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   " but rank 0 picked ", picks[0], "; are the ranks looking at the same run directory?");
   }
   if (rank == 1 && control.sabotage == Sabotage::kRank1RngRestore) rng::restore_torch(fresh);
+  // The run directory's config is the resharded one from now on (its checkpoints will be).
+  if (reshard && rank == 0) fs::write_file_atomic(cfg_path, to_toml(config, TomlForm::kComplete));
   load_fired(run_dir, trainer);
 
   RunSummary summary;
@@ -390,6 +451,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
              " trace bytes written after that checkpoint were set aside in " + side;
     writer->append_event({trainer.step(), "resume", msg});
     if (cb.on_message) cb.on_message(msg);
+    if (reshard) writer->append_event({trainer.step(), "resume", reshard_note});
     if (!changes.empty()) {
       const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(changes);
       writer->append_event({trainer.step(), "resume", warn});

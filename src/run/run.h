@@ -51,6 +51,11 @@ struct LoopControl {
   // change is recorded as a warning event); otherwise that is an IntegrityError.
   bool accept_changed_inputs = false;
   Sabotage sabotage = Sabotage::kNone;
+  // resume on another world size than the checkpoint's (`resume --world-size M --reshard`): the
+  // global batch stays, data.batch_size becomes the checkpoint's x its world size / M (the run's
+  // config.toml is rewritten with it), and the trace gets a "resume" event saying so. Bitwise
+  // under runtime.invariance = "batch", within rounding otherwise (a warning says which).
+  bool reshard = false;
   // The live TensorBoard view: every record the trace gets also goes, as it is appended, to a new
   // event file in this directory (trace/tensorboard.h; created when missing). "": none. The
   // caller checks the directory first (trace::check_tensorboard_dir); a record readies it with the

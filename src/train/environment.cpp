@@ -184,7 +184,8 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("deterministic_algorithms", at::globalContext().deterministicAlgorithms() ? "true" : "false");
   add("onednn", at::globalContext().userEnabledMkldnn() ? "on" : "off");
   add("device", runtime.device == DeviceKind::kCuda ? "cuda" : "cpu");
-  add("world_size", std::to_string(world_size));
+  // Batch invariance makes the bits independent of the world size: then it is information.
+  add(runtime.invariance == Invariance::kBatch ? "info.world_size" : "world_size", std::to_string(world_size));
   // Native numerics let the kernel libraries choose by CPU feature (oneDNN's BF16 path on AVX-512
   // BF16 or AMX parts), so there the features are numerics; portable pins the path, so there they
   // are information.

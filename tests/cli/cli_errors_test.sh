@@ -60,5 +60,25 @@ expect tb-with-grid 2 "--tensorboard views one run; --verify-resume and --accum-
 [[ $(cat "$tmp/tbfull/notes.txt") == mine ]] || { echo "FAIL a refused --tensorboard touched the directory"; fails=$((fails+1)); }
 expect export-force-alone 2 "--force belongs with --tensorboard" -- "$RETRACE" export "$tmp/none" --jsonl --force
 
+# Batch invariance: layouts that do not split into whole chunks, named by their keys.
+expect invariance-chunk 2 "runtime.invariance_chunk = 24.*data.batch_size = 128.*not a multiple" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/inv1" --set runtime.invariance=batch --set runtime.invariance_chunk=24
+expect invariance-keep 2 "runtime.invariance = \"batch\" needs data.last_batch = \"drop\"" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/inv1" --set runtime.invariance=batch --set data.last_batch=keep
+expect invariance-grid 2 "--accum-grid: 32 micro-batches of 4 samples do not split into whole chunks of runtime.invariance_chunk = 8" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/inv1" --set runtime.invariance=batch --accum-grid 1,32
+[[ -e "$tmp/inv1" ]] && { echo "FAIL a refused invariance config left a run directory"; fails=$((fails+1)); }
+expect reshard-record 0 "recorded 4 steps" -- "$RETRACE" record --steps 4 --out "$tmp/rs" --plain \
+  --set runtime.invariance=batch --set data.batch_size=24 --set train.eval_each_epoch=false
+expect reshard-no-flag 3 "world_size mismatch: expected 2, found 1.*--world-size 2 --reshard" -- \
+  "$RETRACE" resume "$tmp/rs" --world-size 2 --plain
+expect reshard-bad-world 2 "global batch of 24 samples.*does not split into 5 ranks.*divides 24" -- \
+  "$RETRACE" resume "$tmp/rs" --world-size 5 --reshard --plain
+expect reshard-bad-chunk 2 "micro-batches of data.batch_size = 12 samples do not split into whole chunks of runtime.invariance_chunk = 8" -- \
+  "$RETRACE" resume "$tmp/rs" --world-size 2 --reshard --plain
+grep -q "batch_size = 24" "$tmp/rs/config.toml" || { echo "FAIL a refused reshard changed config.toml"; fails=$((fails+1)); }
+expect reshard-none-warns 0 "warning: runtime.invariance is \"none\": the resharded run continues within float rounding" -- \
+  bash -c "'$RETRACE' record --steps 4 --out '$tmp/rn' --plain --set train.eval_each_epoch=false --set data.batch_size=24 --set checkpoint.every_steps=2 --interrupt-at 2 >/dev/null && '$RETRACE' resume '$tmp/rn' --world-size 2 --reshard --plain"
+
 echo "cli_errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

@@ -86,6 +86,53 @@ TEST(Dist, FourRankResumeVerifiedAndWorldSizeMismatch) {
   EXPECT_NE(out.find("world_size mismatch: expected 2, found 4"), std::string::npos) << out;
 }
 
+// Batch invariance over real Gloo ranks (the smoke subset of property_tests/invariance_props.cpp):
+// one global batch of 32 as 1 rank x 32, 2 ranks x 2 micro-batches of 8 and 4 ranks x 8 gives
+// the same bits in every layout-free field and digest, dropout on; without invariance the same
+// layouts differ (the control).
+TEST(Dist, InvariantLayoutsOverGlooGiveTheSameBits) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--steps 8 --set runtime.invariance=batch ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
+  ASSERT_EQ(run_binary("record --world-size 2 --out " + tmp.file("w2") + cfg +
+                       "--set data.batch_size=8 --set train.accum_steps=2"), 0);
+  ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("w4") + cfg + "--set data.batch_size=8"), 0);
+  const auto w1 = steps_of(tmp.file("w1"));
+  ASSERT_EQ(w1.size(), 8u);
+  for (const char* other : {"w2", "w4"}) {
+    const auto rep = replay::compare_steps(w1, steps_of(tmp.file(other)), replay::CompareMode::kLayout);
+    EXPECT_TRUE(rep.equal()) << other << ": "
+                             << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                                : "steps missing");
+    EXPECT_EQ(rep.compared, 8u);
+  }
+  // The control: the same layouts without invariance (Gloo's ring all-reduce, per-rank masks).
+  const std::string plain = kCommon + "--steps 8 ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("n1") + plain + "--set data.batch_size=32"), 0);
+  ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("n4") + plain + "--set data.batch_size=8"), 0);
+  EXPECT_FALSE(replay::compare_steps(steps_of(tmp.file("n1")), steps_of(tmp.file("n4")), replay::CompareMode::kLayout)
+                   .equal());
+}
+
+// Elastic resume: a 4-rank invariant run checkpointed at step 10 continues on 2 ranks and on 1
+// rank, RESUME VERIFIED bitwise in every layout-free field and digest; the trace says so.
+TEST(Dist, InvariantFourRankCheckpointResumesOnTwoAndOneRankVerified) {
+  testing::TempDir tmp;
+  for (const char* to : {"2", "1"}) {
+    std::string out;
+    const std::string dir = tmp.file(std::string("to") + to);
+    ASSERT_EQ(run_binary("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --resume-world-size " +
+                             std::string(to) + " --out " + dir + kCommon +
+                             "--set runtime.invariance=batch --set data.batch_size=8",
+                         &out), 0) << out;
+    EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
+    EXPECT_NE(out.find("bitwise: yes (resharded"), std::string::npos) << out;
+    EXPECT_NE(out.find("resharded from 4 ranks x data.batch_size 8 to " + std::string(to) + " ranks x data.batch_size " +
+                       std::to_string(32 / std::stoi(to))),
+              std::string::npos) << out;
+  }
+}
+
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {
   testing::TempDir tmp;
   const std::string cfg = kCommon + "--steps 20 --set checkpoint.every_steps=10 --set runtime.collective_timeout_s=30 ";

@@ -33,6 +33,7 @@ struct RecordArgs {
   bool verify_resume = false;
   std::string inject;
   int64_t world_size = 1;
+  int64_t resume_world_size = 0;  // --verify-resume: resume on this many ranks (0: world_size)
   std::vector<int64_t> accum_grid;
   std::string tensorboard;  // the live TensorBoard view's directory
 };
@@ -43,6 +44,7 @@ struct ResumeArgs {
   bool plain = false;
   int64_t interrupt_at = 0;
   int64_t world_size = 1;
+  bool reshard = false;
   std::string tensorboard;
 };
 

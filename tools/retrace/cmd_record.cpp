@@ -25,7 +25,10 @@ void print_resume_check(const replay::ResumeCheck& r) {
               static_cast<ull>(rep.compared), static_cast<ull>(rep.only_in_a), static_cast<ull>(rep.only_in_b));
   std::printf("max loss difference: %.3g (step %llu); final loss difference %.3g\n", rep.max_loss_diff,
               static_cast<ull>(rep.max_loss_diff_step), rep.final_loss_diff);
-  if (rep.first_diff)
+  if (r.resharded && r.invariant && !rep.first_diff)
+    std::printf("bitwise: yes (resharded: every layout-free field and digest equal: losses, norms, parameters, "
+                "optimizer, RNG and state; batch sizes, sample digests and per-rank digests follow the layout)\n");
+  else if (rep.first_diff)
     std::printf("bitwise: no; first difference at step %llu, field %s: %s vs %s\n",
                 static_cast<ull>(rep.first_diff->step), rep.first_diff->field.c_str(), rep.first_diff->a.c_str(),
                 rep.first_diff->b.c_str());
@@ -35,7 +38,10 @@ void print_resume_check(const replay::ResumeCheck& r) {
   std::printf("training events: %s\n", r.events_diff ? ("differ: " + *r.events_diff).c_str() : "equal");
   std::string fields;
   for (const auto& k : r.numerics_diffs) fields += (fields.empty() ? "" : ", ") + k;
-  if (r.numerics_diffs.empty())
+  if (r.resharded && !r.invariant)
+    std::printf("%s within %g, not bitwise: resharded without runtime.invariance = \"batch\"\n",
+                r.verified ? "RESUME VERIFIED" : "RESUME FAILED", r.tolerance);
+  else if (r.numerics_diffs.empty())
     std::printf("%s\n", r.verified ? "RESUME VERIFIED" : "RESUME FAILED (equal numerics: only equal bits verify)");
   else
     std::printf("%s within %g, not bitwise: numerics fields differ: %s\n", r.verified ? "RESUME VERIFIED" : "RESUME FAILED",
@@ -62,10 +68,12 @@ int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& 
   std::printf("== %u-rank run interrupted after step %llu -> %s\n", static_cast<unsigned>(a.world_size),
               static_cast<ull>(interrupt_at), re.c_str());
   if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), second)) return rc;
-  std::printf("== resume %s on %u ranks\n", re.c_str(), static_cast<unsigned>(a.world_size));
-  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size),
-                                  {"resume", re, "--plain", "--world-size", std::to_string(a.world_size)}))
-    return rc;
+  const int64_t resume_world = a.resume_world_size > 0 ? a.resume_world_size : a.world_size;
+  std::vector<std::string> resume_args = {"resume", re, "--plain", "--world-size", std::to_string(resume_world)};
+  if (resume_world != a.world_size) resume_args.push_back("--reshard");
+  std::printf("== resume %s on %lld ranks%s\n", re.c_str(), static_cast<long long>(resume_world),
+              resume_world != a.world_size ? " (--reshard)" : "");
+  if (int rc = dist::launch_local(static_cast<uint32_t>(resume_world), resume_args)) return rc;
   const replay::ResumeCheck r = replay::resume_verdict(run::trace_path(un), run::trace_path(re));
   print_resume_check(r);
   return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
@@ -103,6 +111,9 @@ void add_record(CLI::App& app, RecordArgs& args) {
   rec->add_option("--tensorboard", r.tensorboard,
                   "live TensorBoard view: also write every record, as it is appended, to an event file in this "
                   "directory (an existing non-empty one needs --force, which replaces its event files)");
+  rec->add_option("--resume-world-size", r.resume_world_size,
+                  "with --verify-resume and --world-size: resume on this many ranks instead (resume --reshard), "
+                  "e.g. --world-size 4 --resume-world-size 2");
   rec->add_flag("--verify-resume", r.verify_resume,
                 "with --interrupt-at: run uninterrupted (OUT/uninterrupted) and interrupted then resumed "
                 "(OUT/resumed), compare, print RESUME VERIFIED");

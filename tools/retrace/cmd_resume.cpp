@@ -18,11 +18,17 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
                 "resume although a data or model file is not the one the trace header records (sha256); "
                 "the change is recorded in the trace");
   res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint");
-  res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded)");
+  res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded, or any with --reshard)");
+  res->add_flag("--reshard", args.reshard,
+                "resume on another world size than the checkpoint's: the global batch stays (data.batch_size becomes "
+                "the checkpoint's x its ranks / --world-size, written to the run's config.toml) and a \"resume\" "
+                "event records it; bitwise under runtime.invariance = \"batch\", within rounding otherwise");
   res->add_option("--tensorboard", args.tensorboard,
                   "live TensorBoard view: also write every record, as it is appended, to a new event file in this "
                   "directory (next to the files of the run's earlier processes)");
-  res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24");
+  res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24\n"
+              "  retrace record --world-size 4 --set runtime.invariance=batch --total-steps 20 --interrupt-at 10 --out dp4\n"
+              "  retrace resume dp4 --world-size 2 --reshard");
 
 }
 
@@ -47,6 +53,7 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   control.sabotage = sabotage_from_env();
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   control.accept_changed_inputs = a.accept_changed_inputs;
+  control.reshard = a.reshard;
   control.tensorboard_dir = a.tensorboard;
   if (!quiet && !a.tensorboard.empty()) trace::check_tensorboard_dir(a.tensorboard, false, false);
   run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
