@@ -6,7 +6,7 @@
 // and accumulation count a that split the global batch into whole chunks), several steps of
 // AdamW leave parameters, optimizer state, every step's loss bits and the RNG state bitwise equal
 // to one rank with one micro-batch. The W ranks are real Trainers in W threads over a fake
-// process group (an all-gather through shared memory; the ranks take turns computing, because
+// process group (an all-to-all through shared memory; the ranks take turns computing, because
 // torch's CPU generator is one per process); tests/dist/dist_test.cpp runs real Gloo ranks.
 //
 // Negative controls, each of which must FAIL the property (so it can fail):
@@ -114,12 +114,14 @@ train::Config make_config(const Case& c, int64_t world, int64_t accum, const std
 // `turn`, which it gives up while it waits for the others at a collective.
 class FakeGroup {
  public:
-  explicit FakeGroup(int world) : world_(world), slots_(static_cast<size_t>(world)) {}
+  explicit FakeGroup(int world) : world_(world), slots_(static_cast<size_t>(world * world)) {}
   std::mutex turn;
 
-  std::vector<torch::Tensor> allgather(int rank, const torch::Tensor& t) {
+  // to[r] goes to rank r; returns what every rank sent this one.
+  std::vector<torch::Tensor> exchange(int rank, const std::vector<torch::Tensor>& to) {
     std::unique_lock<std::mutex> lock(m_);
-    slots_[static_cast<size_t>(rank)] = t.clone();
+    for (int r = 0; r < world_; ++r)
+      slots_[static_cast<size_t>(rank * world_ + r)] = to[static_cast<size_t>(r)].reshape({-1}).clone();
     turn.unlock();
     const uint64_t generation = generation_;
     if (++arrived_ == world_) {
@@ -130,10 +132,14 @@ class FakeGroup {
     } else {
       cv_.wait(lock, [&] { return generation_ != generation; });
     }
-    std::vector<torch::Tensor> out = result_;
+    std::vector<torch::Tensor> out;
+    for (int q = 0; q < world_; ++q) out.push_back(result_[static_cast<size_t>(q * world_ + rank)]);
     lock.unlock();
     turn.lock();
     return out;
+  }
+  std::vector<torch::Tensor> allgather(int rank, const torch::Tensor& t) {
+    return exchange(rank, std::vector<torch::Tensor>(static_cast<size_t>(world_), t));
   }
 
  private:
@@ -170,14 +176,18 @@ Outcome run_layout(const Case& c, const data::Dataset& data, int64_t world, int6
       std::lock_guard<std::mutex> hold(group.turn);
       try {
         train::Trainer& t = *ranks[static_cast<size_t>(r)];
-        const train::TensorGather gather = [&group, r](const torch::Tensor& x) {
-          return group.allgather(static_cast<int>(r), x);
+        auto gather = [&group, r](const torch::Tensor& x) { return group.allgather(static_cast<int>(r), x); };
+        const train::Exchange exchange = [&group, r](const std::vector<torch::Tensor>& to, const std::vector<int64_t>&) {
+          return group.exchange(static_cast<int>(r), to);
         };
+        const auto rank = static_cast<uint32_t>(r), w = static_cast<uint32_t>(world);
         if (world > 1 && t.invariant()) {
           auto& mine = chunks[static_cast<size_t>(r)];
           t.set_invariant_hooks([&mine] { mine = train::ChunkGrads(); }, [&mine, &t] { mine.take(t.module().parameters()); },
-                                [gather](const std::vector<float>& l) { return train::fold_chunk_losses(l, gather); });
-          t.set_after_last_backward([&mine, &t, gather, order] { mine.reduce_into(t.module().parameters(), gather, order); });
+                                [w, exchange](const std::vector<float>& l) { return train::fold_chunk_losses(l, w, exchange); });
+          t.set_after_last_backward([&mine, &t, rank, w, exchange, order] {
+            mine.reduce_into(t.module().parameters(), rank, w, exchange, order);
+          });
         } else if (world > 1) {
           // An all-reduce in rank order of each rank's own sums (what Gloo's ring does, up to order).
           t.set_after_last_backward([&t, gather] {

@@ -168,16 +168,32 @@ std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   return result;
 }
 
-std::vector<torch::Tensor> ProcessGroup::allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats) {
+std::vector<torch::Tensor> ProcessGroup::alltoall(const std::vector<torch::Tensor>& to_rank,
+                                                  const std::vector<int64_t>& recv_numel, CollectiveStats& stats) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<torch::Tensor> in = {mine.contiguous().to(device_)};
-  std::vector<std::vector<torch::Tensor>> out(1);
-  for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty_like(in[0]));
-  collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out, in)->wait(); });
+  std::vector<torch::Tensor> flat;
+  std::vector<int64_t> send_sizes, recv_sizes(recv_numel.begin(), recv_numel.end());
+  for (const auto& t : to_rank) {
+    flat.push_back(t.reshape({-1}).to(torch::kFloat32));
+    send_sizes.push_back(flat.back().numel());
+  }
+  torch::Tensor in = torch::cat(flat).to(device_);
+  int64_t total = 0;
+  for (int64_t n : recv_sizes) total += n;
+  torch::Tensor out = torch::empty({total}, torch::TensorOptions(torch::kFloat32).device(device_));
+  // c10d may move the split-size vectors into its work object: it gets copies.
+  std::vector<int64_t> out_splits = recv_sizes, in_splits = send_sizes;
+  collective("all-to-all", env_.rank,
+             [&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait(); });
+  out = out.to(torch::kCPU);
   std::vector<torch::Tensor> result;
-  for (auto& t : out[0]) result.push_back(t.to(torch::kCPU));
+  int64_t offset = 0;
+  for (int64_t n : recv_sizes) {
+    result.push_back(out.slice(0, offset, offset + n));
+    offset += n;
+  }
   stats.calls += 1;
-  stats.bytes += static_cast<uint64_t>(mine.nbytes());
+  stats.bytes += static_cast<uint64_t>(in.nbytes());
   stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

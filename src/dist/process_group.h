@@ -56,9 +56,10 @@ class ProcessGroup {
   void allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes, CollectiveStats& stats);
   // Sum of a scalar over the ranks (float32, like the losses it carries).
   float allreduce_sum(float value, CollectiveStats& stats);
-  // Every rank's float32 tensor of `mine`'s shape (the same on every rank), indexed by rank, on the
-  // CPU. Adds to stats.
-  std::vector<torch::Tensor> allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats);
+  // All-to-all of float32 vectors: to_rank[r] goes to rank r; returns what each rank q sent this
+  // one, recv_numel[q] elements from rank q, on the CPU (one c10d alltoall_base). Adds to stats.
+  std::vector<torch::Tensor> alltoall(const std::vector<torch::Tensor>& to_rank, const std::vector<int64_t>& recv_numel,
+                                      CollectiveStats& stats);
   // Every rank's bytes, indexed by rank.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier();

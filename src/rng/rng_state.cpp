@@ -129,6 +129,19 @@ void seed_all(uint64_t seed) {
   }
 }
 
+void seed_cpu_and_device(uint64_t seed, int cuda_device) {
+  {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  }
+  if (cuda_device >= 0) {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  }
+}
+
 RngState capture_torch(uint64_t seed) {
   RngState s;
   s.seed = seed;

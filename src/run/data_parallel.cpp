@@ -13,14 +13,17 @@ DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, cons
   const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
   sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
   if (trainer.invariant()) {
-    const train::TensorGather gather = [this](const torch::Tensor& t) { return pg_.allgather_tensor(t, stats); };
-    trainer.set_invariant_hooks([this] { chunks_ = train::ChunkGrads(); },
-                                [this, &trainer] { chunks_.take(trainer.module().parameters()); },
-                                [gather](const std::vector<float>& mine) { return train::fold_chunk_losses(mine, gather); });
-    trainer.set_after_last_backward([this, &trainer, gather] {
+    const uint32_t rank = pg_.rank(), world = pg_.world_size();
+    const train::Exchange exchange = [this](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {
+      return pg_.alltoall(to, n, stats);
+    };
+    trainer.set_invariant_hooks(
+        [this] { chunks_ = train::ChunkGrads(); }, [this, &trainer] { chunks_.take(trainer.module().parameters()); },
+        [world, exchange](const std::vector<float>& mine) { return train::fold_chunk_losses(mine, world, exchange); });
+    trainer.set_after_last_backward([this, &trainer, rank, world, exchange] {
       torch::Tensor local;
-      chunks_.reduce_into(trainer.module().parameters(), gather, train::ChunkOrder::kGlobalFold, &local);
-      rank_grad_digests = this->gather(digest_named({{"chunk_grads", local}}));
+      chunks_.reduce_into(trainer.module().parameters(), rank, world, exchange, train::ChunkOrder::kGlobalFold, &local);
+      rank_grad_digests = gather(digest_named({{"chunk_grads", local}}));
     });
     return;
   }

@@ -2,8 +2,9 @@
 // digest is gathered (rank 0 traces them all) and the gradients are summed over the ranks in
 // buckets; the loss is summed before backward, so skip and spike decisions agree on every rank;
 // a sharded checkpoint save agrees through the group. Under runtime.invariance = "batch" the sums
-// are train/invariant.h's instead: every chunk's gradients and loss are all-gathered and folded in
-// global chunk order on every rank (the local digest is then of this rank's chunk gradients). The record loop and bisection's
+// are train/invariant.h's instead: every chunk's gradients and loss are folded in global chunk
+// order over the ranks, through two all-to-alls (the local digest is then of this rank's chunk
+// gradients). The record loop and bisection's
 // re-execution wire a rank the same way.
 #pragma once
 

@@ -111,11 +111,13 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     policy.chunk = p.invariance_chunk;
     policy.first_chunk = batch.global_offset / static_cast<uint64_t>(p.invariance_chunk);
     const uint64_t seed = p.seed, step = rec.step;
-    policy.before_chunk = [seed, step](uint64_t chunk) { rng::seed_all(chunk_seed(seed, step, chunk)); };
-    policy.after_chunk_backward = hooks.after_chunk_backward;
-    policy.fold_losses = hooks.fold_losses ? hooks.fold_losses : [](const std::vector<float>& mine) {
-      return fold_chunk_losses(mine, [](const torch::Tensor& t) { return std::vector<torch::Tensor>{t}; });
+    const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
+    policy.before_chunk = [seed, step, cuda](uint64_t chunk) {
+      rng::seed_cpu_and_device(chunk_seed(seed, step, chunk), cuda);
     };
+    policy.after_chunk_backward = hooks.after_chunk_backward;
+    policy.fold_losses = hooks.fold_losses ? hooks.fold_losses
+                                           : [](const std::vector<float>& mine) { return fold_chunk_losses(mine, 1, {}); };
     policy.reduce_loss = nullptr;
   }
   policy.after_last_backward = hooks.after_last_backward;
@@ -141,7 +143,9 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
 
   // Invariant: the generators after a step depend on (seed, step) alone, the same on every rank
   // and layout; the samples seen are the global batch's, so the state digest is layout-free too.
-  if (p.invariance_chunk > 0) rng::seed_all(step_end_seed(p.seed, rec.step));
+  if (p.invariance_chunk > 0)
+    rng::seed_cpu_and_device(step_end_seed(p.seed, rec.step),
+                             batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1);
   s.step += 1;
   s.samples_seen += p.invariance_chunk > 0 && batch.global_samples > 0 ? batch.global_samples : batch.indices.size();
   s.cursor = batch.next;
