@@ -115,31 +115,23 @@ RngState RngState::deserialize(const std::string& bytes) {
   return s;
 }
 
+namespace {
+void seed_generator(const c10::Device& device, uint64_t seed) {
+  at::Generator g = compat::default_generator(device);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_current_seed(seed);
+}
+}  // namespace
+
 void seed_all(uint64_t seed) {
-  {
-    at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(seed);
-  }
+  seed_generator(c10::Device(c10::kCPU), seed);
   const int n = static_cast<int>(torch::cuda::device_count());
-  for (int i = 0; i < n; ++i) {
-    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(seed);
-  }
+  for (int i = 0; i < n; ++i) seed_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)), seed);
 }
 
 void seed_cpu_and_device(uint64_t seed, int cuda_device) {
-  {
-    at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(seed);
-  }
-  if (cuda_device >= 0) {
-    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_current_seed(seed);
-  }
+  seed_generator(c10::Device(c10::kCPU), seed);
+  if (cuda_device >= 0) seed_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)), seed);
 }
 
 RngState capture_torch(uint64_t seed) {

@@ -91,8 +91,8 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
       if (faults.loss_factor != 1.0) loss = loss * faults.loss_factor;
       const float v = loss.item<float>();
       loss_value = j == 0 ? v : loss_value + v;
-      total = total + loss.detach().to(torch::kCPU);
       if (policy.chunk > 0) chunk_losses.push_back(v);
+      else total = total + loss.detach().to(torch::kCPU);
       losses.push_back(std::move(loss));
     }
     r.micro_sizes.push_back(static_cast<uint32_t>(mb.targets.size(0)));

@@ -106,12 +106,12 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     policy.global_count = static_cast<int64_t>(batch.global_samples) * (y.numel() / std::max<int64_t>(1, y.size(0)));
   }
   policy.reduce_loss = hooks.reduce_loss;
+  const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
   if (p.invariance_chunk > 0) {
     // Chunk k of the global batch holds its samples [k*c, (k+1)*c); keyed by (seed, step, k).
     policy.chunk = p.invariance_chunk;
     policy.first_chunk = batch.global_offset / static_cast<uint64_t>(p.invariance_chunk);
     const uint64_t seed = p.seed, step = rec.step;
-    const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
     policy.before_chunk = [seed, step, cuda](uint64_t chunk) {
       rng::seed_cpu_and_device(chunk_seed(seed, step, chunk), cuda);
     };
@@ -143,9 +143,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
 
   // Invariant: the generators after a step depend on (seed, step) alone, the same on every rank
   // and layout; the samples seen are the global batch's, so the state digest is layout-free too.
-  if (p.invariance_chunk > 0)
-    rng::seed_cpu_and_device(step_end_seed(p.seed, rec.step),
-                             batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1);
+  if (p.invariance_chunk > 0) rng::seed_cpu_and_device(step_end_seed(p.seed, rec.step), cuda);
   s.step += 1;
   s.samples_seen += p.invariance_chunk > 0 && batch.global_samples > 0 ? batch.global_samples : batch.indices.size();
   s.cursor = batch.next;
