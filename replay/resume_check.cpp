@@ -51,10 +51,11 @@ ResumeCheck resume_verdict(const std::string& uninterrupted_trace, const std::st
   const trace::TraceReader a = trace::TraceReader::open(uninterrupted_trace);
   const trace::TraceReader b = trace::TraceReader::open(resumed_trace);
   for (const auto& e : b.events())
-    if (e.kind == "resume" && e.message.rfind("resharded from", 0) == 0) {
-      r.resharded = true;
-      r.invariant = e.message.find("bitwise (runtime.invariance") != std::string::npos;
-    }
+    r.resharded = r.resharded || (e.kind == "resume" && e.message.rfind(run::kReshardEventPrefix, 0) == 0);
+  // Invariance is the run's (a reshard keeps it): the recorded config says which.
+  const auto entries = train::config_entries(b.header().config_toml);
+  const auto inv = entries.find("runtime.invariance");
+  r.invariant = inv != entries.end() && (inv->second == "'batch'" || inv->second == "\"batch\"");
   r.numerics_diffs = records::numerics_differences(a.header().fingerprint, b.header().fingerprint);
   const bool bitwise = r.numerics_diffs.empty() && (!r.resharded || r.invariant);
   r.bitwise = compare_steps(a.steps(), b.steps(), r.resharded && r.invariant ? CompareMode::kLayout : CompareMode::kBitwise);

@@ -289,7 +289,7 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
                   "resume --reshard onto ", world, " ranks: micro-batches of data.batch_size = ", config.data.batch_size,
                   " samples do not split into whole chunks of runtime.invariance_chunk = ",
                   config.runtime.invariance_chunk, "; choose a world size whose micro-batch is a multiple of it");
-  note = "resharded from " + std::to_string(n) + " ranks x data.batch_size " + std::to_string(source.data.batch_size) +
+  note = kReshardEventPrefix + std::to_string(n) + " ranks x data.batch_size " + std::to_string(source.data.batch_size) +
          " to " + std::to_string(world) + " ranks x data.batch_size " + std::to_string(config.data.batch_size) +
          " (train.accum_steps " + std::to_string(config.train.accum_steps) + ", global batch " + std::to_string(global) +
          "): " + (config.runtime.invariance == Invariance::kBatch ? "bitwise (runtime.invariance = \"batch\")"

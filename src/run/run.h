@@ -37,6 +37,10 @@ struct RunCallbacks {
 // ("rollback-newest-checkpoint", "rank1-rng-restore"); nothing else does.
 enum class Sabotage : uint8_t { kNone, kRollbackNewestCheckpoint, kRank1RngRestore };
 
+// How the "resume" event of `resume --reshard` begins ("resharded from 4 ranks x ..."): the resume
+// verdict recognises a resharded trace by it.
+inline constexpr const char* kReshardEventPrefix = "resharded from ";
+
 struct LoopControl {
   // Stop right after this step, its evaluation (when one is due) and its checkpoint, as if the
   // process were killed there. 0: run to the end.

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "train/guards.h"
+#include "train/invariant.h"
 #include "train/loss_scaler.h"
 #include "train/probe.h"
 #include "train/registry.h"
@@ -59,6 +60,10 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   torch::Tensor total = torch::zeros({}, torch::kFloat32);
   std::vector<float> chunk_losses;
   uint64_t next_chunk = policy.first_chunk;
+  // The step's loss from this rank's chunk losses: over all ranks (fold_losses), or this rank's.
+  const auto fold = [&policy](const std::vector<float>& mine) {
+    return policy.fold_losses ? policy.fold_losses(mine) : fold_chunk_losses(mine, 1, {});
+  };
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
     const bool last = i + 1 == micro_batches.size();
@@ -100,14 +105,14 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
                              static_cast<double>(mb.targets.numel()));
     r.forward_ms += ms_since(t);
     if (!collective_loss && !std::isfinite(loss_value)) {
-      r.loss = policy.chunk > 0 && policy.fold_losses ? policy.fold_losses(chunk_losses) : total.item<float>();
+      r.loss = policy.chunk > 0 ? fold(chunk_losses) : total.item<float>();
       r.skipped = true;
       r.skip_reason = "non_finite_loss";  // the scaler is not updated on this path
       return r;
     }
     if (last) {
-      if (policy.chunk > 0 && policy.fold_losses) {
-        r.loss = policy.fold_losses(chunk_losses);
+      if (policy.chunk > 0) {
+        r.loss = fold(chunk_losses);
       } else {
         r.loss = total.item<float>();
         if (policy.reduce_loss) r.loss = policy.reduce_loss(r.loss);

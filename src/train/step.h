@@ -54,7 +54,8 @@ struct StepPolicy {
   // samples (0: off), each alone: before_chunk(global chunk index) keys the generators, then
   // forward and loss; backward runs chunk by chunk in order, after_chunk_backward (data
   // parallelism: ChunkGrads::take) after each. The step's loss is fold_losses(this rank's chunk
-  // losses in order). first_chunk: the global index of this rank's first chunk.
+  // losses in order), or their fold on this rank alone when it is empty. first_chunk: the global
+  // index of this rank's first chunk.
   int64_t chunk = 0;
   uint64_t first_chunk = 0;
   std::function<void(uint64_t)> before_chunk;

@@ -116,8 +116,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
       rng::seed_cpu_and_device(chunk_seed(seed, step, chunk), cuda);
     };
     policy.after_chunk_backward = hooks.after_chunk_backward;
-    policy.fold_losses = hooks.fold_losses ? hooks.fold_losses
-                                           : [](const std::vector<float>& mine) { return fold_chunk_losses(mine, 1, {}); };
+    policy.fold_losses = hooks.fold_losses;
     policy.reduce_loss = nullptr;
   }
   policy.after_last_backward = hooks.after_last_backward;
