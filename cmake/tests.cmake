@@ -1,15 +1,21 @@
 # Test executables of the torch part and the torch-free base. The trace and checkpoint-format
 # tests are defined beside their libraries (src/trace, src/ckpt).
 # Their main (tests/testing/numerics_main.cpp) runs them under portable numerics, as retrace runs.
+# Label torchfree: programs that do not link LibTorch, so the same in both CI builds (run once).
 function(retrace_gtest name)
-  add_executable(${name} ${ARGN} ${CMAKE_SOURCE_DIR}/tests/testing/numerics_main.cpp)
+  cmake_parse_arguments(ARG "" "LABEL" "" ${ARGN})
+  add_executable(${name} ${ARG_UNPARSED_ARGUMENTS} ${CMAKE_SOURCE_DIR}/tests/testing/numerics_main.cpp)
   target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   target_compile_definitions(${name} PRIVATE RETRACE_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   target_link_libraries(${name} PRIVATE GTest::gtest retrace_base)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+  if(ARG_LABEL)
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600 LABELS ${ARG_LABEL})
+  else()
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+  endif()
 endfunction()
 
-retrace_gtest(base_test
+retrace_gtest(base_test LABEL torchfree
   tests/core/digest_test.cpp
   tests/rng/philox_test.cpp
   tests/data/sampler_test.cpp
@@ -102,6 +108,7 @@ if(RETRACE_PYTHON3)
   add_test(NAME layering COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/check_layering.py ${CMAKE_SOURCE_DIR})
   add_test(NAME layering_catches_wrong_way
            COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/check_layering.py --plant ${CMAKE_SOURCE_DIR})
+  set_tests_properties(layering layering_catches_wrong_way PROPERTIES LABELS torchfree)
   add_test(NAME fault_campaign COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/campaign/campaign.py
            $<TARGET_FILE:retrace> --smoke)
   set_tests_properties(fault_campaign PROPERTIES TIMEOUT 1200)
@@ -142,3 +149,39 @@ set_tests_properties(progress PROPERTIES TIMEOUT 600)
 # The limit benchmark runs (one short round of the MLP): it prints figures and never gates on them.
 add_test(NAME limit_bench_runs COMMAND limit_bench --rounds 1 --steps 2 --model mlp WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(limit_bench_runs PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION "mlp limit .*step / GEMM")
+
+# CUDA checks (tests/gpu): labelled `gpu`; each skips, visibly, without a CUDA device or a CUDA
+# LibTorch (ctest lists them as "Skipped"), and runs in full on a GPU machine (tools/gpu/check.sh).
+add_executable(gpu_test tests/gpu/gpu_test.cpp ${CMAKE_SOURCE_DIR}/tests/testing/numerics_main.cpp)
+target_include_directories(gpu_test PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+target_link_libraries(gpu_test PRIVATE GTest::gtest retrace_lib)
+target_precompile_headers(gpu_test REUSE_FROM retrace_core_torch)
+gtest_discover_tests(gpu_test TEST_PREFIX "gpu." DISCOVERY_TIMEOUT 60
+                     PROPERTIES LABELS gpu TIMEOUT 600 SKIP_REGULAR_EXPRESSION "\\\\[  SKIPPED \\\\]")
+
+# Launchers and hosts (tests/dist): a real torchrun from PyPI torch (.venv-torch, made by
+# `tools/setup.sh --torch2`), and two ranks in two network namespaces joined by veth (needs root).
+# Both exit 77, reported as skipped, where their tool is missing.
+add_test(NAME torchrun COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist/torchrun_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR}/.venv-torch/bin/torchrun ${CMAKE_SOURCE_DIR})
+set_tests_properties(torchrun PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
+add_test(NAME two_hosts COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist/two_hosts_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(two_hosts PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
+
+# The torchfree label is a claim: those programs do not load LibTorch (so CI runs them once).
+add_test(NAME torchfree_programs_do_not_link_torch
+         COMMAND bash -c "for p in \"$@\"; do if ldd \"$p\" | grep -q 'libtorch\\|libc10'; then echo \"$p links LibTorch\"; exit 1; fi; done; echo \"$# programs without LibTorch\""
+                 _ $<TARGET_FILE:base_test> $<TARGET_FILE:trace_test> $<TARGET_FILE:trace_props>
+                 $<TARGET_FILE:ckpt_format_test> $<TARGET_FILE:ckpt_props> $<TARGET_FILE:diff_test>)
+
+# A trace of the other CI build's LibTorch (build/ for build-torch2/, and the reverse): resume and
+# replay refuse it unless --accept-other-torch. Skipped (77) where that build is absent.
+if(RETRACE_TORCH_ROOT)
+  set(RETRACE_OTHER_BINARY ${CMAKE_SOURCE_DIR}/build/retrace)
+else()
+  set(RETRACE_OTHER_BINARY ${CMAKE_SOURCE_DIR}/build-torch2/retrace)
+endif()
+add_test(NAME other_torch COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/other_torch_test.sh $<TARGET_FILE:retrace>
+         ${RETRACE_OTHER_BINARY})
+set_tests_properties(other_torch PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)

@@ -1,6 +1,18 @@
 # The torch parts: rng, data, model, train, ckpt, dist, run, replay and the CLI. Torch is heavy to compile, so one
 # precompiled header serves every torch translation unit of the library, the CLI and the tests.
+# RETRACE_TORCH_ROOT selects a LibTorch other than Debian's: the `torch` folder of a PyPI wheel
+# (tools/setup.sh --torch2 makes .venv-torch with the pinned one). It is not put on
+# CMAKE_PREFIX_PATH, because the wheel's include/ also holds protobuf headers of another version
+# that would shadow Debian's for the TensorBoard records; only Torch's package and its libraries
+# (searched before /usr/lib, which holds Debian's libtorch) come from it.
+set(RETRACE_TORCH_ROOT "" CACHE PATH "LibTorch to build against (a wheel's torch/ folder); empty: Debian's")
+if(RETRACE_TORCH_ROOT)
+  set(Torch_DIR "${RETRACE_TORCH_ROOT}/share/cmake/Torch")
+  set(Caffe2_DIR "${RETRACE_TORCH_ROOT}/share/cmake/Caffe2")  # else Debian's is found first
+  list(PREPEND CMAKE_LIBRARY_PATH "${RETRACE_TORCH_ROOT}/lib")
+endif()
 find_package(Torch REQUIRED)
+message(STATUS "retrace builds against LibTorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX} (Caffe2 from ${Caffe2_DIR}, CUDA: ${CAFFE2_USE_CUDA})")
 
 # The torch-free pieces of rng, data and train: their tests do not pay for torch.
 add_library(retrace_rng STATIC src/rng/philox.cpp src/rng/shuffle.cpp)
@@ -17,7 +29,7 @@ add_library(retrace_train STATIC
 # The fused AdamW must round exactly like LibTorch's kernels: no contraction the source does not
 # spell, and a sqrt without errno so the loop vectorizes (see adamw_kernel.h).
 set_source_files_properties(src/train/adamw_kernel.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
-target_link_libraries(retrace_train PUBLIC retrace_data retrace_records tomlplusplus::tomlplusplus)
+target_link_libraries(retrace_train PUBLIC retrace_data retrace_records tomlplusplus::tomlplusplus ${CMAKE_DL_LIBS})
 # Every torch-free part, for tests that need several.
 add_library(retrace_base INTERFACE)
 target_link_libraries(retrace_base INTERFACE retrace_core retrace_records retrace_rng retrace_data retrace_train)
@@ -28,6 +40,13 @@ add_library(retrace_core_torch STATIC src/core/tensor_digest.cpp src/core/safete
 target_link_libraries(retrace_core_torch PUBLIC retrace_core ${TORCH_LIBRARIES} ${CMAKE_DL_LIBS})
 target_compile_options(retrace_core_torch PUBLIC ${TORCH_CXX_FLAGS})
 target_precompile_headers(retrace_core_torch PRIVATE <torch/torch.h>)
+# The wheels' libtorch.so exports copies of some libstdc++ functions (std::filesystem among them,
+# one of which jumps to a null address when called from outside). Dynamic symbols resolve in
+# DT_NEEDED order, so libstdc++ is made the first needed library of every executable that links
+# torch, users' too (the option travels with the exported target).
+if(RETRACE_TORCH_ROOT)
+  target_link_options(retrace_core_torch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+endif()
 
 function(retrace_torch_part name)
   add_library(${name} STATIC ${ARGN})
@@ -57,6 +76,7 @@ target_link_libraries(retrace_model PUBLIC retrace_rng_torch retrace_records)
 
 retrace_torch_part(retrace_train_torch
   src/train/environment.cpp
+  src/train/cuda_info.cpp
   src/train/schedule.cpp
   src/train/optimizer.cpp
   src/train/step.cpp
@@ -76,12 +96,18 @@ target_link_libraries(retrace_ckpt_torch PUBLIC retrace_ckpt retrace_train_torch
 
 retrace_torch_part(retrace_dist
   src/dist/process_group.cpp
+  src/dist/endpoint.cpp
   src/dist/launcher.cpp
 )
 target_link_libraries(retrace_dist PUBLIC retrace_train_torch)
 # NCCL for data parallelism on CUDA: only against a LibTorch built with CUDA and c10d NCCL (the
 # GPU machines' LibTorch 2.x); Debian's CPU LibTorch has neither, so the CPU build never needs it.
-option(RETRACE_WITH_NCCL "Build the NCCL process group (needs LibTorch with CUDA and NCCL)" OFF)
+# CUDA's device properties (train/cuda_info.cpp) need the CUDA runtime's headers: only against a
+# LibTorch with CUDA, which then brings NCCL too (the PyPI wheels do).
+if(CAFFE2_USE_CUDA)
+  target_compile_definitions(retrace_train_torch PRIVATE RETRACE_WITH_CUDA)
+endif()
+option(RETRACE_WITH_NCCL "Build the NCCL process group (needs LibTorch with CUDA and NCCL)" ${CAFFE2_USE_CUDA})
 if(RETRACE_WITH_NCCL)
   target_compile_definitions(retrace_dist PUBLIC RETRACE_WITH_NCCL USE_C10D_NCCL)
 endif()

@@ -93,7 +93,7 @@ void showValue(const AccumCase& c, std::ostream& os) {
 }
 
 std::shared_ptr<model::MlpImpl> build_mlp(const AccumCase& c, torch::ScalarType dtype) {
-  rng::seed_all(c.seed);
+  rng::seed_cpu_and_device(c.seed, -1);
   model::MlpOptions o;
   o.inputs = c.inputs;
   o.hidden = c.hidden;
@@ -110,7 +110,7 @@ struct Batch {
 };
 
 Batch make_batch(const AccumCase& c, torch::ScalarType dtype) {
-  rng::seed_all(c.seed ^ 0x5eedull);
+  rng::seed_cpu_and_device(c.seed ^ 0x5eedull, -1);
   return {torch::randn({c.batch, c.inputs}).to(dtype), torch::randint(0, c.outputs, {c.batch}, torch::kInt64)};
 }
 
@@ -229,7 +229,7 @@ void check_accumulation(const AccumCase& c, torch::ScalarType dtype, const Accum
 // ---- property 4 and 7: tiny trainers ------------------------------------------------------------
 
 data::Dataset tiny_dataset(uint64_t seed, int64_t n, int64_t width) {
-  rng::seed_all(seed);
+  rng::seed_cpu_and_device(seed, -1);
   data::Dataset d;
   d.train.inputs = torch::randn({n, width});
   d.train.targets = torch::randint(0, 10, {n}, torch::kInt64);
@@ -333,11 +333,11 @@ int main() {
   // ---- 2 ----
   ok &= rc::check("2. RNG capture and restore repeat torch draws, dropout masks and Philox streams", [] {
     const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
-    rng::seed_all(seed);
+    rng::seed_cpu_and_device(seed, -1);
     // Move the generator to a random point first.
     const int warmup = *rc::gen::inRange(0, 5);
     for (int i = 0; i < warmup; ++i) torch::rand({*rc::gen::inRange<int64_t>(1, 40)});
-    rng::RngState s = rng::capture_torch(seed);
+    rng::RngState s = rng::capture_torch(seed, -1);
     rng::PhiloxStream stream(rng::mix_key(seed, 7), *rc::gen::inRange<uint64_t>(0, 1000));
     s.streams.push_back({"props", stream.key(), stream.position()});
     const std::string bytes = s.serialize();
@@ -368,7 +368,7 @@ int main() {
     RC_ASSERT(!torch::equal(torch::rand({n}), std::get<0>(first)));
 
     const rng::RngState back = rng::RngState::deserialize(bytes);
-    rng::restore_torch(back);
+    rng::restore_torch(back, -1);
     RC_ASSERT(back.streams.size() == 1u);
     rng::PhiloxStream resumed(back.streams[0].key, back.streams[0].position);
     auto second = draw(resumed);
@@ -488,7 +488,7 @@ int main() {
 
   // ---- 6 ----
   ok &= rc::check("6. clipping bounds the norm, keeps the direction, and is a no-op below max_norm", [] {
-    rng::seed_all(*rc::gen::arbitrary<uint64_t>());
+    rng::seed_cpu_and_device(*rc::gen::arbitrary<uint64_t>(), -1);
     const int count = *rc::gen::inRange(1, 6);
     const double spread = *rc::gen::element(1e-3, 1.0, 1e3);
     std::vector<torch::Tensor> params, original;

@@ -1,5 +1,7 @@
 #include "replay/bisect.h"
 
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include <filesystem>

@@ -35,6 +35,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   if (auto w = recorded.tail_warning(); w && cb.on_message) cb.on_message("warning: " + *w);
   const records::TraceHeader& h = recorded.header();
   train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
+  run::check_same_libtorch(h.fingerprint, res.recorded_trace, "replay", options.accept_other_torch);
   // A replay on other inputs re-executes another run: refused unless asked for.
   if (const auto changes = run::changed_inputs(h.data_files); !changes.empty()) {
     RETRACE_CHECK(options.accept_changed_inputs, IntegrityError, "cannot replay ", res.recorded_trace, ": ",

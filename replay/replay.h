@@ -25,6 +25,7 @@ struct ReplayOptions {
   bool force = false;                        // replace scratch_dir even if retrace did not make it
   const train::Registry* registry = nullptr; // what the run's config may name; nullptr: the built-ins
   bool accept_changed_inputs = false;        // replay although an input's sha256 is not the header's
+  bool accept_other_torch = false;           // replay with another LibTorch than the header's (tolerance)
 };
 
 struct ReplayResult {

@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # Installs what retrace needs on Debian 12, as root. Skips apt entirely when everything is there.
+#   tools/setup.sh            Debian's packages (LibTorch 1.13, CPU) and the test environment .venv
+#   tools/setup.sh --torch2   also .venv-torch: the pinned PyPI torch wheel (LibTorch 2.x with CUDA
+#                             and NCCL, and torchrun), about 4.6 GB
 set -euo pipefail
+torch2=0
+for arg in "$@"; do
+  case "$arg" in
+    --torch2) torch2=1 ;;
+    *) echo "setup: unknown option $arg (try --torch2)" >&2; exit 2 ;;
+  esac
+done
 packages=(
   build-essential cmake pkg-config ccache
   libtorch-dev                 # LibTorch 1.13 (CPU): the tensor library we train with
@@ -22,6 +32,7 @@ packages=(
   libboost-dev                 # Boost.CRC: the CRC32C of TensorBoard's record framing
   python3-venv                 # the test environment .venv (Python peers that read retrace's output)
   chromium                     # headless Chromium: the diff report's screenshot test
+  iproute2                     # ip netns and veth: the two-host test's network namespaces
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -48,5 +59,18 @@ if ! cmp -s "$req" "$venv/requirements-test.txt" 2>/dev/null; then
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
   cp "$req" "$venv/requirements-test.txt"
+fi
+# LibTorch 2.x: the pinned PyPI torch wheel in .venv-torch (tools/requirements-torch2.txt). CMake
+# takes it with -DRETRACE_TORCH_ROOT="$(tools/torch-root)"; the CUDA toolkit it compiles against
+# is /usr/local/cuda.
+if ((torch2)); then
+  venv2="$root/.venv-torch"
+  req2="$root/tools/requirements-torch2.txt"
+  if ! cmp -s "$req2" "$venv2/requirements-torch2.txt" 2>/dev/null; then
+    echo "setup: installing LibTorch 2.x (PyPI torch) into $venv2"
+    /usr/bin/python3 -m venv "$venv2"
+    "$venv2/bin/pip" install -q --disable-pip-version-check -r "$req2"
+    cp "$req2" "$venv2/requirements-torch2.txt"
+  fi
 fi
 echo "setup: ok"

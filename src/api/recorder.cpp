@@ -110,7 +110,7 @@ void Recorder::step(uint64_t step, double loss, const torch::nn::Module& module,
   r.skip_reason = info.skip_reason;
   r.param_digest = digest_named(module_state(module));
   if (auto kind = kind_of(optimizer)) r.optim_digest = digest_named(train::optimizer_state(optimizer, module, *kind));
-  const std::string rng = rng::capture_torch(impl_->seed).serialize();
+  const std::string rng = rng::capture_torch(impl_->seed, train::cuda_index(module)).serialize();
   r.rng_digest = xxh3_128(rng.data(), rng.size());
   impl_->writer->append_step(r);
   impl_->last_step = step;
@@ -126,7 +126,7 @@ std::string Recorder::checkpoint(uint64_t step, const torch::nn::Module& module,
   snap.step = step;
   snap.model = module_state(module);
   snap.optim = train::optimizer_state(optimizer, module, *kind);
-  snap.rng = rng::capture_torch(impl_->seed).serialize();
+  snap.rng = rng::capture_torch(impl_->seed, train::cuda_index(module)).serialize();
   snap.config_hash = impl_->config_hash;
   snap.metadata["optim"] = train::optimizer_name(*kind);
   snap.metadata["samples_seen"] = "0";
@@ -161,7 +161,7 @@ Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, tor
     }
   }
   train::load_optimizer_state(optimizer, module, *kind, snap.optim);
-  rng::restore_torch(rng::RngState::deserialize(snap.rng));
+  rng::restore_torch(rng::RngState::deserialize(snap.rng), train::cuda_index(module));
 
   const trace::TraceReader before = trace::TraceReader::open(run::trace_path(dir));
   const auto chain = before.chain_at(snap.position.bytes);

@@ -289,7 +289,8 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
     rng::RngState rng = rng::RngState::deserialize(state.rng);
     trainer.restore_position(m.step, rng, seen);
     if (trainer.rank() >= reshard->from_world)
-      rng::seed_all(train::rank_seed(rng::mix_key(trainer.config().seed, m.step), trainer.rank()));
+      rng::seed_cpu_and_device(train::rank_seed(rng::mix_key(trainer.config().seed, m.step), trainer.rank()),
+                               train::cuda_index(trainer.config().runtime));
   }
 
   RestoredState out;

@@ -10,7 +10,24 @@
 
 #include <string>
 
+// c10d's base class of the Gloo and NCCL process groups: c10d::ProcessGroup in 1.13, c10d::Backend
+// in 2.x (where ProcessGroup became a wrapper that dispatches to backends). Declared here only; the
+// c10d headers are included where c10d is used.
+namespace c10d {
+#if TORCH_VERSION_MAJOR >= 2
+class Backend;
+#else
+class ProcessGroup;
+#endif
+}  // namespace c10d
+
 namespace retrace::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
 
 inline std::string libtorch_version() { return TORCH_VERSION; }
 
@@ -35,6 +52,11 @@ inline void set_param_state(torch::optim::Optimizer& opt, const at::Tensor& p,
   opt.state()[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(s);
 #endif
 }
+
+// Whether the fused AdamW (train/adamw_kernel.h) reproduces this LibTorch's AdamW bit for bit. Its
+// roundings are LibTorch 1.13's; 2.11's AdamW rounds otherwise (FusedAdamW.* differ from step 1),
+// so on 2.x optim.fused steps through LibTorch's own AdamW until the kernel is matched to it.
+inline constexpr bool kFusedAdamWMatchesLibTorch = TORCH_VERSION_MAJOR < 2;
 
 // Deterministic algorithms, error (not warn) on a nondeterministic kernel; cuDNN deterministic
 // with benchmark mode off. Same call in 1.13 and 2.x.

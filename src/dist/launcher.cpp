@@ -88,6 +88,11 @@ int launch_local(uint32_t world_size, const std::vector<std::string>& args) {
       ::setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      ::setenv("RETRACE_LAUNCHER", "local", 1);
+      // This launcher's rank 0 serves the store itself, even when it runs under another launcher.
+      for (const char* var : {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"})
+        ::unsetenv(var);
       std::vector<char*> argv;
       std::string self = "retrace";
       argv.push_back(self.data());

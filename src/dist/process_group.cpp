@@ -1,5 +1,6 @@
 #include "dist/process_group.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #if defined(RETRACE_WITH_NCCL)
@@ -11,6 +12,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 
 namespace retrace::dist {
 namespace {
@@ -27,20 +29,33 @@ uint64_t env_u64(const char* name, uint64_t fallback, bool required) {
   RETRACE_CHECK(end && *end == '\0', ConfigError, "environment variable ", name, "=\"", v, "\" is not a number");
   return x;
 }
-// Collectives fail when another rank died or the timeout passed: an environment problem with a
-// message that says which rank saw it, not an internal error.
+// c10d's errors carry a C++ stack trace in what(); the message alone is what a user needs.
+std::string message_of(const std::exception& e) {
+  std::string m;
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) m = c->what_without_backtrace();
+  else m = e.what();
+  for (const char* cut : {"\nException raised from", "\nframe #"})
+    if (auto pos = m.find(cut); pos != std::string::npos) m.erase(pos);
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  return m;
+}
+}  // namespace
+
+// Collectives fail when another rank died, the link to it went down or the timeout passed: an
+// environment problem with a message that says which rank saw it and who its peers are, not an
+// internal error.
 template <typename Fn>
-auto collective(const char* what, uint32_t rank, Fn&& fn) -> decltype(fn()) {
+auto ProcessGroup::collective(const char* what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (const retrace::Error&) {
     throw;
   } catch (const std::exception& e) {
-    RETRACE_FAIL(IoError, "rank ", rank, ": ", what, " failed: ", e.what(),
-                 "; another rank probably stopped or the collective timeout (runtime.collective_timeout_s) passed");
+    RETRACE_FAIL(IoError, "rank ", env_.rank, " (", endpoint_.describe(), "): ", what, " failed: ", message_of(e),
+                 "; peers: ", peers_, ". Another rank probably stopped, the network to it is down, or the "
+                 "collective timeout (runtime.collective_timeout_s = ", timeout_.count() / 1000.0, ") passed");
   }
 }
-}  // namespace
 
 std::optional<DistEnv> env_from_environment() {
   if (!std::getenv("WORLD_SIZE")) return std::nullopt;
@@ -57,24 +72,39 @@ std::optional<DistEnv> env_from_environment() {
 
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<compat::C10dBackend> pg;
 };
 
 ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout, bool cuda)
-    : env_(env), impl_(new Impl) {
+    : env_(env), timeout_(timeout), launcher_(launcher_from_environment()), impl_(new Impl) {
 #if !defined(RETRACE_WITH_NCCL)
   RETRACE_CHECK(!cuda, ConfigError, "data parallelism on CUDA needs NCCL, and this retrace was built without it "
                 "(configure with -DRETRACE_WITH_NCCL=ON against a LibTorch with CUDA); on CPU ranks use Gloo");
 #endif
   if (cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  // Before anything connects: a bad GLOO_SOCKET_IFNAME or MASTER_ADDR is the user's to fix.
+  endpoint_ = choose_endpoint(env.master_addr, env.master_port);
   try {
     c10d::TCPStoreOptions so;
     so.port = env.master_port;
-    so.isServer = env.rank == 0;
-    so.numWorkers = env.world_size;
-    so.waitWorkers = true;
+    // Under torchrun the agent already serves the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE)
+    // and every rank is its client; each restart's keys live under their own prefix, as PyTorch's.
+    so.isServer = env.rank == 0 && !launcher_.agent_store;
+    if (!launcher_.agent_store) so.numWorkers = env.world_size;
+    so.waitWorkers = !launcher_.agent_store;
     so.timeout = timeout;
     impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    if (launcher_.agent_store)
+      impl_->store = c10::make_intrusive<c10d::PrefixStore>(
+          "/worker/attempt_" + std::to_string(launcher_.restart_count), impl_->store);
+    // Every rank's endpoint, so that a failed collective can name its peers.
+    const std::string mine = endpoint_.describe();
+    impl_->store->set("retrace/endpoint/" + std::to_string(env.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (uint32_t r = 0; r < env.world_size; ++r) {
+      if (r == env.rank) continue;
+      const std::vector<uint8_t> v = impl_->store->get("retrace/endpoint/" + std::to_string(r));
+      peers_ += (peers_.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " at " + std::string(v.begin(), v.end()));
+    }
 #if defined(RETRACE_WITH_NCCL)
     if (cuda) {
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
@@ -85,20 +115,37 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     }
 #endif
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    const bool loopback = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
-    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    if (endpoint_.chosen_by == "GLOO_SOCKET_IFNAME") {
+      for (const auto& name : endpoint_.interfaces)
+        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(endpoint_.address));
+    }
     opts->threads = 1;
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, static_cast<int>(env.rank),
                                                              static_cast<int>(env.world_size), opts);
+  } catch (const retrace::Error&) {
+    throw;
   } catch (const std::exception& e) {
-    RETRACE_FAIL(IoError, "rank ", env.rank, " of ", env.world_size, " could not join the process group at ",
-                 env.master_addr, ":", env.master_port, ": ", e.what(),
-                 "; check that every rank started and that the address and port are reachable");
+    RETRACE_FAIL(IoError, "rank ", env.rank, " of ", env.world_size, " (", endpoint_.describe(),
+                 ") could not join the process group at ", env.master_addr, ":", env.master_port, " (launcher: ",
+                 launcher_.describe(), "): ", message_of(e),
+                 launcher_.agent_store
+                     ? "; under torchrun the agent serves the store (TORCHELASTIC_USE_AGENT_STORE), and only a "
+                       "torchrun of the same torch version as this retrace's LibTorch " + compat::libtorch_version() +
+                           " speaks its protocol"
+                     : "; check that every rank started and that the address and port are reachable");
   }
 }
 
 ProcessGroup::~ProcessGroup() = default;
+
+std::string ProcessGroup::backend() const {
+#if defined(RETRACE_WITH_NCCL)
+  if (device_.is_cuda()) return "nccl " + c10d::getNcclVersion();
+#endif
+  return "gloo";
+}
 
 void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes,
                                    CollectiveStats& stats) {
@@ -117,7 +164,7 @@ void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uin
     std::vector<torch::Tensor> flat_parts;
     for (const auto& g : bucket) flat_parts.push_back(g.reshape({-1}));
     std::vector<torch::Tensor> flat = {torch::cat(flat_parts)};
-    collective("gradient all-reduce", env_.rank, [&] { return impl_->pg->allreduce(flat, c10d::AllreduceOptions{})->wait(); });
+    collective("gradient all-reduce", [&] { return impl_->pg->allreduce(flat, c10d::AllreduceOptions{})->wait(); });
     int64_t offset = 0;
     torch::NoGradGuard no_grad;
     for (auto& g : bucket) {
@@ -133,7 +180,7 @@ void ProcessGroup::allreduce_grads(const std::vector<torch::Tensor>& params, uin
 float ProcessGroup::allreduce_sum(float value, CollectiveStats& stats) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> t = {torch::full({1}, value, torch::TensorOptions(torch::kFloat32).device(device_))};
-  collective("loss all-reduce", env_.rank, [&] { return impl_->pg->allreduce(t, c10d::AllreduceOptions{})->wait(); });
+  collective("loss all-reduce", [&] { return impl_->pg->allreduce(t, c10d::AllreduceOptions{})->wait(); });
   stats.calls += 1;
   stats.bytes += 4;
   stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -147,7 +194,7 @@ std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   std::vector<torch::Tensor> in = {torch::full({1}, static_cast<int64_t>(mine.size()), i64)};
   std::vector<std::vector<torch::Tensor>> out(1);
   for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty({1}, i64));
-  collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out, in)->wait(); });
+  collective("all-gather", [&] { return impl_->pg->allgather(out, in)->wait(); });
   int64_t max_size = 1;
   std::vector<int64_t> sizes;
   for (const auto& t : out[0]) {
@@ -159,7 +206,7 @@ std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   std::vector<torch::Tensor> in2 = {mine_t.to(device_)};
   std::vector<std::vector<torch::Tensor>> out2(1);
   for (uint32_t r = 0; r < env_.world_size; ++r) out2[0].push_back(torch::empty({max_size}, u8));
-  collective("all-gather", env_.rank, [&] { return impl_->pg->allgather(out2, in2)->wait(); });
+  collective("all-gather", [&] { return impl_->pg->allgather(out2, in2)->wait(); });
   std::vector<std::string> result;
   for (uint32_t r = 0; r < env_.world_size; ++r) {
     torch::Tensor host = out2[0][r].to(torch::kCPU);
@@ -183,8 +230,7 @@ std::vector<torch::Tensor> ProcessGroup::alltoall(const std::vector<torch::Tenso
   torch::Tensor out = torch::empty({total}, torch::TensorOptions(torch::kFloat32).device(device_));
   // c10d may move the split-size vectors into its work object: it gets copies.
   std::vector<int64_t> out_splits = recv_sizes, in_splits = send_sizes;
-  collective("all-to-all", env_.rank,
-             [&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait(); });
+  collective("all-to-all", [&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait(); });
   out = out.to(torch::kCPU);
   std::vector<torch::Tensor> result;
   int64_t offset = 0;
@@ -199,7 +245,7 @@ std::vector<torch::Tensor> ProcessGroup::alltoall(const std::vector<torch::Tenso
 }
 
 void ProcessGroup::barrier() {
-  collective("barrier", env_.rank, [&] { return impl_->pg->barrier()->wait(); });
+  collective("barrier", [&] { return impl_->pg->barrier()->wait(); });
 }
 
 }  // namespace retrace::dist

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/endpoint.h"
+
 namespace retrace::dist {
 
 struct DistEnv {
@@ -50,6 +52,14 @@ class ProcessGroup {
 
   uint32_t rank() const { return env_.rank; }
   uint32_t world_size() const { return env_.world_size; }
+  // Where this rank's transport is bound and how it was chosen (dist/endpoint.h); how the rank was
+  // launched; the other ranks' endpoints ("rank 1 at eth0 10.0.0.2 (...)"). For the fingerprint's
+  // information fields and for the messages of failed collectives.
+  const Endpoint& endpoint() const { return endpoint_; }
+  const Launcher& launcher() const { return launcher_; }
+  const std::string& peers() const { return peers_; }
+  // "gloo", or "nccl 2.28.9" on CUDA.
+  std::string backend() const;
 
   // Sums every defined gradient over the ranks, in place, flattening them into buckets of at most
   // bucket_bytes in parameter order. Adds to stats.
@@ -65,7 +75,14 @@ class ProcessGroup {
   void barrier();
 
  private:
+  template <typename Fn>
+  auto collective(const char* what, Fn&& fn) -> decltype(fn());
+
   DistEnv env_;
+  std::chrono::milliseconds timeout_;
+  Launcher launcher_;
+  Endpoint endpoint_;
+  std::string peers_;
   torch::Device device_ = torch::kCPU;  // where collective buffers live
   struct Impl;
   std::unique_ptr<Impl> impl_;

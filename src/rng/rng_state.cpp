@@ -2,7 +2,6 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
-#include <torch/cuda.h>
 #include <torch/types.h>
 
 #include <cstring>
@@ -123,18 +122,12 @@ void seed_generator(const c10::Device& device, uint64_t seed) {
 }
 }  // namespace
 
-void seed_all(uint64_t seed) {
-  seed_generator(c10::Device(c10::kCPU), seed);
-  const int n = static_cast<int>(torch::cuda::device_count());
-  for (int i = 0; i < n; ++i) seed_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)), seed);
-}
-
 void seed_cpu_and_device(uint64_t seed, int cuda_device) {
   seed_generator(c10::Device(c10::kCPU), seed);
   if (cuda_device >= 0) seed_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)), seed);
 }
 
-RngState capture_torch(uint64_t seed) {
+RngState capture_torch(uint64_t seed, int cuda_device) {
   RngState s;
   s.seed = seed;
   {
@@ -142,29 +135,32 @@ RngState capture_torch(uint64_t seed) {
     std::lock_guard<std::mutex> lock(g.mutex());
     s.cpu_generator = tensor_bytes(g.get_state());
   }
-  const int n = static_cast<int>(torch::cuda::device_count());
-  for (int i = 0; i < n; ++i) {
-    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+  if (cuda_device >= 0) {
+    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
     std::lock_guard<std::mutex> lock(g.mutex());
-    s.cuda.push_back({i, tensor_bytes(g.get_state())});
+    s.cuda.push_back({cuda_device, tensor_bytes(g.get_state())});
   }
   return s;
 }
 
-void restore_torch(const RngState& s) {
+void restore_torch(const RngState& s, int cuda_device) {
   {
     at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(bytes_tensor(s.cpu_generator));
   }
-  const int n = static_cast<int>(torch::cuda::device_count());
-  for (const auto& d : s.cuda) {
-    RETRACE_CHECK(d.device_index < n, ConfigError, "the RNG state holds CUDA device ", d.device_index,
-                  " but this process sees ", n, " CUDA devices; resume on a machine with the same devices");
-    at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d.device_index)));
-    std::lock_guard<std::mutex> lock(g.mutex());
-    g.set_state(bytes_tensor(d.state));
-  }
+  if (cuda_device < 0) return;
+  const DeviceGeneratorState* mine = nullptr;
+  for (const auto& d : s.cuda)
+    if (d.device_index == cuda_device) mine = &d;
+  if (!mine && s.cuda.size() == 1) mine = &s.cuda[0];
+  RETRACE_CHECK(mine != nullptr, ConfigError, "this CUDA run resumes on device ", cuda_device, " but the RNG state holds ",
+                s.cuda.empty() ? std::string("no CUDA generator (it was recorded on the CPU)")
+                               : std::to_string(s.cuda.size()) + " CUDA generators and none for that device",
+                "; resume with the runtime.device the run was recorded with");
+  at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(bytes_tensor(mine->state));
 }
 
 }  // namespace retrace::rng

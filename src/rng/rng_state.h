@@ -1,7 +1,8 @@
 // RngState: every random stream of a run, captured and restored as one
 // value. Streams:
 //   - torch's default CPU generator (parameter init, dropout on CPU);
-//   - the default generator of every CUDA device (Philox seed and offset), when CUDA is present;
+//   - on a CUDA run, the default generator of the run's own device (Philox seed and offset); a CPU
+//     run records the CPU generator alone, so it resumes on any machine, with or without GPUs;
 //   - the data cursor (epoch, batch_in_epoch): the sampler's order is a pure function of
 //     (seed, epoch), so the cursor is its whole state;
 //   - named Philox streams of our own (key, position), e.g. fault injection.
@@ -34,7 +35,7 @@ struct DeviceGeneratorState {
 struct RngState {
   uint64_t seed = 0;
   std::string cpu_generator;                  // torch CPU generator get_state() bytes
-  std::vector<DeviceGeneratorState> cuda;     // one per visible CUDA device
+  std::vector<DeviceGeneratorState> cuda;     // the run's CUDA device; empty on a CPU run
   Cursor cursor;
   std::vector<NamedStream> streams;           // sorted by name
 
@@ -43,16 +44,17 @@ struct RngState {
   bool operator==(const RngState& o) const { return serialize() == o.serialize(); }
 };
 
-// Seeds torch's CPU generator and every CUDA generator from `seed` (deterministic per device).
-void seed_all(uint64_t seed);
-// Seeds torch's CPU generator and, when `cuda_device` >= 0, that CUDA device's: what one device's
-// draws need (seed_all seeds every visible device), called before every chunk of a step under
-// batch invariance (train/invariant.h); about 1.3 us on the CPU.
-void seed_cpu_and_device(uint64_t seed, int cuda_device = -1);
-// Captures the torch generators' states; the cursor and named streams are filled by the caller.
-RngState capture_torch(uint64_t seed);
-// Restores the torch generators' states. Throws ConfigError if the state names CUDA devices that
-// this process does not have.
-void restore_torch(const RngState& s);
+// `cuda_device` below is the run's CUDA device index, -1 on a CPU run (train::cuda_index).
+// Seeds torch's CPU generator and, when `cuda_device` >= 0, that CUDA device's generator; also
+// called before every chunk of a step under batch invariance (train/invariant.h), about 1.3 us.
+void seed_cpu_and_device(uint64_t seed, int cuda_device);
+// Captures the CPU generator and the run's CUDA generator; the cursor and named streams are filled
+// by the caller.
+RngState capture_torch(uint64_t seed, int cuda_device);
+// Restores the CPU generator and, on a CUDA run, the run's CUDA generator (recorded under the
+// same index, or the only one recorded: a rank may get another index on another host).
+// ConfigError when a CUDA run's state holds no CUDA generator. A CPU run ignores CUDA entries
+// (traces of older versions recorded every visible GPU's).
+void restore_torch(const RngState& s, int cuda_device);
 
 }  // namespace retrace::rng

@@ -40,7 +40,7 @@ model::GptOptions gpt_options_with(const Config& c, int64_t vocab, const std::st
 ChildResult measure_child(Config c, const data::Dataset& data, const std::string& policy, int64_t k, int steps) {
   resolve_threads(c.runtime);
   apply_environment(c.runtime);
-  rng::seed_all(static_cast<uint64_t>(c.seed));
+  rng::seed_cpu_and_device(static_cast<uint64_t>(c.seed), cuda_index(c.runtime));
   model::Gpt gpt(gpt_options_with(c, data.vocab_size, policy, k));
   gpt->train();
   const int64_t b = std::min<int64_t>(c.data.batch_size, data.train.size());
@@ -71,7 +71,7 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   data::Dataset data = builtin_registry().load_data(config);
   std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
                                         {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
-  rng::seed_all(static_cast<uint64_t>(config.seed));
+  rng::seed_cpu_and_device(static_cast<uint64_t>(config.seed), cuda_index(config.runtime));
   const int64_t params = model::count_parameters(*model::Gpt(gpt_options_with(config, data.vocab_size, "none", 4)));
   const int64_t dtype_bytes = config.amp.mode == AmpMode::kOff ? 4 : 2;
   for (auto& m : out)

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "train/environment.h"
 
 namespace retrace::run {
 
@@ -12,6 +13,7 @@ std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int6
   RETRACE_CHECK(world_flag <= 1 || static_cast<uint32_t>(world_flag) == env->world_size, ConfigError,
                 "--world-size ", world_flag, " but WORLD_SIZE=", env->world_size, " in the environment");
   if (env->world_size == 1) return nullptr;
+  train::check_device(config.runtime);  // "no CUDA" before "no NCCL"
   return std::make_unique<dist::ProcessGroup>(
       *env, std::chrono::milliseconds(static_cast<int64_t>(config.runtime.collective_timeout_s * 1000)),
       config.runtime.device == train::DeviceKind::kCuda);

@@ -19,6 +19,7 @@
 #include "ckpt/train_state.h"
 #include "core/digest.h"
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "core/file_util.h"
 #include "core/tensor_digest.h"
 #include "dist/process_group.h"
@@ -298,10 +299,34 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
 }
 }  // namespace
 
+void check_same_libtorch(const std::vector<records::KeyValue>& recorded, const std::string& trace,
+                         const std::string& verb, bool accept) {
+  std::string theirs;
+  for (const auto& kv : recorded)
+    if (kv.key == "libtorch_version") theirs = kv.value;
+  const std::string ours = compat::libtorch_version();
+  RETRACE_CHECK(theirs.empty() || theirs == ours || accept, IoError, "cannot ", verb, " ", trace,
+                ": it was recorded with LibTorch ", theirs, " and this retrace is built against LibTorch ", ours,
+                ", whose kernels give other bits. Use a retrace built against LibTorch ", theirs,
+                ", or pass --accept-other-torch to ", verb, " anyway (the steps then compare within a tolerance only)");
+}
+
 std::vector<records::KeyValue> run_fingerprint(const Config& config, const model::ModelHandle& model,
-                                               uint32_t world_size) {
+                                               uint32_t world_size, const dist::ProcessGroup* pg) {
   std::vector<records::KeyValue> f = fingerprint(config.runtime, world_size);
   f.insert(f.end(), model.numerics.begin(), model.numerics.end());
+  if (pg) {
+    // NCCL picks its reduction algorithm by version and topology: numerics on CUDA. Gloo's ring
+    // order is fixed by the world size, already a numerics field.
+    if (config.runtime.device == DeviceKind::kCuda) f.push_back({"dist_backend", pg->backend()});
+    f.push_back({"info.dist_endpoint", pg->endpoint().describe()});
+    f.push_back({"info.dist_peers", pg->peers()});
+    f.push_back({"info.launcher", pg->launcher().describe()});
+    for (const char* var : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_ALGO", "NCCL_PROTO"}) {
+      const char* v = std::getenv(var);
+      f.push_back({std::string("info.env.") + var, v ? v : ""});
+    }
+  }
   return f;
 }
 
@@ -338,7 +363,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
     h.config_toml = config_text;
     h.config_hash = ckpt::config_hash(to_toml(config));
     h.seed = static_cast<uint64_t>(config.seed);
-    h.fingerprint = run_fingerprint(config, trainer.model(), world);
+    h.fingerprint = run_fingerprint(config, trainer.model(), world, pg);
     h.model_description = trainer.model().description;
     h.faults = config.faults.parsed;
     h.params = trainer.param_info();
@@ -372,6 +397,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   std::vector<InputChange> changes;
   if (stdfs::exists(trace_path(run_dir))) {
     const trace::TraceReader before = trace::TraceReader::open(trace_path(run_dir));
+    check_same_libtorch(before.header().fingerprint, trace_path(run_dir), "resume", control.accept_other_torch);
     changes = changed_inputs(before.header().data_files);
     RETRACE_CHECK(changes.empty() || control.accept_changed_inputs, IntegrityError, "cannot resume ", run_dir, ": ",
                   describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
@@ -406,7 +432,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     RETRACE_CHECK(picks[0] == restored.dir, IntegrityError, "rank ", rank, " picked ", restored.dir,
                   " but rank 0 picked ", picks[0], "; are the ranks looking at the same run directory?");
   }
-  if (rank == 1 && control.sabotage == Sabotage::kRank1RngRestore) rng::restore_torch(fresh);
+  if (rank == 1 && control.sabotage == Sabotage::kRank1RngRestore) rng::restore_torch(fresh, cuda_index(config.runtime));
   // The run directory's config is the resharded one from now on (its checkpoints will be).
   if (reshard && rank == 0) fs::write_file_atomic(cfg_path, to_toml(config, TomlForm::kComplete));
   load_fired(run_dir, trainer);
@@ -459,7 +485,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
     }
     // The header's fingerprint is the first process's; a resume under other numerics (another
     // machine in native mode, another kernel set in the environment) is said and recorded.
-    const auto now = run_fingerprint(config, trainer.model(), world);
+    const auto now = run_fingerprint(config, trainer.model(), world, pg);
     if (const auto keys = records::numerics_differences(recorded, now); !keys.empty()) {
       std::string what;
       for (const auto& k : keys) {

@@ -54,6 +54,9 @@ struct LoopControl {
   // resume: continue although a data or model file's sha256 is not the trace header's (the
   // change is recorded as a warning event); otherwise that is an IntegrityError.
   bool accept_changed_inputs = false;
+  // resume: continue with another LibTorch than the one the trace header records (a warning
+  // event says so; the later steps compare within a tolerance only); otherwise that is an IoError.
+  bool accept_other_torch = false;
   Sabotage sabotage = Sabotage::kNone;
   // resume on another world size than the checkpoint's (`resume --world-size M --reshard`): the
   // global batch stays, data.batch_size becomes the checkpoint's x its world size / M (the run's
@@ -111,13 +114,20 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   dist::ProcessGroup* process_group = nullptr,
                   const train::Registry& registry = train::builtin_registry());
 
+// A run recorded with one LibTorch continues or replays as the same bits only with the same one:
+// IoError (exit 4) naming both versions and what to do when the header's libtorch_version is not
+// this binary's, unless `accept` (--accept-other-torch). `verb` is "resume" or "replay".
+void check_same_libtorch(const std::vector<records::KeyValue>& recorded, const std::string& trace,
+                         const std::string& verb, bool accept);
+
 // The time now as ISO 8601 UTC ("2026-12-01T14:26:20Z"): a trace header's created_utc.
 std::string utc_now();
 
 // The environment fingerprint of a run's trace header: the runtime's (train/environment.h) and the
-// model's own numerics settings (a TorchScript model's executor).
+// model's own numerics settings (a TorchScript model's executor); with ranks, the process group's
+// backend (on CUDA), this rank's endpoint, its peers and its launcher as information.
 std::vector<records::KeyValue> run_fingerprint(const train::Config& config, const model::ModelHandle& model,
-                                               uint32_t world_size);
+                                               uint32_t world_size, const dist::ProcessGroup* pg = nullptr);
 
 
 }  // namespace retrace::run

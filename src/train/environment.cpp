@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <dlfcn.h>
-#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "train/cuda_info.h"
 #include "train/numerics.h"
 
 namespace retrace::train {
@@ -63,9 +63,49 @@ std::string cpu_capability() {
   return cfg.substr(pos + tag.size(), end == std::string::npos ? std::string::npos : end - pos - tag.size());
 }
 
+// OpenBLAS's kernel; for MKL, its code-path setting (MKL reads MKL_CBWR when it starts and exports
+// no getter for it in the wheels' static build, so the variable is what is known).
 std::string blas_core() {
-  auto core = blas_symbol<GetStrFn>("openblas_get_corename");
-  return core ? core() : "";
+  if (auto core = blas_symbol<GetStrFn>("openblas_get_corename")) return core();
+  if (blas_in_process() == BlasKind::kMkl) {
+    const char* cbwr = std::getenv("MKL_CBWR");
+    return std::string("MKL_CBWR=") + (cbwr ? cbwr : "auto");
+  }
+  return "";
+}
+
+// The BLAS and its build: OpenBLAS's config words without the kernel name (blas_core names it),
+// or MKL's version string.
+std::string blas_library(const std::string& core) {
+  if (auto cfg = blas_symbol<GetStrFn>("openblas_get_config")) {
+    std::string blas;
+    std::istringstream words(cfg());
+    for (std::string w; words >> w;)
+      if (w != core) blas += (blas.empty() ? "" : " ") + w;
+    return blas;
+  }
+  using MklVersionFn = void (*)(char*, int);
+  if (auto version = blas_symbol<MklVersionFn>("MKL_Get_Version_String")) {
+    char buf[256] = {0};
+    version(buf, sizeof buf - 1);
+    std::string s = buf;
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+  }
+  return "unknown";
+}
+
+// OpenBLAS has its own pool, sized here. MKL has none of its own in the wheels: ATen gives it its
+// own thread count (set_num_threads, and again when a thread first runs a parallel region), so
+// under MKL runtime.blas_threads has no effect and the BLAS runs on the torch threads.
+void set_blas_threads(int n) {
+  if (auto set = blas_symbol<SetThreadsFn>("openblas_set_num_threads")) set(n);
+}
+
+int blas_threads_now() {
+  if (auto get = blas_symbol<GetIntFn>("openblas_get_num_threads")) return get();
+  if (blas_in_process() == BlasKind::kMkl) return at::get_num_threads();
+  return -1;
 }
 
 std::string allocator() {
@@ -76,10 +116,45 @@ std::string allocator() {
 
 std::string retrace_version() { return "0.1.0"; }
 
+void check_device(const RuntimeConfig& runtime) {
+  if (runtime.device != DeviceKind::kCuda) return;
+  const CudaInfo cu = cuda_info(-1);
+  RETRACE_CHECK(cu.built, ConfigError, "runtime.device = \"cuda\" but this retrace is built against LibTorch ",
+                compat::libtorch_version(), " without CUDA (Debian's LibTorch is CPU-only); use --set "
+                "runtime.device=cpu, or build against a LibTorch with CUDA (README, \"LibTorch 2.x, CUDA and NCCL\")");
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  RETRACE_CHECK(cu.devices > 0, IoError, "runtime.device = \"cuda\" but no CUDA device is visible to this process "
+                "(LibTorch ", compat::libtorch_version(), " with CUDA ", cu.runtime, ", CUDA_VISIBLE_DEVICES=",
+                visible ? visible : "(unset)", "); run on a machine with a GPU, or use --set runtime.device=cpu");
+  const int index = cuda_index(runtime);
+  RETRACE_CHECK(index < cu.devices, IoError, "this rank trains on CUDA device LOCAL_RANK=", index, " but only ",
+                cu.devices, " CUDA device(s) are visible; start at most ", cu.devices, " ranks per host");
+}
+
+std::string build_description() {
+  const CudaInfo cu = cuda_info(-1);
+  std::string s = "retrace " + retrace_version() + ", LibTorch " + compat::libtorch_version();
+  s += cu.built ? " with CUDA " + cu.runtime + (cu.cudnn.empty() ? "" : " and cuDNN " + cu.cudnn) : " (CPU only)";
+  switch (blas_in_process()) {
+    case BlasKind::kOpenBlas: s += ", BLAS OpenBLAS"; break;
+    case BlasKind::kMkl: s += ", BLAS MKL"; break;
+    case BlasKind::kOther: s += ", BLAS other"; break;
+  }
+  return s;
+}
+
+int cuda_index(const RuntimeConfig& runtime) {
+  if (runtime.device != DeviceKind::kCuda) return -1;
+  const char* local = std::getenv("LOCAL_RANK");
+  return local ? std::atoi(local) : 0;
+}
+
 std::string numerics_summary(const RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
   std::string s = describe_numerics(n, plan_environment(n));
   if (n == Numerics::kNative) s += "; OpenBLAS " + blas_core() + ", ATen " + cpu_capability();
+  if (blas_in_process() == BlasKind::kMkl)
+    return s + "; torch " + std::to_string(runtime.threads) + " threads (MKL runs on them)";
   return s + "; torch " + std::to_string(runtime.threads) + " + BLAS " + std::to_string(runtime.blas_threads) +
          " threads";
 }
@@ -118,6 +193,7 @@ void apply_environment(const RuntimeConfig& runtime) {
     };
     auto check_pin = [&](const NumericsPin& pin, const std::string& have) {
       if (const char* value = std::getenv(pin.variable); value && std::strcmp(value, pin.value) != 0) return;
+      if (std::string(pin.variable) == "MKL_CBWR") return;  // no getter: the variable is all there is
       RETRACE_CHECK(lower(have) == lower(pin.value), IoError, "runtime.numerics = \"portable\" pins the ", pin.what, " to ", pin.value,
                     " but this process runs ", have.empty() ? "an unknown one" : have,
                     " (is libblas.so.3 OpenBLAS? run tools/setup.sh); use --set runtime.numerics=native to train "
@@ -130,10 +206,8 @@ void apply_environment(const RuntimeConfig& runtime) {
   // its kernel by CPU features (AVX-512 BF16, AMX): a path chosen by the chip. Portable keeps them on
   // ATen's own kernels, whose level is pinned.
   at::globalContext().setUserEnabledMkldnn(numerics == Numerics::kNative);
+  check_device(runtime);
   if (runtime.device == DeviceKind::kCuda) {
-    RETRACE_CHECK(torch::cuda::is_available(), IoError,
-                  "runtime.device = \"cuda\" but this LibTorch has no usable CUDA device; "
-                  "use --set runtime.device=cpu");
     // cuBLAS needs a fixed workspace to be deterministic; must be set before cuBLAS starts.
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   }
@@ -144,8 +218,7 @@ void apply_environment(const RuntimeConfig& runtime) {
     interop_set = true;
   }
   at::set_num_threads(static_cast<int>(runtime.threads));
-  if (auto set = blas_symbol<SetThreadsFn>("openblas_set_num_threads"))
-    set(static_cast<int>(runtime.blas_threads));
+  set_blas_threads(static_cast<int>(runtime.blas_threads));
   compat::set_deterministic(runtime.deterministic);
 }
 
@@ -166,19 +239,10 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   // The library and its build ("OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ... MAX_THREADS=64"); the
   // kernel, which OpenBLAS lists among the build words, is blas_core's alone, so that a kernel
   // change is named once.
-  std::string blas = "unknown";
   const std::string core = blas_core();
-  if (auto cfg = blas_symbol<GetStrFn>("openblas_get_config")) {
-    blas.clear();
-    std::istringstream words(cfg());
-    for (std::string w; words >> w;)
-      if (w != core) blas += (blas.empty() ? "" : " ") + w;
-  }
-  add("blas", blas);
+  add("blas", blas_library(core));
   if (!core.empty()) add("blas_core", core);
-  int blas_threads = -1;
-  if (auto get = blas_symbol<GetIntFn>("openblas_get_num_threads")) blas_threads = get();
-  add("blas_threads", std::to_string(blas_threads));
+  add("blas_threads", std::to_string(blas_threads_now()));
   add("torch_threads", std::to_string(at::get_num_threads()));
   add("interop_threads", std::to_string(at::get_num_interop_threads()));
   add("deterministic_algorithms", at::globalContext().deterministicAlgorithms() ? "true" : "false");
@@ -191,7 +255,16 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   // are information.
   add(numerics == Numerics::kNative ? "cpu_features" : "info.cpu_features", cpu_flags);
   // Information fields: never make two fingerprints unequal for comparison purposes.
-  add("info.cuda_device_count", std::to_string(torch::cuda::device_count()));
+  // A CUDA run's bits depend on the GPU and the CUDA libraries; a CPU run's do not.
+  const CudaInfo cu = cuda_info(cuda_index(runtime));
+  if (runtime.device == DeviceKind::kCuda) {
+    add("gpu", cu.device_name);
+    add("gpu_capability", cu.capability);
+    add("cuda_runtime", cu.runtime);
+    add("cudnn", cu.cudnn.empty() ? "none" : cu.cudnn);
+  }
+  add("info.cuda_device_count", std::to_string(cu.devices));
+  add("info.cuda_build", cu.built ? "CUDA " + cu.runtime + (cu.cudnn.empty() ? "" : ", cuDNN " + cu.cudnn) : "none");
   add("info.allocator", allocator());
   for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
                           "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS"})

@@ -44,5 +44,14 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
 std::string numerics_summary(const RuntimeConfig& runtime);
 
 std::string retrace_version();
+// `retrace --version`: "retrace 0.1.0, LibTorch 2.11.0 with CUDA 13.0 and cuDNN 9.19.0, BLAS MKL".
+std::string build_description();
+
+// runtime.device = "cuda" needs a LibTorch with CUDA (else ConfigError) and a visible device for
+// this rank (else IoError). Called by apply_environment and before ranks join.
+void check_device(const RuntimeConfig& runtime);
+
+// The run's CUDA device index: LOCAL_RANK (0 when unset) when runtime.device = "cuda", else -1.
+int cuda_index(const RuntimeConfig& runtime);
 
 }  // namespace retrace::train

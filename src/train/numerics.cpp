@@ -1,5 +1,6 @@
 #include "train/numerics.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,11 +58,23 @@ const char* numerics_name(Numerics n) { return n == Numerics::kPortable ? "porta
 const std::vector<NumericsPin>& portable_pins() {
   // Haswell is OpenBLAS's AVX2 + FMA kernel: every x86-64-v3 CPU runs it, and its blocking does
   // not depend on the cache sizes it detects (OPENBLAS_L2_SIZE 256 vs 4096: the same bits).
-  static const std::vector<NumericsPin> pins = {
-      {"OPENBLAS_CORETYPE", "Haswell", "OpenBLAS kernel"},
-      {"ATEN_CPU_CAPABILITY", "avx2", "ATen kernel level"},
-  };
+  // MKL_CBWR=AVX2 runs MKL's AVX2 branch on every CPU that has it, with results reproducible for
+  // a fixed thread count.
+  static const std::vector<NumericsPin> pins = [] {
+    std::vector<NumericsPin> p;
+    // Without MKL the BLAS is libblas.so.3, which must be OpenBLAS (apply_environment checks).
+    if (blas_in_process() == BlasKind::kMkl) p.push_back({"MKL_CBWR", "AVX2,STRICT", "MKL code path"});
+    else p.push_back({"OPENBLAS_CORETYPE", "Haswell", "OpenBLAS kernel"});
+    p.push_back({"ATEN_CPU_CAPABILITY", "avx2", "ATen kernel level"});
+    return p;
+  }();
   return pins;
+}
+
+BlasKind blas_in_process() {
+  if (dlsym(RTLD_DEFAULT, "openblas_get_corename")) return BlasKind::kOpenBlas;
+  if (dlsym(RTLD_DEFAULT, "MKL_Get_Version_String")) return BlasKind::kMkl;
+  return BlasKind::kOther;
 }
 
 CpuFeatures detect_cpu_features() {

@@ -14,6 +14,12 @@
 //                       says 0. Two x86-64-v3 machines give the same trace.
 //   native              whatever the machine picks, for speed; the bits are this machine's.
 //
+// Which BLAS does the matmuls depends on the LibTorch: Debian's calls libblas.so.3 (OpenBLAS, set
+// by tools/setup.sh), the PyPI wheels link Intel MKL in. Portable pins the one that is there:
+// OpenBLAS's Haswell kernel, or MKL's AVX2 code path (MKL_CBWR, its "conditional numerical
+// reproducibility"). The two libraries round differently, so runs compare bitwise only within one
+// BLAS (the fingerprint's "blas" field says which).
+//
 // OpenBLAS picks its kernel when the library loads, before main, so the pins are environment
 // variables that must be in place when the process starts. prepare_process() does that for a
 // program by re-executing it once (/proc/self/exe, same arguments) with the variables set; a
@@ -43,7 +49,13 @@ struct NumericsPin {
   const char* value;
   const char* what;  // for messages and the README
 };
+// The pins for the BLAS this process links (MKL's when blas_in_process() finds it, else
+// OpenBLAS's), then ATen's.
 const std::vector<NumericsPin>& portable_pins();
+
+enum class BlasKind : uint8_t { kOpenBlas, kMkl, kOther };
+// Found by the libraries' own exported symbols (openblas_get_corename, MKL_Get_Version_String).
+BlasKind blas_in_process();
 
 // Thread counts that portable numerics resolves "0 (auto)" to: fixed numbers, never the core count.
 inline constexpr int kPortableTorchThreads = 1;

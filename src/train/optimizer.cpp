@@ -126,7 +126,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                 .weight_decay(c.weight_decay));
   }
   auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
-  if (c.fused) return std::make_unique<FusedAdamW>(model.parameters(), options);
+  if (c.fused && compat::kFusedAdamWMatchesLibTorch) return std::make_unique<FusedAdamW>(model.parameters(), options);
   return std::make_unique<torch::optim::AdamW>(model.parameters(), options);
 }
 

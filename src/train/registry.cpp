@@ -11,6 +11,7 @@
 #include "model/mlp.h"
 #include "model/torchscript.h"
 #include "rng/rng_state.h"
+#include "train/environment.h"
 
 namespace retrace::train {
 namespace {
@@ -181,7 +182,7 @@ void check_model_fits(const Config& config, const model::ModelHandle& model, con
   const int64_t n = std::min<int64_t>(2, data.train.size());
   const torch::Tensor x = data.train.inputs.slice(0, 0, n);
   const torch::Tensor y = data.train.targets.slice(0, 0, n);
-  const rng::RngState saved = rng::capture_torch(static_cast<uint64_t>(config.seed));
+  const rng::RngState saved = rng::capture_torch(static_cast<uint64_t>(config.seed), cuda_index(config.runtime));
   const bool was_training = model.module->is_training();
   model.module->eval();
   std::string failure;
@@ -218,7 +219,7 @@ void check_model_fits(const Config& config, const model::ModelHandle& model, con
     }
   }
   model.module->train(was_training);
-  rng::restore_torch(saved);
+  rng::restore_torch(saved, cuda_index(config.runtime));
   RETRACE_CHECK(failure.empty(), ConfigError, "model.kind = \"", config.model.kind, "\" does not fit ",
                 data.description, ": ", failure, ". Check the model's input and output sizes against the data "
                 "set and train.loss");

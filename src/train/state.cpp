@@ -29,8 +29,14 @@ std::vector<records::ParamInfo> param_info(const torch::nn::Module& m) {
 
 NamedTensors model_state(const TrainState& s) { return module_tensors(*s.model.module); }
 
+int cuda_index(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters())
+    return p.is_cuda() ? static_cast<int>(p.device().index()) : -1;
+  return -1;
+}
+
 rng::RngState rng_state(const TrainState& s, uint64_t seed) {
-  rng::RngState r = rng::capture_torch(seed);
+  rng::RngState r = rng::capture_torch(seed, cuda_index(*s.model.module));
   r.cursor = s.cursor;
   return r;
 }

@@ -43,6 +43,8 @@ std::vector<records::ParamInfo> param_info(const torch::nn::Module& m);
 NamedTensors model_state(const TrainState& s);
 // Every random stream: torch's generators and the cursor.
 rng::RngState rng_state(const TrainState& s, uint64_t seed);
+// The CUDA device index the module's parameters live on, -1 when they are on the CPU.
+int cuda_index(const torch::nn::Module& module);
 std::vector<records::ParamInfo> param_info(const TrainState& s);
 
 // The policies' state (scaler, guards, fired faults, batches set aside) as strings, for the

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "train/environment.h"
 #include "train/optimizer.h"
 
 namespace retrace::train {
@@ -13,7 +14,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 TrainState initial_state(const Config& c, const data::Dataset& data, const Registry& registry) {
-  rng::seed_all(static_cast<uint64_t>(c.seed));
+  rng::seed_cpu_and_device(static_cast<uint64_t>(c.seed), cuda_index(c.runtime));
   model::ModelHandle model = registry.model(c.model.kind)(ModelContext{c, data});
   auto optimizer = make_optimizer(c.optim, *model.module);
   return TrainState{std::move(model),
@@ -51,7 +52,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       policies_(make_policies(config, registry, total_steps_)),
       state_(initial_state(config, data, registry)) {
   check_model_fits(config, state_.model, policies_.loss, data);
-  if (rank_ > 0) rng::seed_all(rank_seed(static_cast<uint64_t>(config.seed), rank_));
+  if (rank_ > 0) rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
   keep_lane_sums(*state_.optimizer, config.trace.enabled && config.trace.digests && policies_.digest_version >= 2);
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   state_.model.module->to(device());
@@ -69,10 +70,9 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
 }
 
 torch::Device Trainer::device() const {
-  if (config_.runtime.device != DeviceKind::kCuda) return torch::kCPU;
   // One device per rank: LOCAL_RANK is rank within the host; world size 1 uses device 0.
-  const char* local = std::getenv("LOCAL_RANK");
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local ? std::atoi(local) : 0));
+  const int index = cuda_index(config_.runtime);
+  return index < 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 std::optional<std::string> Trainer::crash_due(uint64_t step) const {
@@ -165,7 +165,7 @@ void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t
   state_.step = step;
   state_.samples_seen = samples_seen;
   state_.cursor = rng.cursor;
-  rng::restore_torch(rng);
+  rng::restore_torch(rng, cuda_index(config_.runtime));
 }
 
 void Trainer::load_optimizer_state(const NamedTensors& state) {

@@ -80,5 +80,22 @@ grep -q "batch_size = 24" "$tmp/rs/config.toml" || { echo "FAIL a refused reshar
 expect reshard-none-warns 0 "warning: runtime.invariance is \"none\": the resharded run continues within float rounding" -- \
   bash -c "'$RETRACE' record --steps 4 --out '$tmp/rn' --plain --set train.eval_each_epoch=false --set data.batch_size=24 --set checkpoint.every_steps=2 --interrupt-at 2 >/dev/null && '$RETRACE' resume '$tmp/rn' --world-size 2 --reshard --plain"
 
+# ---- CUDA, NCCL and ranks' network: what this binary cannot do, or a launch it cannot make -------
+if "$RETRACE" --version | grep -q "(CPU only)"; then
+  expect cuda-without-cuda-build 2 'runtime.device = "cuda" but this retrace is built against LibTorch .* without CUDA.*--set runtime.device=cpu' -- \
+    "$RETRACE" record --steps 2 --out "$tmp/cu" --set runtime.device=cuda
+  # Ranks on CUDA (NCCL) in a CPU build: the same answer, before any rank waits for another.
+  expect nccl-without-cuda-build 2 'without CUDA' -- \
+    env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$RETRACE" record --steps 2 --out "$tmp/cu" --set runtime.device=cuda
+elif ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  expect cuda-without-device 4 'runtime.device = "cuda" but no CUDA device is visible to this process \(LibTorch .* with CUDA' -- \
+    "$RETRACE" record --steps 2 --out "$tmp/cu" --set runtime.device=cuda
+fi
+[[ -e "$tmp/cu" ]] && { echo "FAIL a refused CUDA run left $tmp/cu behind"; fails=$((fails+1)); }
+expect gloo-unknown-interface 2 'GLOO_SOCKET_IFNAME=nosuch0 names interface "nosuch0", which this host does not have.*it has: lo 127.0.0.1' -- \
+  env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 GLOO_SOCKET_IFNAME=nosuch0 "$RETRACE" record --steps 2 --out "$tmp/g1"
+expect master-addr-unresolvable 2 'MASTER_ADDR=no-such-host.invalid does not resolve' -- \
+  env RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=1 "$RETRACE" record --steps 2 --out "$tmp/g1"
+
 echo "cli_errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

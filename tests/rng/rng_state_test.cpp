@@ -10,12 +10,12 @@ namespace retrace::rng {
 namespace {
 
 TEST(RngState, CpuGeneratorRoundTrip) {
-  seed_all(99);
+  seed_cpu_and_device(99, -1);
   torch::rand({3});
-  RngState s = capture_torch(99);
+  RngState s = capture_torch(99, -1);
   torch::Tensor a = torch::rand({1000});
   torch::Tensor mask_a = torch::dropout(torch::ones({1000}), 0.5, true);
-  restore_torch(s);
+  restore_torch(s, -1);
   torch::Tensor b = torch::rand({1000});
   torch::Tensor mask_b = torch::dropout(torch::ones({1000}), 0.5, true);
   EXPECT_TRUE(torch::equal(a, b));
@@ -25,8 +25,8 @@ TEST(RngState, CpuGeneratorRoundTrip) {
 }
 
 TEST(RngState, SerializeRoundTripKeepsEveryStream) {
-  seed_all(5);
-  RngState s = capture_torch(5);
+  seed_cpu_and_device(5, -1);
+  RngState s = capture_torch(5, -1);
   s.cursor = {3, 17};
   s.streams.push_back({"faults", mix_key(5, 1), 12});
   s.cuda.push_back({0, std::string(16, '\x07')});
@@ -42,19 +42,34 @@ TEST(RngState, SerializeRoundTripKeepsEveryStream) {
 }
 
 TEST(RngState, MalformedBytesAreFormatErrors) {
-  seed_all(5);
-  std::string bytes = capture_torch(5).serialize();
+  seed_cpu_and_device(5, -1);
+  std::string bytes = capture_torch(5, -1).serialize();
   for (size_t cut : {size_t{0}, size_t{7}, size_t{20}, bytes.size() - 1})
     EXPECT_THROW(RngState::deserialize(bytes.substr(0, cut)), FormatError) << cut;
   EXPECT_THROW(RngState::deserialize(bytes + "x"), FormatError);
 }
 
-TEST(RngState, RestoringMissingCudaDeviceIsAClearError) {
-  if (torch::cuda::device_count() > 0) GTEST_SKIP() << "machine has CUDA";
-  seed_all(1);
-  RngState s = capture_torch(1);
-  s.cuda.push_back({0, "x"});
-  EXPECT_THROW(restore_torch(s), ConfigError);
+// A CPU run records only the CPU generator, and restoring it ignores CUDA entries (which older
+// versions recorded for every visible GPU): it resumes on a machine without GPUs.
+TEST(RngState, CpuRunRecordsOnlyTheCpuGeneratorAndIgnoresCudaEntries) {
+  seed_cpu_and_device(1, -1);
+  RngState s = capture_torch(1, -1);
+  EXPECT_TRUE(s.cuda.empty());
+  torch::Tensor a = torch::rand({100});
+  s.cuda.push_back({3, "recorded on a GPU machine"});
+  EXPECT_NO_THROW(restore_torch(s, -1));
+  EXPECT_TRUE(torch::equal(torch::rand({100}), a));
+}
+
+TEST(RngState, CudaRunFromACpuStateIsAClearError) {
+  seed_cpu_and_device(1, -1);
+  RngState s = capture_torch(1, -1);
+  try {
+    restore_torch(s, 0);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA generator"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

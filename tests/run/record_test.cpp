@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "testing/temp_dir.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -95,6 +96,30 @@ TEST(Record, RefusesExistingRunAndBadDataWithoutWriting) {
   EXPECT_THROW(record_into(tmp.file("r"), {"train.steps=1"}), ConfigError);
   EXPECT_THROW(record_into(tmp.file("nodata"), {"data.dir=\"/nonexistent/fm\""}), IoError);
   EXPECT_FALSE(std::filesystem::exists(tmp.file("nodata")));
+}
+
+}  // namespace
+}  // namespace retrace::run
+
+namespace retrace::run {
+namespace {
+
+// A trace from another LibTorch is refused by resume and replay unless accepted, with a message
+// that names both versions; the same version, or a header without the field, passes.
+TEST(Record, AnotherLibTorchThanTheTraceHeadersIsRefusedUnlessAccepted) {
+  const std::string ours = compat::libtorch_version();
+  const std::vector<records::KeyValue> other = {{"libtorch_version", "0.9.1"}};
+  try {
+    check_same_libtorch(other, "RUN/trace.rtrace", "resume", false);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("recorded with LibTorch 0.9.1 and this retrace is built against LibTorch " + ours), std::string::npos) << m;
+    EXPECT_NE(m.find("--accept-other-torch"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(check_same_libtorch(other, "RUN/trace.rtrace", "replay", true));
+  EXPECT_NO_THROW(check_same_libtorch({{"libtorch_version", ours}}, "RUN/trace.rtrace", "resume", false));
+  EXPECT_NO_THROW(check_same_libtorch({}, "RUN/trace.rtrace", "resume", false));
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ struct Fixture {
 };
 
 Fixture make_fixture(int64_t batch, uint64_t seed = 11) {
-  rng::seed_all(seed);
+  rng::seed_cpu_and_device(seed, -1);
   model::MlpOptions o;
   o.inputs = 4;
   o.hidden = {6};

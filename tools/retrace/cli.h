@@ -41,6 +41,7 @@ struct RecordArgs {
 struct ResumeArgs {
   std::string run;
   bool accept_changed_inputs = false;
+  bool accept_other_torch = false;
   bool plain = false;
   int64_t interrupt_at = 0;
   int64_t world_size = 1;
@@ -64,6 +65,7 @@ struct VerifyArgs {
 struct ReplayArgs {
   std::string run;
   bool accept_changed_inputs = false;
+  bool accept_other_torch = false;
   int64_t from_checkpoint = -1;
   std::string steps;
   double tolerance = -1;

@@ -189,6 +189,22 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   }
   const bool quiet = pg && pg->rank() != 0;
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
+  // torchrun restarts failed ranks with the same command line: a restarted rank resumes the run it
+  // started (its newest checkpoint that verifies) instead of refusing the existing directory.
+  if (pg && pg->launcher().restart_count > 0 && std::filesystem::exists(run::config_path(a.out)) && !a.force) {
+    if (!quiet)
+      std::printf("torchrun restart %u: resuming %s from its newest checkpoint that verifies\n",
+                  pg->launcher().restart_count, a.out.c_str());
+    run::LoopControl control;
+    control.sabotage = sabotage_from_env();
+    control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+    control.tensorboard_dir = a.tensorboard;
+    run::RunSummary s = run::resume(a.out, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
+                                    ctx.registry);
+    printer->clear();
+    if (!quiet) print_summary(s);
+    return 0;
+  }
   if (a.verify_resume) {
     RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
     replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer), a.force, ctx.registry);

@@ -37,6 +37,9 @@ void add_replay(CLI::App& app, ReplayArgs& args) {
   rep->add_flag("--plain", rp.plain, "print one row per step even on a terminal");
   rep->add_flag("--accept-changed-inputs", rp.accept_changed_inputs,
                 "replay although a data or model file is not the one the trace header records (sha256)");
+  rep->add_flag("--accept-other-torch", rp.accept_other_torch,
+                "replay although this retrace is built against another LibTorch than the trace header records "
+                "(the comparison is then within a tolerance)");
   rep->add_flag("--quiet", rp.quiet, "print only the verdict");
   rep->footer("Exit 0 with REPLAY VERIFIED, 1 with the first step and field that differ.\nExamples:\n"
               "  retrace replay run\n  retrace replay run --from-checkpoint 200 --steps 201:300\n");
@@ -61,6 +64,7 @@ int run_replay(const ReplayArgs& a, const Context& ctx) {
   o.force = a.force;
   o.registry = &ctx.registry;
   o.accept_changed_inputs = a.accept_changed_inputs;
+  o.accept_other_torch = a.accept_other_torch;
   auto printer = std::make_shared<StepPrinter>(!a.plain && isatty(STDOUT_FILENO));
   run::RunCallbacks cb = callbacks_for(printer);
   if (a.quiet) cb = {};

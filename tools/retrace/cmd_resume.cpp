@@ -17,6 +17,9 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
   res->add_flag("--accept-changed-inputs", args.accept_changed_inputs,
                 "resume although a data or model file is not the one the trace header records (sha256); "
                 "the change is recorded in the trace");
+  res->add_flag("--accept-other-torch", args.accept_other_torch,
+                "resume although this retrace is built against another LibTorch than the trace header records; "
+                "a warning event says so, and later steps compare with other runs within a tolerance only");
   res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint");
   res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded, or any with --reshard)");
   res->add_flag("--reshard", args.reshard,
@@ -53,6 +56,7 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   control.sabotage = sabotage_from_env();
   control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   control.accept_changed_inputs = a.accept_changed_inputs;
+  control.accept_other_torch = a.accept_other_torch;
   control.reshard = a.reshard;
   control.tensorboard_dir = a.tensorboard;
   if (!quiet && !a.tensorboard.empty()) trace::check_tensorboard_dir(a.tensorboard, false, false);
