@@ -31,6 +31,7 @@
 #include "data/dataset.h"
 #include "train/config.h"
 #include "train/invariant.h"
+#include "train/numerics.h"
 #include "train/trainer.h"
 
 using namespace retrace;
@@ -245,7 +246,10 @@ void check_layout_invariance(const Case& c, const std::string& invariance, train
 
 }  // namespace
 
-int main() {
+int main(int, char** argv) {
+  // Under portable numerics, as retrace runs: MKL (the wheels' BLAS) gives alignment-independent
+  // bits only with its strict reproducible mode, which the portable pins select (numerics.h).
+  train::prepare_process(train::Numerics::kPortable, argv);
   if (!std::getenv("RC_PARAMS")) setenv("RC_PARAMS", "max_success=25", 1);
   at::set_num_threads(1);
   bool ok = true;

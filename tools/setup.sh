@@ -49,28 +49,24 @@ if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1; th
   update-alternatives --set libblas.so.3-x86_64-linux-gnu \
     /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 >/dev/null 2>&1 || true
 fi
-# The test environment: the Python peers the tests read retrace's output with (pinned in
-# tools/requirements-test.txt), in .venv at the repository root, made with Debian's Python.
+# A virtual environment made with Debian's Python from a pinned requirements file, remade when
+# the file changes (a copy of it inside marks what is installed).
+make_venv() {  # directory, requirements file, what it is for
+  if ! cmp -s "$2" "$1/$(basename "$2")" 2>/dev/null; then
+    echo "setup: installing $3 into $1"
+    /usr/bin/python3 -m venv "$1"
+    "$1/bin/pip" install -q --disable-pip-version-check -r "$2"
+    cp "$2" "$1/$(basename "$2")"
+  fi
+}
 root=$(cd "$(dirname "$0")/.." && pwd)
-venv="$root/.venv"
-req="$root/tools/requirements-test.txt"
-if ! cmp -s "$req" "$venv/requirements-test.txt" 2>/dev/null; then
-  echo "setup: installing the test environment $venv"
-  /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-  cp "$req" "$venv/requirements-test.txt"
-fi
+# The test environment: the Python peers the tests read retrace's output with (pinned in
+# tools/requirements-test.txt), in .venv at the repository root.
+make_venv "$root/.venv" "$root/tools/requirements-test.txt" "the test environment"
 # LibTorch 2.x: the pinned PyPI torch wheel in .venv-torch (tools/requirements-torch2.txt). CMake
 # takes it with -DRETRACE_TORCH_ROOT="$(tools/torch-root)"; the CUDA toolkit it compiles against
 # is /usr/local/cuda.
 if ((torch2)); then
-  venv2="$root/.venv-torch"
-  req2="$root/tools/requirements-torch2.txt"
-  if ! cmp -s "$req2" "$venv2/requirements-torch2.txt" 2>/dev/null; then
-    echo "setup: installing LibTorch 2.x (PyPI torch) into $venv2"
-    /usr/bin/python3 -m venv "$venv2"
-    "$venv2/bin/pip" install -q --disable-pip-version-check -r "$req2"
-    cp "$req2" "$venv2/requirements-torch2.txt"
-  fi
+  make_venv "$root/.venv-torch" "$root/tools/requirements-torch2.txt" "LibTorch 2.x (PyPI torch)"
 fi
 echo "setup: ok"

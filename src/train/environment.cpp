@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -168,6 +169,18 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime) {
   return {runtime.threads, runtime.blas_threads, runtime.interop_threads};
 }
 
+namespace {
+std::atomic<uint64_t> thread_settings_generation{1};
+}  // namespace
+
+void adopt_thread_settings() {
+  thread_local uint64_t seen = 0;
+  const uint64_t now = thread_settings_generation.load(std::memory_order_acquire);
+  if (seen == now) return;
+  at::init_num_threads();  // ATen's own per-thread setup: OpenMP's and MKL's counts of this thread
+  seen = now;
+}
+
 void apply_environment(const RuntimeConfig& runtime) {
   RETRACE_CHECK(runtime.threads > 0 && runtime.blas_threads > 0, InvariantError,
                 "thread counts must be resolved before apply_environment");
@@ -219,6 +232,7 @@ void apply_environment(const RuntimeConfig& runtime) {
   }
   at::set_num_threads(static_cast<int>(runtime.threads));
   set_blas_threads(static_cast<int>(runtime.blas_threads));
+  thread_settings_generation.fetch_add(1, std::memory_order_acq_rel);
   compat::set_deterministic(runtime.deterministic);
 }
 

@@ -47,6 +47,13 @@ std::string retrace_version();
 // `retrace --version`: "retrace 0.1.0, LibTorch 2.11.0 with CUDA 13.0 and cuDNN 9.19.0, BLAS MKL".
 std::string build_description();
 
+// Gives the calling thread the thread counts apply_environment last set. OpenBLAS's pool is
+// global, but MKL (the wheels' BLAS) keeps a count per thread, which ATen sets only in the thread
+// that calls set_num_threads: another thread stepping a model (the ranks-as-threads of the
+// property tests, a user's worker thread) would run MKL with its default, the core count, and
+// get other bits. train_step calls this first; it costs a thread-local compare after the first.
+void adopt_thread_settings();
+
 // runtime.device = "cuda" needs a LibTorch with CUDA (else ConfigError) and a visible device for
 // this rank (else IoError). Called by apply_environment and before ranks join.
 void check_device(const RuntimeConfig& runtime);

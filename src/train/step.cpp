@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "train/environment.h"
 #include "train/guards.h"
 #include "train/invariant.h"
 #include "train/loss_scaler.h"
@@ -45,6 +46,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
                       const std::vector<MicroBatch>& micro_batches, const StepPolicy& policy,
                       const StepFaults& faults) {
   RETRACE_CHECK(!micro_batches.empty(), InvariantError, "train_step needs at least one micro-batch");
+  adopt_thread_settings();
   StepResult r;
   const std::vector<torch::Tensor> params = model.parameters();
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
