@@ -24,7 +24,7 @@ CudaInfo cuda_info(int device) {
   const auto& hooks = at::detail::getCUDAHooks();
   info.devices = static_cast<int>(torch::cuda::device_count());
   // hasCUDA() answers whether a device is usable; whether CUDA is compiled in shows in the
-  // runtime version, which only the stub hooks of a CPU build refuse to give.
+  // runtime version, which a CPU build's default hooks refuse to give.
   try {
     info.runtime = cuda_version_text(hooks.versionCUDART());
     info.built = true;
