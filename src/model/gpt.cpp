@@ -48,9 +48,16 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
   torch::Tensor q = parts[0].view({b, t, n_heads_, dh}).transpose(1, 2);  // [B, h, T, dh]
   torch::Tensor k = parts[1].view({b, t, n_heads_, dh}).transpose(1, 2);
   torch::Tensor v = parts[2].view({b, t, n_heads_, dh}).transpose(1, 2);
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+  // The scale and the causal mask are applied in place to the product's own fresh buffer: the
+  // product's backward saves q and k, not its result, and the scale's and the mask's backward save
+  // neither input nor output, so autograd allows it, and the values are those of the out-of-place
+  // ops (the same kernels on the same inputs; AttentionInPlace.SameBitsAsOutOfPlace checks forward
+  // and backward). It saves two [B, h, T, T] tensors per layer, each written to memory that is not
+  // in cache: 4 MB each at the char GPT's shapes.
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1));
+  att.mul_(1.0 / std::sqrt(static_cast<double>(dh)));
   torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
-  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att.masked_fill_(future, -std::numeric_limits<double>::infinity());
   att = torch::softmax(att, /*dim=*/-1);
   att = dropout(att, dropout_, is_training(), dropout_impl_);
   torch::Tensor y = torch::matmul(att, v);  // [B, h, T, dh]
@@ -65,6 +72,33 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attenti
   } else {
     y = attention_core(qkv);
   }
+  y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
+  // The residual sums go in place into the branch's fresh output (a linear layer's, or dropout's
+  // product; neither backward saves it): y + x has the bits of x + y (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals).
+  torch::Tensor h = y.add_(x);
+  torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));
+  m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
+  return m.add_(h);
+}
+
+torch::Tensor BlockImpl::attention_core_out_of_place(const torch::Tensor& qkv) {
+  const int64_t b = qkv.size(0);
+  const int64_t t = qkv.size(1);
+  const int64_t dh = d_model_ / n_heads_;
+  auto parts = qkv.split(d_model_, /*dim=*/-1);
+  torch::Tensor q = parts[0].view({b, t, n_heads_, dh}).transpose(1, 2);
+  torch::Tensor k = parts[1].view({b, t, n_heads_, dh}).transpose(1, 2);
+  torch::Tensor v = parts[2].view({b, t, n_heads_, dh}).transpose(1, 2);
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+  torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
+  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att = torch::softmax(att, /*dim=*/-1);
+  att = dropout(att, dropout_, is_training(), dropout_impl_);
+  return torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, d_model_});
+}
+
+torch::Tensor BlockImpl::forward_out_of_place(const torch::Tensor& x) {
+  torch::Tensor y = attention_core_out_of_place(qkv_->forward(ln_1_->forward(x)));
   y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
   torch::Tensor h = x + y;
   torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));

@@ -62,6 +62,12 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
   // The attention core: qkv [B, T, 3*d_model] -> merged heads [B, T, d_model].
   torch::Tensor attention_core(const torch::Tensor& qkv);
+  // The same block with every op out of place: the path forward() and attention_core() replaced
+  // (scale, causal mask and residual sums now go in place into fresh buffers). Kept as the
+  // reference their bits are tested against (gpt_test's AttentionInPlace) and that
+  // tools/bench/block_bench times them against; not used in training.
+  torch::Tensor forward_out_of_place(const torch::Tensor& x);
+  torch::Tensor attention_core_out_of_place(const torch::Tensor& qkv);
 
  private:
   int64_t d_model_;

@@ -3,13 +3,19 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
+#include <tuple>
+#include <vector>
 #include <mutex>
 #include <set>
 #include <string>
 
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
+#include "model/dropout.h"
 #include "model/gpt.h"
 
 namespace retrace::model {
@@ -314,6 +320,66 @@ TEST(ActivationCheckpoint, WithoutRngRestoreTheGradientsDiffer) {
   EXPECT_FALSE(torch::equal(plain.x_grad, broken.x_grad));
   EXPECT_FALSE(torch::equal(plain.w1_grad, broken.w1_grad));
   EXPECT_FALSE(torch::equal(plain.rng_after_backward, broken.rng_after_backward));
+}
+
+}  // namespace
+}  // namespace retrace::model
+
+namespace retrace::model {
+namespace {
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
+}
+
+// The fast path (scale and mask in place on the product's buffer) against the out-of-place ops,
+// forward and backward, at the char GPT's head size (dh = 32: a scale that is not a power of two)
+// and at an odd one.
+TEST(AttentionInPlace, SameBitsAsOutOfPlace) {
+  for (auto [d, heads, t] : {std::tuple<int64_t, int64_t, int64_t>{128, 4, 128}, {60, 5, 37}}) {
+    seed(7 + d);
+    Block block(d, heads, /*dropout=*/0.0);
+    torch::Tensor qkv = torch::randn({3, t, 3 * d}) * 2.0;
+    torch::Tensor upstream = torch::randn({3, t, d});
+    torch::Tensor a_in = qkv.clone().requires_grad_(true);
+    torch::Tensor b_in = qkv.clone().requires_grad_(true);
+    torch::Tensor a = block->attention_core(a_in);
+    torch::Tensor b = block->attention_core_out_of_place(b_in);
+    ASSERT_TRUE(same_bits(a, b)) << "forward differs at d " << d << ", " << heads << " heads";
+    a.backward(upstream);
+    b.backward(upstream);
+    EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs at d " << d << ", " << heads << " heads";
+    EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0);
+  }
+}
+
+
+// The whole block, residual sums in place, against the out-of-place sums, with dropout on (each
+// side from the same generator state) and off: output, input gradient and every parameter gradient.
+TEST(AttentionInPlace, BlockSameBitsAsOutOfPlaceResiduals) {
+  for (double p : {0.0, 0.1}) {
+    seed(11);
+    Block block(128, 4, p);
+    torch::Tensor x = torch::randn({3, 64, 128});
+    torch::Tensor upstream = torch::randn({3, 64, 128});
+    std::vector<torch::Tensor> grads[2];
+    torch::Tensor outs[2], input_grads[2];
+    for (int side = 0; side < 2; ++side) {
+      block->zero_grad();
+      seed(99);
+      torch::Tensor in = x.clone().requires_grad_(true);
+      outs[side] = side == 0 ? block->forward(in) : block->forward_out_of_place(in);
+      outs[side].backward(upstream);
+      input_grads[side] = in.grad();
+      for (const auto& w : block->parameters()) grads[side].push_back(w.grad().clone());
+    }
+    ASSERT_TRUE(same_bits(outs[0], outs[1])) << "block output differs, dropout " << p;
+    EXPECT_TRUE(same_bits(input_grads[0], input_grads[1])) << "input gradient differs, dropout " << p;
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_TRUE(same_bits(grads[0][i], grads[1][i])) << "parameter gradient " << i << " differs, dropout " << p;
+  }
 }
 
 }  // namespace
