@@ -64,6 +64,19 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
   return y.transpose(1, 2).contiguous().view({b, t, d_model_});
 }
 
+namespace {
+
+// x + branch, written into the branch's own fresh output (a linear layer's or dropout's product,
+// which no backward saves) when that has the sum's dtype: branch + x has the bits of x + branch
+// (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals). Under autocast the branch is the lower
+// precision and the sum promotes to the stream's dtype, so it stays out of place there.
+torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
+  if (branch.scalar_type() == x.scalar_type() && branch.sizes() == x.sizes()) return branch.add_(x);
+  return x + branch;
+}
+
+}  // namespace
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
   torch::Tensor qkv = qkv_->forward(ln_1_->forward(x));
   torch::Tensor y;
@@ -73,12 +86,10 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attenti
     y = attention_core(qkv);
   }
   y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
-  // The residual sums go in place into the branch's fresh output (a linear layer's, or dropout's
-  // product; neither backward saves it): y + x has the bits of x + y (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals).
-  torch::Tensor h = y.add_(x);
+  torch::Tensor h = residual(x, y);
   torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));
   m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
-  return m.add_(h);
+  return residual(h, m);
 }
 
 torch::Tensor BlockImpl::attention_core_out_of_place(const torch::Tensor& qkv) {

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "model/activation_checkpoint.h"
 #include "model/dropout.h"
 #include "model/gpt.h"
@@ -358,7 +359,9 @@ TEST(AttentionInPlace, SameBitsAsOutOfPlace) {
 // The whole block, residual sums in place, against the out-of-place sums, with dropout on (each
 // side from the same generator state) and off: output, input gradient and every parameter gradient.
 TEST(AttentionInPlace, BlockSameBitsAsOutOfPlaceResiduals) {
-  for (double p : {0.0, 0.1}) {
+  for (auto [p, amp] : {std::pair<double, bool>{0.0, false}, {0.1, false}, {0.1, true}}) {
+    // amp: under CPU autocast to bfloat16 the branches are bf16 and the sums stay out of place.
+    compat::AutocastGuard autocast(c10::kCPU, amp ? at::kBFloat16 : at::ScalarType::Undefined);
     seed(11);
     Block block(128, 4, p);
     torch::Tensor x = torch::randn({3, 64, 128});
@@ -374,11 +377,11 @@ TEST(AttentionInPlace, BlockSameBitsAsOutOfPlaceResiduals) {
       input_grads[side] = in.grad();
       for (const auto& w : block->parameters()) grads[side].push_back(w.grad().clone());
     }
-    ASSERT_TRUE(same_bits(outs[0], outs[1])) << "block output differs, dropout " << p;
-    EXPECT_TRUE(same_bits(input_grads[0], input_grads[1])) << "input gradient differs, dropout " << p;
+    ASSERT_TRUE(same_bits(outs[0], outs[1])) << "block output differs, dropout " << p << ", bf16 autocast " << amp;
+    EXPECT_TRUE(same_bits(input_grads[0], input_grads[1])) << "input gradient differs, dropout " << p << ", bf16 autocast " << amp;
     ASSERT_EQ(grads[0].size(), grads[1].size());
     for (size_t i = 0; i < grads[0].size(); ++i)
-      EXPECT_TRUE(same_bits(grads[0][i], grads[1][i])) << "parameter gradient " << i << " differs, dropout " << p;
+      EXPECT_TRUE(same_bits(grads[0][i], grads[1][i])) << "parameter gradient " << i << " differs, dropout " << p << ", bf16 autocast " << amp;
   }
 }
 
