@@ -3,20 +3,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <cmath>
 #include <cstring>
-#include <limits>
 #include <map>
-#include <tuple>
-#include <vector>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "model/activation_checkpoint.h"
-#include "model/dropout.h"
 #include "model/gpt.h"
 
 namespace retrace::model {
@@ -323,12 +321,7 @@ TEST(ActivationCheckpoint, WithoutRngRestoreTheGradientsDiffer) {
   EXPECT_FALSE(torch::equal(plain.rng_after_backward, broken.rng_after_backward));
 }
 
-}  // namespace
-}  // namespace retrace::model
-
-namespace retrace::model {
-namespace {
-
+// Equal bits, not equal values (torch::equal counts -0 == +0).
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
          std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
@@ -354,7 +347,6 @@ TEST(AttentionInPlace, SameBitsAsOutOfPlace) {
     EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0);
   }
 }
-
 
 // The whole block, residual sums in place, against the out-of-place sums, with dropout on (each
 // side from the same generator state) and off: output, input gradient and every parameter gradient.
