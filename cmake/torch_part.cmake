@@ -66,6 +66,8 @@ target_link_libraries(retrace_data_torch PUBLIC retrace_data retrace_rng_torch)
 
 retrace_torch_part(retrace_model
   src/model/dropout.cpp
+  src/model/lanes.cpp
+  src/model/fused.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp

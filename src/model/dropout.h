@@ -9,9 +9,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 #include "model/options.h"
 
 namespace retrace::model {
+
+// One 64-bit draw from torch's default CPU generator: the key of one philox dropout mask.
+uint64_t next_dropout_key();
+// The value a kept element is multiplied by: 1 / (1 - p), computed in float as LibTorch does.
+float dropout_keep_scale(double p);
 
 // x * mask, mask elements 0 (probability p) or 1 / (1 - p); x itself when not training or p == 0.
 at::Tensor dropout(const at::Tensor& x, double p, bool training, DropoutImpl impl);

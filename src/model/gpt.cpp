@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/activation_checkpoint.h"
 #include "model/dropout.h"
+#include "model/fused.h"
 
 namespace retrace::model {
 
@@ -55,11 +56,18 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
   // and backward). It saves two [B, h, T, T] tensors per layer, each written to memory that is not
   // in cache: 4 MB each at the char GPT's shapes.
   torch::Tensor att = torch::matmul(q, k.transpose(-2, -1));
-  att.mul_(1.0 / std::sqrt(static_cast<double>(dh)));
-  torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
-  att.masked_fill_(future, -std::numeric_limits<double>::infinity());
-  att = torch::softmax(att, /*dim=*/-1);
-  att = dropout(att, dropout_, is_training(), dropout_impl_);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  if (dropout_impl_ == DropoutImpl::kPhilox && fused_applies(att)) {
+    // Scale, mask, softmax and dropout in one pass over tiles, on two lanes (model/fused.h): the
+    // same bits as the four ops below (fused_test).
+    att = causal_attention_weights(att, scale, dropout_, is_training());
+  } else {
+    att.mul_(scale);
+    torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
+    att.masked_fill_(future, -std::numeric_limits<double>::infinity());
+    att = torch::softmax(att, /*dim=*/-1);
+    att = dropout(att, dropout_, is_training(), dropout_impl_);
+  }
   torch::Tensor y = torch::matmul(att, v);  // [B, h, T, dh]
   return y.transpose(1, 2).contiguous().view({b, t, d_model_});
 }
@@ -79,15 +87,18 @@ torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
   torch::Tensor qkv = qkv_->forward(ln_1_->forward(x));
-  torch::Tensor y;
-  if (checkpoint_attention) {
-    y = checkpoint([this](const torch::Tensor& in) { return attention_core(in); }, qkv);
-  } else {
-    y = attention_core(qkv);
-  }
+  // Reduced precision (bf16 under CPU autocast) takes the plain out-of-place ops: under LibTorch
+  // 2.11 the in-place block gave other bits there (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals),
+  // under 1.13 the same ones, so the plain ops keep the bits every build had.
+  const bool plain = qkv.scalar_type() != torch::kFloat;
+  auto core = [this, plain](const torch::Tensor& in) {
+    return plain ? attention_core_out_of_place(in) : attention_core(in);
+  };
+  torch::Tensor y = checkpoint_attention ? checkpoint(core, qkv) : core(qkv);
   y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
   torch::Tensor h = residual(x, y);
-  torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));
+  torch::Tensor m = fc_->forward(ln_2_->forward(h));
+  m = fused_applies(m) ? fused_gelu(m) : torch::gelu(m);  // same bits (fused_test)
   m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
   return residual(h, m);
 }

@@ -8,7 +8,9 @@
 //                  multi-head self-attention written with plain ops (attn_qkv Linear,
 //                  QK^T/sqrt(dh), causal masked_fill, softmax, dropout on the weights, @V,
 //                  attn_proj Linear, dropout); mlp is mlp_fc Linear d->4d, GELU (erf),
-//                  mlp_proj Linear 4d->d, dropout. Block parameters: ln_1, attn_qkv, attn_proj,
+//                  mlp_proj Linear 4d->d, dropout (the attention weights and the GELU of float32
+//                  CPU tensors by model/fused.h's functions: the same bits, on two threads).
+//                  Block parameters: ln_1, attn_qkv, attn_proj,
 //                  ln_2, mlp_fc, mlp_proj (each .weight and .bias)
 //   ln_f, head     final LayerNorm and the (untied) output Linear d -> vocab_size
 // Modules are constructed one statement at a time in the order above, and then every 2-D weight

@@ -40,6 +40,11 @@ class PhiloxStream {
 // keep_scale otherwise. Words are uniform on [0, 2^32), so an element is dropped with probability
 // drop_threshold / 2^32 (see dropout_threshold). Integer-only: the same on every CPU and build.
 void dropout_mask(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t n);
+// Elements [begin, end) of the same mask into out[0, end - begin): a mask is a function of the
+// element index, so lanes that fill ranges of one mask give the bits of one dropout_mask call.
+// begin must be a multiple of 4 (InvariantError otherwise).
+void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin,
+                        int64_t end);
 // floor(p * 2^32) for 0 <= p < 1.
 uint32_t dropout_threshold(double p);
 

@@ -163,6 +163,9 @@ std::vector<Field> fields() {
                1024, false, false, at(&C::runtime, &RuntimeConfig::blas_threads)});
   f.push_back({"runtime.interop_threads", Kind::kInt, "torch inter-op threads", {}, 1, 1024, false, false,
                at(&C::runtime, &RuntimeConfig::interop_threads)});
+  f.push_back({"runtime.elementwise_threads", Kind::kInt,
+               "threads for the GPT's elementwise work and dropout masks, 1 or 2 (0: auto; the bits are the "
+               "same at 1 and 2)", {}, 0, 2, false, false, at(&C::runtime, &RuntimeConfig::elementwise_threads), "0"});
   f.push_back({"runtime.deterministic", Kind::kBool, "deterministic algorithms only", {}, 0, 0, false,
                false, at(&C::runtime, &RuntimeConfig::deterministic)});
   f.push_back({"runtime.collective_timeout_s", Kind::kFloat,

@@ -114,6 +114,10 @@ struct RuntimeConfig {
   int64_t threads = 0;          // torch intra-op threads; 0 = auto (resolved and recorded)
   int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto (portable: 2; native: the core count, at most 8)
   int64_t interop_threads = 1;
+  // Threads for the GPT's elementwise work and dropout masks (model/lanes.h): 1 or 2; 0 = auto (2
+  // when torch runs one intra-op thread and the machine has two cores per local rank). The bits
+  // are the same at 1 and 2, so the count is information, not numerics.
+  int64_t elementwise_threads = 0;
   bool deterministic = true;
   double collective_timeout_s = 120;  // data parallelism: rendezvous and collective timeout
   double bucket_mb = 25;              // data parallelism: gradient all-reduce bucket size

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "model/lanes.h"
 #include "train/cuda_info.h"
 #include "train/numerics.h"
 
@@ -173,6 +174,16 @@ namespace {
 std::atomic<uint64_t> thread_settings_generation{1};
 }  // namespace
 
+int elementwise_threads(const RuntimeConfig& runtime) {
+  if (runtime.elementwise_threads > 0) return static_cast<int>(runtime.elementwise_threads);
+  // A second lane pays only where ATen leaves a core idle: one intra-op thread, and two cores for
+  // each rank on this host (LOCAL_WORLD_SIZE, set by torchrun and retrace's launcher).
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t ranks = std::max<int64_t>(1, local ? std::atoll(local) : 1);
+  const int64_t cores = static_cast<int64_t>(std::thread::hardware_concurrency());
+  return runtime.threads == 1 && cores >= 2 * ranks ? 2 : 1;
+}
+
 void adopt_thread_settings() {
   thread_local uint64_t seen = 0;
   const uint64_t now = thread_settings_generation.load(std::memory_order_acquire);
@@ -232,6 +243,7 @@ void apply_environment(const RuntimeConfig& runtime) {
   }
   at::set_num_threads(static_cast<int>(runtime.threads));
   set_blas_threads(static_cast<int>(runtime.blas_threads));
+  model::set_lanes(elementwise_threads(runtime));
   thread_settings_generation.fetch_add(1, std::memory_order_acq_rel);
   compat::set_deterministic(runtime.deterministic);
 }
@@ -280,6 +292,7 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("info.cuda_device_count", std::to_string(cu.devices));
   add("info.cuda_build", cu.built ? "CUDA " + cu.runtime + (cu.cudnn.empty() ? "" : ", cuDNN " + cu.cudnn) : "none");
   add("info.allocator", allocator());
+  add("info.elementwise_threads", std::to_string(model::lanes()));
   for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
                           "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS"})
     add(std::string("info.env.") + var, env_or(var, ""));

@@ -24,6 +24,9 @@ struct ThreadLayout {
 // into the config so they are recorded and replayed.
 ThreadLayout resolve_threads(RuntimeConfig& runtime);
 
+// runtime.elementwise_threads resolved: the lanes of model/lanes.h, 1 or 2 (never changes bits).
+int elementwise_threads(const RuntimeConfig& runtime);
+
 // Applies the layout and the determinism flags. Must run before the first torch op. Sets
 // CUBLAS_WORKSPACE_CONFIG when unset so cuBLAS is deterministic on CUDA.
 void apply_environment(const RuntimeConfig& runtime);

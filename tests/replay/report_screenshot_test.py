@@ -152,7 +152,8 @@ def main():
               f"x {px_of(param_first) - step_w / 2:.1f}")
 
     # Fingerprints side by side: another torch thread count is a numerics field that differs (under
-    # MKL, which runs on the torch threads, the BLAS count with it).
+    # MKL, which runs on the torch threads, the BLAS count with it; and the elementwise lanes, an
+    # information field, which go to 1 when torch runs two threads).
     c, d = os.path.join(tmp, "c"), os.path.join(tmp, "d")
     short = [retrace, "record", "--plain", "--steps", "5"]
     check(run(short + ["--out", c]).returncode == 0, "record c")
@@ -164,7 +165,8 @@ def main():
     table = fp[fp.index('<table class="fingerprints">'):]
     table = table[:table.index("</table>")]
     differing = re.findall(r'<tr class="differs"><td class="v">([^<]+)</td>', table)
-    check("torch_threads" in differing and set(differing) <= {"torch_threads", "blas_threads"},
+    check("torch_threads" in differing
+          and set(differing) <= {"torch_threads", "blas_threads", "info.elementwise_threads"},
           f"differing fingerprint fields highlighted: {differing}")
     check('<td class="v">blas_core</td>' in table and "<tr><td class=\"v\">blas_core</td>" in table,
           "equal fields are listed, not highlighted")

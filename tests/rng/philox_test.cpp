@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "rng/shuffle.h"
 
 namespace retrace::rng {
@@ -68,6 +70,25 @@ TEST(Philox, DropoutMaskIsTheSpecifiedFunctionOfKeyAndIndex) {
   EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(big.size()), 0.1, 0.003);
   EXPECT_EQ(dropout_threshold(0.0), 0u);
   EXPECT_EQ(dropout_threshold(0.5), 1u << 31);
+}
+
+TEST(Philox, DropoutMaskRangesJoinToTheWholeMask) {
+  // Lanes fill ranges of one mask (model/dropout.cpp): any split at a multiple of 4 gives the bits
+  // of one call, the vector loop's blocks and the scalar tail falling where they may.
+  const uint64_t key = 0xfeedfacecafebeefull;
+  const uint32_t threshold = dropout_threshold(0.1);
+  for (int64_t n : {int64_t{5}, int64_t{1027}, int64_t{65536 + 9}}) {
+    std::vector<float> whole(static_cast<size_t>(n)), parts(static_cast<size_t>(n), -1.0f);
+    dropout_mask(key, threshold, 1.25f, whole.data(), n);
+    for (int64_t cut : {int64_t{0}, int64_t{4}, n / 2 - (n / 2) % 4, n - n % 4}) {
+      std::fill(parts.begin(), parts.end(), -1.0f);
+      dropout_mask_range(key, threshold, 1.25f, parts.data(), 0, cut);
+      dropout_mask_range(key, threshold, 1.25f, parts.data() + cut, cut, n);
+      EXPECT_EQ(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)), 0) << "n " << n << " cut " << cut;
+    }
+  }
+  std::vector<float> out(8);
+  EXPECT_THROW(dropout_mask_range(key, threshold, 1.0f, out.data(), 2, 8), InvariantError);
 }
 
 TEST(Shuffle, FisherYatesIsAPermutationAndSeeded) {

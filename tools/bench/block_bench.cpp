@@ -1,10 +1,12 @@
-// Benchmark: the char GPT's transformer blocks with the scale, causal mask and residual sums in
-// place (B, the training path) against the same blocks with every op out of place (A, the path it
-// replaced, kept as BlockImpl::forward_out_of_place), in one process with the run's own threads
-// and BLAS (configs/char-gpt.toml's shapes and dropout). Rounds alternate A B / B A; each round
-// times the forward and backward of all n_layers blocks on a [batch, context, d_model] input.
-// Prints B/A time per round, its median with min and max, and whether the two paths' outputs and
-// input gradients have the same bits. Prints figures only: it never fails on speed.
+// Benchmark: the char GPT's transformer blocks on their training path (fused attention weights
+// and GELU, model/fused.h; scale, mask and residual sums in place) at one lane (B) and at two
+// lanes (C, model/lanes.h), against the same blocks with every op plain and out of place (A, the
+// path both replaced, kept as BlockImpl::forward_out_of_place), in one process with the run's own
+// threads and BLAS (configs/char-gpt.toml's shapes and dropout). Each round times the forward and
+// backward of all n_layers blocks on a [batch, context, d_model] input, the three paths in an
+// order that rotates from round to round (A B C, B C A, C A B, ...). Prints B/A, C/A and C/B per
+// round with their median, min and max, and whether the three paths' outputs and input gradients
+// have the same bits. Prints figures only: it never fails on speed.
 //
 //   build/block_bench [--rounds R] [--iters N] [--set key=value]...   (from the repository root)
 #include <torch/torch.h>
@@ -13,11 +15,13 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_stats.h"
 #include "core/error.h"
 #include "model/gpt.h"
+#include "model/lanes.h"
 #include "train/config.h"
 #include "train/environment.h"
 #include "train/numerics.h"
@@ -84,26 +88,38 @@ int main(int argc, char** argv) try {
               static_cast<long long>(c.data.context), static_cast<long long>(m.d_model),
               train::numerics_summary(c.runtime).c_str());
 
-  Pass a = run(blocks, x, upstream, false), b = run(blocks, x, upstream, true);
-  const bool equal = same_bits(a.out, b.out) && same_bits(a.input_grad, b.input_grad);
-  std::printf("   bits: output and input gradient %s\n", equal ? "equal (bitwise)" : "DIFFER");
+  // Path k: 0 plain out of place, 1 training path at one lane, 2 at two lanes.
+  auto run_path = [&](int k) {
+    model::set_lanes(k == 2 ? 2 : 1);
+    return run(blocks, x, upstream, k != 0);
+  };
+  Pass a = run_path(0), b = run_path(1), c2 = run_path(2);
+  const bool equal = same_bits(a.out, b.out) && same_bits(a.input_grad, b.input_grad) && same_bits(a.out, c2.out) &&
+                     same_bits(a.input_grad, c2.input_grad);
+  std::printf("   bits: output and input gradient %s\n", equal ? "equal on all three paths (bitwise)" : "DIFFER");
 
-  std::vector<double> ratios;
+  std::vector<double> ba, ca, cb;
   for (int64_t r = 0; r < rounds; ++r) {
-    double ms[2] = {0, 0};
-    for (int k = 0; k < 2; ++k) {
-      const bool in_place = (k == 0) == (r % 2 == 1);  // A B, then B A
+    double ms[3] = {0, 0, 0};
+    for (int j = 0; j < 3; ++j) {
+      const int k = static_cast<int>((r + j) % 3);
       const auto t = Clock::now();
-      for (int64_t i = 0; i < iters; ++i) run(blocks, x, upstream, in_place);
-      ms[in_place ? 1 : 0] = ms_since(t) / static_cast<double>(iters);
+      for (int64_t i = 0; i < iters; ++i) run_path(k);
+      ms[k] = ms_since(t) / static_cast<double>(iters);
     }
-    ratios.push_back(ms[1] / ms[0]);
-    std::printf("   round %lld: A out of place %8.2f ms  B in place %8.2f ms  B/A %.3f\n",
-                static_cast<long long>(r + 1), ms[0], ms[1], ms[1] / ms[0]);
+    ba.push_back(ms[1] / ms[0]);
+    ca.push_back(ms[2] / ms[0]);
+    cb.push_back(ms[2] / ms[1]);
+    std::printf("   round %lld: A plain %8.2f ms  B fused, 1 lane %8.2f ms  C fused, 2 lanes %8.2f ms  B/A %.3f  C/A %.3f  C/B %.3f\n",
+                static_cast<long long>(r + 1), ms[0], ms[1], ms[2], ba.back(), ca.back(), cb.back());
   }
-  const bench::Spread s = bench::spread(ratios);
-  std::printf("block forward + backward, in place / out of place time: median %.3f [min %.3f, max %.3f] over %lld paired rounds\n",
-              s.median, s.lo, s.hi, static_cast<long long>(rounds));
+  for (auto [name, v] : {std::pair<const char*, std::vector<double>*>{"B/A (fused 1 lane / plain)", &ba},
+                         {"C/A (fused 2 lanes / plain)", &ca},
+                         {"C/B (2 lanes / 1 lane)", &cb}}) {
+    const bench::Spread s = bench::spread(*v);
+    std::printf("block forward + backward, %s: median %.3f [min %.3f, max %.3f] over %lld rounds\n", name, s.median,
+                s.lo, s.hi, static_cast<long long>(rounds));
+  }
   return equal ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "block_bench: %s\n", e.what());

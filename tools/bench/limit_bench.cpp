@@ -19,10 +19,12 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_stats.h"
 #include "core/error.h"
+#include "model/lanes.h"
 #include "train/config.h"
 #include "train/environment.h"
 #include "train/numerics.h"
@@ -61,6 +63,12 @@ struct OpTimes {
 };
 OpTimes* op_times = nullptr;
 thread_local int aten_depth = 0;
+std::thread::id stepping_thread;
+// An operator: ATen's, or one of retrace's fused functions (model/fused.h).
+bool is_op(const char* name) {
+  const std::string n = name;
+  return n.rfind("aten::", 0) == 0 || n.rfind("retrace::", 0) == 0;
+}
 struct Started : at::ObserverContext {
   Clock::time_point t;
   bool counted = false;
@@ -70,7 +78,10 @@ struct Started : at::ObserverContext {
 std::unique_ptr<at::ObserverContext> on_start_timed(const at::RecordFunction& fn) {
   auto ctx = std::make_unique<Started>();
   ctx->backward_fn = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
-  const bool aten = std::string(fn.name()).rfind("aten::", 0) == 0;
+  const bool aten = is_op(fn.name());
+  // The helper lane's ops (model/lanes.h) run alongside the caller's: only the stepping thread's
+  // outermost operators are timed, or the time of two threads would be summed.
+  if (std::this_thread::get_id() != stepping_thread) return ctx;
   if (ctx->backward_fn) {
     ctx->counted = backward_depth == 0;
     ++backward_depth;
@@ -86,7 +97,7 @@ void on_end_timed(const at::RecordFunction& fn, at::ObserverContext* c) {
   auto* ctx = static_cast<Started*>(c);
   const double ms = ms_since(ctx->t);
   if (ctx->backward_fn) --backward_depth;
-  else if (std::string(fn.name()).rfind("aten::", 0) == 0) --aten_depth;
+  else if (is_op(fn.name())) --aten_depth;
   if (ctx->counted && op_times) (ctx->backward_fn ? op_times->backward : op_times->forward)[fn.name()] += ms;
 }
 
@@ -196,8 +207,8 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
   std::printf("== %s: %zu GEMMs per step (%zu forward, %zu in backward functions):", label.c_str(), gemms.size(),
               gemms.size() - n_bw, n_bw);
   for (const auto& [k, n] : counts) std::printf(" %s x%d;", k.c_str(), n);
-  std::printf("\n   threads: torch %d, BLAS as the run sets it (runtime.blas_threads = %lld)\n", at::get_num_threads(),
-              static_cast<long long>(c.runtime.blas_threads));
+  std::printf("\n   threads: torch %d, BLAS as the run sets it (runtime.blas_threads = %lld), elementwise lanes %d\n",
+              at::get_num_threads(), static_cast<long long>(c.runtime.blas_threads), model::lanes());
   const std::vector<Prepared> ps = prepare(gemms);
   {
     at::NoGradGuard ng;
@@ -254,6 +265,7 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
   // Where the rest goes: a few more steps under timing callbacks.
   OpTimes times;
   double fw = 0, bw = 0;
+  stepping_thread = std::this_thread::get_id();
   at::CallbackHandle h = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start_timed, on_end_timed));
   op_times = &times;
   for (int64_t i = 0; i < steps; ++i) {

@@ -1,0 +1,195 @@
+#include "model/fused.h"
+
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <limits>
+
+#include "core/error.h"
+#include "model/dropout.h"
+#include "model/lanes.h"
+#include "rng/philox.h"
+
+namespace retrace::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Floats per tile: small enough that a tile's input, output, mask and scratch stay in a core's L2
+// cache between the ops that read them, large enough that ATen's per-call cost stays small.
+constexpr int64_t kTileFloats = 32 * 1024;
+// Tiles start at multiples of this many floats: a multiple of ATen's vector block at every CPU
+// level (2 vectors: 16 floats under AVX2, 32 under AVX-512).
+constexpr int64_t kAlign = 64;
+
+// Rows per tile for rows of `row` floats: whole rows, and a multiple of kAlign floats (fused.h).
+int64_t tile_rows(int64_t row) {
+  int64_t step = 1;
+  while ((step * row) % kAlign != 0) ++step;  // at most kAlign
+  const int64_t rows = std::max<int64_t>(step, kTileFloats / std::max<int64_t>(row, 1));
+  return rows - rows % step;
+}
+
+// Calls fn(begin, end, lane) for the consecutive tiles of `tile` units that cover [0, n). The lanes
+// take tiles from a shared counter, so a lane that shares its core with another busy thread (an
+// OpenBLAS worker spinning between GEMMs) takes fewer: which lane computes a tile never changes
+// what it computes.
+void for_tiles(int64_t n, int64_t tile, const std::function<void(int64_t, int64_t, int)>& fn) {
+  const int64_t tiles = (n + tile - 1) / tile;
+  if (tiles <= 1) {
+    if (n > 0) fn(0, n, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  run_lanes([&](int lane) {
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < tiles;
+         t = next.fetch_add(1, std::memory_order_relaxed))
+      fn(t * tile, std::min(n, (t + 1) * tile), lane);
+  });
+}
+
+struct DropoutDraw {
+  bool on = false;
+  uint64_t key = 0;
+  uint32_t threshold = 0;
+  float keep_scale = 1.0f;
+};
+
+DropoutDraw draw(double p, bool training) {
+  DropoutDraw d;
+  if (!training || p == 0.0) return d;
+  RETRACE_CHECK(p > 0.0 && p < 1.0, ConfigError, "bad value for model.dropout: ", p, " (need 0 <= dropout < 1)");
+  d.on = true;
+  d.key = next_dropout_key();
+  d.threshold = rng::dropout_threshold(p);
+  d.keep_scale = dropout_keep_scale(p);
+  return d;
+}
+
+struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& scores, double scale, double p, bool training) {
+    RECORD_FUNCTION("retrace::causal_attention_weights", std::vector<c10::IValue>());
+    const int64_t t = scores.size(-1);
+    const int64_t rows = scores.numel() / t;
+    // The scalar ATen's mul(Tensor, Scalar) multiplies a float tensor by: the double rounded to float.
+    const float sf = static_cast<float>(scale);
+    const DropoutDraw d = draw(p, training);
+    at::Tensor soft = at::empty(scores.sizes(), scores.options());
+    at::Tensor mask = d.on ? at::empty(scores.sizes(), scores.options()) : at::Tensor();
+    at::Tensor out = d.on ? at::empty(scores.sizes(), scores.options()) : soft;
+    const float* s = scores.data_ptr<float>();
+    float* m = d.on ? mask.data_ptr<float>() : nullptr;
+    float* o = out.data_ptr<float>();
+    const float* sm = soft.data_ptr<float>();
+    const at::Tensor soft_rows = soft.view({rows, t});
+    const int64_t tile = tile_rows(t);
+    at::Tensor scratch[2];
+    for_tiles(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
+      if (!scratch[lane].defined()) scratch[lane] = at::empty({tile, t}, scores.options());
+      float* x = scratch[lane].data_ptr<float>();
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* in = s + r * t;
+        float* row = x + (r - r0) * t;
+        for (int64_t j = 0; j < t; ++j) row[j] = in[j] * sf;
+        // Query i sees keys 0..i; r % t is the query of row r.
+        for (int64_t j = r % t + 1; j < t; ++j) row[j] = -std::numeric_limits<float>::infinity();
+      }
+      at::Tensor soft_tile = soft_rows.narrow(0, r0, r1 - r0);
+      at::_softmax_out(soft_tile, scratch[lane].narrow(0, 0, r1 - r0), /*dim=*/1, /*half_to_float=*/false);
+      if (!d.on) return;
+      rng::dropout_mask_range(d.key, d.threshold, d.keep_scale, m + r0 * t, r0 * t, r1 * t);
+      for (int64_t k = r0 * t; k < r1 * t; ++k) o[k] = sm[k] * m[k];
+    });
+    ctx->save_for_backward({soft, mask});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::causal_attention_weights_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& soft = saved[0];
+    const at::Tensor& mask = saved[1];
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const float sf = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const at::Tensor grad = grads[0].contiguous();
+    const int64_t t = soft.size(-1);
+    const int64_t rows = soft.numel() / t;
+    at::Tensor gi = at::empty(soft.sizes(), soft.options());
+    const at::Tensor gi_rows = gi.view({rows, t}), soft_rows = soft.view({rows, t}), g_rows = grad.view({rows, t});
+    const float* g = grad.data_ptr<float>();
+    const float* m = mask.defined() ? mask.data_ptr<float>() : nullptr;
+    float* out = gi.data_ptr<float>();
+    const int64_t tile = tile_rows(t);
+    at::Tensor scratch[2];
+    for_tiles(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
+      at::Tensor upstream = g_rows.narrow(0, r0, r1 - r0);
+      if (m) {  // dropout's backward: grad * mask
+        if (!scratch[lane].defined()) scratch[lane] = at::empty({tile, t}, soft.options());
+        float* x = scratch[lane].data_ptr<float>();
+        for (int64_t k = r0 * t; k < r1 * t; ++k) x[k - r0 * t] = g[k] * m[k];
+        upstream = scratch[lane].narrow(0, 0, r1 - r0);
+      }
+      at::Tensor gi_tile = gi_rows.narrow(0, r0, r1 - r0);
+      at::_softmax_backward_data_out(gi_tile, upstream, soft_rows.narrow(0, r0, r1 - r0), /*dim=*/1, at::kFloat);
+      // masked_fill's backward (0 where the mask filled), then the scale's (grad * scale).
+      for (int64_t r = r0; r < r1; ++r) {
+        float* row = out + r * t;
+        const int64_t seen = r % t + 1;
+        for (int64_t j = 0; j < seen; ++j) row[j] = row[j] * sf;
+        for (int64_t j = seen; j < t; ++j) row[j] = 0.0f;
+      }
+    });
+    return {gi, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct Gelu : torch::autograd::Function<Gelu> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    RECORD_FUNCTION("retrace::gelu", std::vector<c10::IValue>());
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    const at::Tensor xf = x.view({-1}), of = out.view({-1});
+    for_tiles(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+      at::Tensor o = of.narrow(0, b, e - b);
+      at::gelu_out(o, xf.narrow(0, b, e - b));
+    });
+    ctx->save_for_backward({x});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::gelu_backward", std::vector<c10::IValue>());
+    if (!grads[0].defined()) return {at::Tensor()};
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const at::Tensor grad = grads[0].contiguous();
+    at::Tensor gi = at::empty(x.sizes(), x.options());
+    const at::Tensor xf = x.view({-1}), gf = grad.view({-1}), gif = gi.view({-1});
+    for_tiles(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+      at::Tensor o = gif.narrow(0, b, e - b);
+      at::gelu_backward_out(o, gf.narrow(0, b, e - b), xf.narrow(0, b, e - b));
+    });
+    return {gi};
+  }
+};
+
+}  // namespace
+
+bool fused_applies(const at::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+         x.layout() == at::kStrided;
+}
+
+at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, double p, bool training) {
+  RETRACE_CHECK(scores.dim() >= 2 && scores.size(-1) == scores.size(-2) && scores.size(-1) > 0, InvariantError,
+                "causal_attention_weights: expected scores [..., T, T], got ", scores.sizes());
+  return CausalAttentionWeights::apply(scores, scale, p, training);
+}
+
+at::Tensor fused_gelu(const at::Tensor& x) { return Gelu::apply(x); }
+
+}  // namespace retrace::model

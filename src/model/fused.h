@@ -1,0 +1,37 @@
+// The GPT block's elementwise work as single autograd functions, computed tile by tile and split
+// across lanes (model/lanes.h), with the bits of the ops they replace.
+//
+// Why the bits are the same, at every lane count and tile size:
+// - ATen runs an elementwise kernel over a contiguous tensor as one loop: blocks of two vectors
+//   (16 floats under AVX2, 32 under AVX-512) from the start, then the last elements one at a time,
+//   and the scalar path of an op like GELU's erf need not round like the vector path. Tiles start
+//   at multiples of 64 elements, so every element takes the path it takes in the whole-tensor
+//   call.
+// - Softmax and its backward compute each row on its own: tiles hold whole rows.
+// - A multiply, a select and the dropout mask (a function of the element index) are written by
+//   hand: one IEEE operation per element, the same in any order.
+// fused_test checks forward and backward bitwise against the ops they replace, at one and two
+// lanes, on shapes whose sizes are not multiples of 16.
+//
+// Used only for contiguous float32 CPU tensors with retrace's own dropout (DropoutImpl::kPhilox);
+// anything else (CUDA, bf16 under autocast, LibTorch's dropout) takes the plain ops.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace retrace::model {
+
+// True when the fused functions below take x: a contiguous float32 CPU tensor. (The attention
+// weights also need DropoutImpl::kPhilox: LibTorch's dropout draws its own mask.)
+bool fused_applies(const at::Tensor& x);
+
+// scores [..., T, T] (query rows, key columns) -> dropout(softmax(masked_fill(scores * scale,
+// causal, -inf)), p): the attention weights. Draws one 64-bit key from torch's CPU generator when
+// training with p > 0, as model::dropout does. Saves the softmax output and the dropout mask for
+// backward, as the plain ops do; scores is not saved.
+at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, double p, bool training);
+
+// GELU (erf form): saves x for backward, as torch::gelu does.
+at::Tensor fused_gelu(const at::Tensor& x);
+
+}  // namespace retrace::model

@@ -1,0 +1,28 @@
+// Two lanes for the elementwise parts of a step: the calling thread and one helper thread.
+//
+// retrace runs ATen with one intra-op thread (more would change the bits of reductions such as a
+// bias gradient or a LayerNorm's weight gradient), so ATen's elementwise kernels use one of the
+// cores while the other, OpenBLAS's second thread, idles between GEMMs. Work that is elementwise or
+// row by row can be split in two without changing a single result, provided each part is computed
+// exactly as the whole would compute it (model/fused.h says where it splits and why that holds).
+// Lanes change time, never values: the count is information, not numerics.
+//
+// Thread safety: run_lanes may be called from any thread, concurrently. The helper serves one
+// caller at a time; a caller that finds it busy runs both halves itself (same results).
+#pragma once
+
+#include <functional>
+
+namespace retrace::model {
+
+// Process-wide lane count, 1 or 2 (runtime.elementwise_threads; 1 until set).
+void set_lanes(int lanes);
+int lanes();
+
+// Runs work(0) on the calling thread and work(1) on the helper thread, which adopts the caller's
+// ATen thread-local state (grad mode, autocast, dispatch keys). Returns when both are done and
+// rethrows the first exception either raised. With one lane, or with the helper busy, runs
+// work(0) and then work(1) on the calling thread.
+void run_lanes(const std::function<void(int lane)>& work);
+
+}  // namespace retrace::model

@@ -1,0 +1,225 @@
+// The fused GPT ops (model/fused.h) against the plain ops they replace, bitwise, at one and two
+// lanes; the lanes themselves (model/lanes.h); and a negative control showing that the alignment
+// rule the fused ops follow is needed.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "model/dropout.h"
+#include "model/fused.h"
+#include "model/gpt.h"
+#include "model/lanes.h"
+#include "rng/philox.h"
+
+namespace retrace::model {
+namespace {
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  // Not torch::equal: NaN != NaN there, and -0 == +0; the bits are what a trace digests.
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.numel() * a.element_size()) == 0;
+}
+
+void seed(uint64_t s) {
+  at::Generator g = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_current_seed(s);
+}
+
+torch::Tensor rng_state() {
+  at::Generator g = at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+
+struct LanesGuard {
+  explicit LanesGuard(int n) : before(lanes()) { set_lanes(n); }
+  ~LanesGuard() { set_lanes(before); }
+  int before;
+};
+
+// The ops the GPT ran before the fused function, out of place (their in-place forms have the same
+// bits: gpt_test's AttentionInPlace).
+torch::Tensor plain_attention_weights(const torch::Tensor& scores, double scale, double p, bool training) {
+  const int64_t t = scores.size(-1);
+  torch::Tensor att = scores * scale;
+  torch::Tensor future = torch::ones({t, t}, scores.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
+  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att = torch::softmax(att, /*dim=*/-1);
+  return dropout(att, p, training, DropoutImpl::kPhilox);
+}
+
+TEST(Fused, AttentionWeightsSameBitsAsThePlainOps) {
+  // The char GPT's shape (32 tiles), sizes that are not multiples of 16, and one element.
+  for (auto [b, h, t] : {std::tuple<int64_t, int64_t, int64_t>{16, 4, 128}, {3, 5, 37}, {2, 3, 130}, {1, 1, 1}}) {
+    for (auto [p, training] : {std::pair<double, bool>{0.1, true}, {0.0, true}, {0.1, false}}) {
+      for (int n : {1, 2}) {
+        LanesGuard lanes(n);
+        seed(5 + t);
+        torch::Tensor scores = torch::randn({b, h, t, t}) * 3.0;
+        scores.view({-1})[0] = 40.0f;  // a large logit: exp's range
+        torch::Tensor upstream = torch::randn({b, h, t, t});
+        const double scale = 1.0 / std::sqrt(32.0);
+        torch::Tensor a_in = scores.clone().requires_grad_(true);
+        torch::Tensor b_in = scores.clone().requires_grad_(true);
+        seed(77);
+        torch::Tensor a = causal_attention_weights(a_in, scale, p, training);
+        torch::Tensor rng_a = rng_state();
+        seed(77);
+        torch::Tensor ref = plain_attention_weights(b_in, scale, p, training);
+        torch::Tensor rng_b = rng_state();
+        const std::string where = "[" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(t) +
+                                  "] p " + std::to_string(p) + (training ? " training" : " eval") + ", lanes " +
+                                  std::to_string(n);
+        ASSERT_TRUE(same_bits(a, ref)) << "forward differs, " << where;
+        EXPECT_TRUE(same_bits(rng_a, rng_b)) << "generator state differs, " << where;
+        a.backward(upstream);
+        ref.backward(upstream);
+        EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where;
+        if (t > 1) EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0) << where;
+      }
+    }
+  }
+}
+
+TEST(Fused, GeluSameBitsAsTorchGelu) {
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -1e-40f, 1e30f, -9.5f, 5.0f};
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{32768}, int64_t{2 * 32768 + 17},
+                    int64_t{200003}}) {
+    for (int lanes_n : {1, 2}) {
+      LanesGuard lanes(lanes_n);
+      seed(static_cast<uint64_t>(n));
+      torch::Tensor x = torch::randn({n}) * 4.0;
+      for (int64_t i = 0; i < n && i < 10; ++i) x[n - 1 - i] = specials[i];  // the scalar tail too
+      torch::Tensor upstream = torch::randn({n});
+      torch::Tensor a_in = x.clone().requires_grad_(true), b_in = x.clone().requires_grad_(true);
+      torch::Tensor a = fused_gelu(a_in), ref = torch::gelu(b_in);
+      ASSERT_TRUE(same_bits(a, ref)) << "forward differs, n " << n << ", lanes " << lanes_n;
+      a.backward(upstream);
+      ref.backward(upstream);
+      EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, n " << n << ", lanes " << lanes_n;
+    }
+  }
+}
+
+// Negative control: ATen's scalar GELU loop (taken by a strided tensor, and by elements outside
+// the vector blocks) rounds many values differently from its vector loop: tiles that moved an
+// element from one loop to the other would move bits, which the alignment rule of fused.h rules out.
+TEST(Fused, NegativeControlGeluScalarAndVectorLoopsRoundDifferently) {
+  seed(3);
+  torch::Tensor x = torch::randn({1 << 16}) * 3.0;
+  torch::Tensor vector_loop = torch::gelu(x);
+  torch::Tensor spaced = torch::stack({x, torch::zeros_like(x)}, 1);  // x at stride 2: the scalar loop
+  torch::Tensor scalar_loop = torch::gelu(spaced.select(1, 0));
+  ASSERT_FALSE(spaced.select(1, 0).is_contiguous());
+  const int64_t differ = (vector_loop != scalar_loop).sum().item<int64_t>();
+  std::printf("GELU: %lld of %d elements round differently in ATen's scalar and vector loops\n",
+              static_cast<long long>(differ), 1 << 16);
+  EXPECT_GT(differ, 0) << "no element rounded differently: this control no longer shows the rule";
+  torch::Tensor aligned = torch::cat({torch::gelu(x.narrow(0, 0, 4096)), torch::gelu(x.narrow(0, 4096, x.numel() - 4096))});
+  EXPECT_TRUE(same_bits(vector_loop, aligned));
+}
+
+TEST(Fused, DropoutMaskSameAtOneAndTwoLanes) {
+  torch::Tensor x = torch::ones({300007});
+  torch::Tensor out[2];
+  for (int n : {1, 2}) {
+    LanesGuard lanes(n);
+    seed(21);
+    out[n - 1] = dropout(x, 0.1, /*training=*/true, DropoutImpl::kPhilox);
+  }
+  EXPECT_TRUE(same_bits(out[0], out[1]));
+  seed(21);
+  const uint64_t key = next_dropout_key();
+  std::vector<float> mask(300007);
+  rng::dropout_mask(key, rng::dropout_threshold(0.1), dropout_keep_scale(0.1), mask.data(), 300007);
+  EXPECT_EQ(std::memcmp(out[1].data_ptr<float>(), mask.data(), mask.size() * sizeof(float)), 0);
+}
+
+// A GPT whose attention weights and MLP activations span several tiles: forward, loss, every
+// gradient and the generator state at one and two lanes.
+TEST(Fused, GptStepSameBitsAtOneAndTwoLanes) {
+  GptOptions o;
+  o.vocab_size = 13;
+  o.context = 64;
+  o.d_model = 64;
+  o.n_layers = 2;
+  o.n_heads = 4;
+  o.dropout = 0.1;
+  seed(1);
+  Gpt model(o);
+  seed(2);
+  torch::Tensor idx = torch::randint(0, 13, {8, 64}, torch::kLong);
+  torch::Tensor target = torch::randint(0, 13, {8, 64}, torch::kLong);
+  torch::Tensor loss[2], rng[2];
+  std::vector<torch::Tensor> grads[2];
+  for (int n : {1, 2}) {
+    LanesGuard lanes(n);
+    model->zero_grad();
+    seed(3);
+    torch::Tensor logits = model->forward(idx);
+    loss[n - 1] = torch::nn::functional::cross_entropy(logits.view({-1, 13}), target.view({-1}));
+    loss[n - 1].backward();
+    rng[n - 1] = rng_state();
+    for (const auto& p : model->parameters()) grads[n - 1].push_back(p.grad().clone());
+  }
+  EXPECT_TRUE(same_bits(loss[0], loss[1]));
+  EXPECT_TRUE(same_bits(rng[0], rng[1]));
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(same_bits(grads[0][i], grads[1][i])) << "gradient " << i;
+}
+
+TEST(Lanes, EachLaneRunsOnceAndExceptionsReachTheCaller) {
+  LanesGuard lanes(2);
+  std::atomic<int> ran[2] = {0, 0};
+  std::thread::id who[2];
+  run_lanes([&](int lane) {
+    ran[lane]++;
+    who[lane] = std::this_thread::get_id();
+  });
+  EXPECT_EQ(ran[0].load(), 1);
+  EXPECT_EQ(ran[1].load(), 1);
+  EXPECT_EQ(who[0], std::this_thread::get_id());
+  EXPECT_NE(who[1], std::this_thread::get_id());
+  for (int failing : {0, 1}) {
+    EXPECT_THROW(run_lanes([&](int lane) {
+      if (lane == failing) throw std::runtime_error("lane failed");
+    }),
+                 std::runtime_error);
+  }
+  // Grad mode travels to the helper lane.
+  bool grad_on[2] = {true, true};
+  {
+    torch::NoGradGuard no_grad;
+    run_lanes([&](int lane) { grad_on[lane] = torch::GradMode::is_enabled(); });
+  }
+  EXPECT_FALSE(grad_on[0]);
+  EXPECT_FALSE(grad_on[1]);
+}
+
+TEST(Lanes, ConcurrentCallersAllFinish) {
+  LanesGuard lanes(2);
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) run_lanes([&](int lane) { total += lane + 1; });
+    });
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(total.load(), 4 * 200 * 3);
+  EXPECT_THROW(set_lanes(3), ConfigError);
+}
+
+}  // namespace
+}  // namespace retrace::model
