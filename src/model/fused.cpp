@@ -4,15 +4,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <functional>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "model/dropout.h"
 #include "model/lanes.h"
-#include "rng/philox.h"
 
 namespace retrace::model {
 namespace {
@@ -35,41 +33,8 @@ int64_t tile_rows(int64_t row) {
   return rows - rows % step;
 }
 
-// Calls fn(begin, end, lane) for the consecutive tiles of `tile` units that cover [0, n). The lanes
-// take tiles from a shared counter, so a lane that shares its core with another busy thread (an
-// OpenBLAS worker spinning between GEMMs) takes fewer: which lane computes a tile never changes
-// what it computes.
-void for_tiles(int64_t n, int64_t tile, const std::function<void(int64_t, int64_t, int)>& fn) {
-  const int64_t tiles = (n + tile - 1) / tile;
-  if (tiles <= 1) {
-    if (n > 0) fn(0, n, 0);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  run_lanes([&](int lane) {
-    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < tiles;
-         t = next.fetch_add(1, std::memory_order_relaxed))
-      fn(t * tile, std::min(n, (t + 1) * tile), lane);
-  });
-}
-
-struct DropoutDraw {
-  bool on = false;
-  uint64_t key = 0;
-  uint32_t threshold = 0;
-  float keep_scale = 1.0f;
-};
-
-DropoutDraw draw(double p, bool training) {
-  DropoutDraw d;
-  if (!training || p == 0.0) return d;
-  RETRACE_CHECK(p > 0.0 && p < 1.0, ConfigError, "bad value for model.dropout: ", p, " (need 0 <= dropout < 1)");
-  d.on = true;
-  d.key = next_dropout_key();
-  d.threshold = rng::dropout_threshold(p);
-  d.keep_scale = dropout_keep_scale(p);
-  return d;
-}
+// The key the forward saves the scale under (AutogradContext keeps non-tensor values by name).
+constexpr const char* kScaleKey = "scale";
 
 struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& scores, double scale, double p, bool training) {
@@ -78,18 +43,18 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     const int64_t rows = scores.numel() / t;
     // The scalar ATen's mul(Tensor, Scalar) multiplies a float tensor by: the double rounded to float.
     const float sf = static_cast<float>(scale);
-    const DropoutDraw d = draw(p, training);
+    const std::optional<PhiloxMask> d = draw_philox_mask(p, training);
     at::Tensor soft = at::empty(scores.sizes(), scores.options());
-    at::Tensor mask = d.on ? at::empty(scores.sizes(), scores.options()) : at::Tensor();
-    at::Tensor out = d.on ? at::empty(scores.sizes(), scores.options()) : soft;
+    at::Tensor mask = d ? at::empty(scores.sizes(), scores.options()) : at::Tensor();
+    at::Tensor out = d ? at::empty(scores.sizes(), scores.options()) : soft;
     const float* s = scores.data_ptr<float>();
-    float* m = d.on ? mask.data_ptr<float>() : nullptr;
+    float* m = d ? mask.data_ptr<float>() : nullptr;
     float* o = out.data_ptr<float>();
     const float* sm = soft.data_ptr<float>();
     const at::Tensor soft_rows = soft.view({rows, t});
     const int64_t tile = tile_rows(t);
     at::Tensor scratch[2];
-    for_tiles(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
+    for_each_tile(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
       if (!scratch[lane].defined()) scratch[lane] = at::empty({tile, t}, scores.options());
       float* x = scratch[lane].data_ptr<float>();
       for (int64_t r = r0; r < r1; ++r) {
@@ -101,12 +66,12 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
       }
       at::Tensor soft_tile = soft_rows.narrow(0, r0, r1 - r0);
       at::_softmax_out(soft_tile, scratch[lane].narrow(0, 0, r1 - r0), /*dim=*/1, /*half_to_float=*/false);
-      if (!d.on) return;
-      rng::dropout_mask_range(d.key, d.threshold, d.keep_scale, m + r0 * t, r0 * t, r1 * t);
+      if (!d) return;
+      fill_philox_mask(*d, m + r0 * t, r0 * t, r1 * t);
       for (int64_t k = r0 * t; k < r1 * t; ++k) o[k] = sm[k] * m[k];
     });
     ctx->save_for_backward({soft, mask});
-    ctx->saved_data["scale"] = scale;
+    ctx->saved_data[kScaleKey] = scale;
     return out;
   }
 
@@ -116,7 +81,7 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     const at::Tensor& soft = saved[0];
     const at::Tensor& mask = saved[1];
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const float sf = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const float sf = static_cast<float>(ctx->saved_data[kScaleKey].toDouble());
     const at::Tensor grad = grads[0].contiguous();
     const int64_t t = soft.size(-1);
     const int64_t rows = soft.numel() / t;
@@ -127,7 +92,7 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     float* out = gi.data_ptr<float>();
     const int64_t tile = tile_rows(t);
     at::Tensor scratch[2];
-    for_tiles(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
+    for_each_tile(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
       at::Tensor upstream = g_rows.narrow(0, r0, r1 - r0);
       if (m) {  // dropout's backward: grad * mask
         if (!scratch[lane].defined()) scratch[lane] = at::empty({tile, t}, soft.options());
@@ -154,7 +119,7 @@ struct Gelu : torch::autograd::Function<Gelu> {
     RECORD_FUNCTION("retrace::gelu", std::vector<c10::IValue>());
     at::Tensor out = at::empty(x.sizes(), x.options());
     const at::Tensor xf = x.view({-1}), of = out.view({-1});
-    for_tiles(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+    for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
       at::Tensor o = of.narrow(0, b, e - b);
       at::gelu_out(o, xf.narrow(0, b, e - b));
     });
@@ -169,7 +134,7 @@ struct Gelu : torch::autograd::Function<Gelu> {
     const at::Tensor grad = grads[0].contiguous();
     at::Tensor gi = at::empty(x.sizes(), x.options());
     const at::Tensor xf = x.view({-1}), gf = grad.view({-1}), gif = gi.view({-1});
-    for_tiles(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+    for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
       at::Tensor o = gif.narrow(0, b, e - b);
       at::gelu_backward_out(o, gf.narrow(0, b, e - b), xf.narrow(0, b, e - b));
     });

@@ -42,6 +42,11 @@ BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutIm
 }
 
 torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
+  // Reduced precision (bf16 under CPU autocast) takes the plain out-of-place ops: under LibTorch
+  // 2.11 the in-place scale and mask gave other bits there
+  // (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals), under 1.13 the same ones, so the plain
+  // ops keep the bits every build had.
+  if (qkv.scalar_type() != torch::kFloat) return attention_core_out_of_place(qkv);
   const int64_t b = qkv.size(0);
   const int64_t t = qkv.size(1);
   const int64_t dh = d_model_ / n_heads_;
@@ -87,14 +92,12 @@ torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
   torch::Tensor qkv = qkv_->forward(ln_1_->forward(x));
-  // Reduced precision (bf16 under CPU autocast) takes the plain out-of-place ops: under LibTorch
-  // 2.11 the in-place block gave other bits there (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals),
-  // under 1.13 the same ones, so the plain ops keep the bits every build had.
-  const bool plain = qkv.scalar_type() != torch::kFloat;
-  auto core = [this, plain](const torch::Tensor& in) {
-    return plain ? attention_core_out_of_place(in) : attention_core(in);
-  };
-  torch::Tensor y = checkpoint_attention ? checkpoint(core, qkv) : core(qkv);
+  torch::Tensor y;
+  if (checkpoint_attention) {
+    y = checkpoint([this](const torch::Tensor& in) { return attention_core(in); }, qkv);
+  } else {
+    y = attention_core(qkv);
+  }
   y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
   torch::Tensor h = residual(x, y);
   torch::Tensor m = fc_->forward(ln_2_->forward(h));

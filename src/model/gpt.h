@@ -67,7 +67,8 @@ class BlockImpl : public torch::nn::Module {
   // The same block with every op out of place: the path forward() and attention_core() replaced
   // (scale, causal mask and residual sums now go in place into fresh buffers). Kept as the
   // reference their bits are tested against (gpt_test's AttentionInPlace) and that
-  // tools/bench/block_bench times them against; not used in training.
+  // tools/bench/block_bench times them against; in training, attention_core() runs
+  // attention_core_out_of_place() for reduced-precision (autocast) tensors.
   torch::Tensor forward_out_of_place(const torch::Tensor& x);
   torch::Tensor attention_core_out_of_place(const torch::Tensor& qkv);
 

@@ -3,10 +3,10 @@
 #include <ATen/ThreadLocalState.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <exception>
-#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -44,8 +44,9 @@ class Helper {
   bool try_run(const std::function<void(int)>& work) {
     bool expected = false;
     if (!busy_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return false;
+    const at::ThreadLocalState state;  // the caller's; the helper adopts it for this job
     work_ = &work;
-    state_ = std::make_unique<at::ThreadLocalState>();
+    state_ = &state;
     error_ = nullptr;
     const uint64_t seq = posted_.load(std::memory_order_relaxed) + 1;
     {
@@ -62,7 +63,7 @@ class Helper {
     wait_done(seq);
     std::exception_ptr theirs = error_;
     work_ = nullptr;
-    state_.reset();
+    state_ = nullptr;
     busy_.store(false, std::memory_order_release);
     if (mine) std::rethrow_exception(mine);
     if (theirs) std::rethrow_exception(theirs);
@@ -113,7 +114,7 @@ class Helper {
   std::atomic<uint64_t> posted_{0}, done_{0};
   bool stop_ = false;
   const std::function<void(int)>* work_ = nullptr;
-  std::unique_ptr<at::ThreadLocalState> state_;
+  const at::ThreadLocalState* state_ = nullptr;
   std::exception_ptr error_;
   std::thread thread_;  // last: starts after every member above exists
 };
@@ -146,6 +147,20 @@ void run_lanes(const std::function<void(int lane)>& work) {
   if (lanes() == 2 && helper()->try_run(work)) return;
   work(0);
   work(1);
+}
+
+void for_each_tile(int64_t n, int64_t tile, const std::function<void(int64_t, int64_t, int)>& fn) {
+  const int64_t tiles = (n + tile - 1) / tile;
+  if (tiles <= 1) {
+    if (n > 0) fn(0, n, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  run_lanes([&](int lane) {
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < tiles;
+         t = next.fetch_add(1, std::memory_order_relaxed))
+      fn(t * tile, std::min(n, (t + 1) * tile), lane);
+  });
 }
 
 }  // namespace retrace::model

@@ -11,6 +11,7 @@
 // caller at a time; a caller that finds it busy runs both halves itself (same results).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 
 namespace retrace::model {
@@ -24,5 +25,11 @@ int lanes();
 // rethrows the first exception either raised. With one lane, or with the helper busy, runs
 // work(0) and then work(1) on the calling thread.
 void run_lanes(const std::function<void(int lane)>& work);
+
+// Calls fn(begin, end, lane) for the consecutive tiles of `tile` units that cover [0, n), on the
+// lanes. The lanes take tiles from a shared counter, so a lane that shares its core with another
+// busy thread (an OpenBLAS worker spinning between GEMMs) takes fewer; which lane computes a tile
+// never changes what it computes. One tile runs on the caller alone.
+void for_each_tile(int64_t n, int64_t tile, const std::function<void(int64_t begin, int64_t end, int lane)>& fn);
 
 }  // namespace retrace::model

@@ -141,9 +141,9 @@ TEST(Fused, DropoutMaskSameAtOneAndTwoLanes) {
   }
   EXPECT_TRUE(same_bits(out[0], out[1]));
   seed(21);
-  const uint64_t key = next_dropout_key();
+  const PhiloxMask m = *draw_philox_mask(0.1, /*training=*/true);
   std::vector<float> mask(300007);
-  rng::dropout_mask(key, rng::dropout_threshold(0.1), dropout_keep_scale(0.1), mask.data(), 300007);
+  rng::dropout_mask(m.key, m.threshold, m.keep_scale, mask.data(), 300007);
   EXPECT_EQ(std::memcmp(out[1].data_ptr<float>(), mask.data(), mask.size() * sizeof(float)), 0);
 }
 
