@@ -14,7 +14,7 @@ set(RETRACE_PART_TARGETS
 install(TARGETS ${RETRACE_PART_TARGETS} EXPORT retraceTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS retrace RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS retrace retrace-core RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})  # the launcher finds retrace-core beside it
 install(DIRECTORY include/retrace DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT retraceTargets NAMESPACE retrace:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/retrace)
 configure_package_config_file(cmake/retraceConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/retraceConfig.cmake

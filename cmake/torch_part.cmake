@@ -169,9 +169,30 @@ retrace_torch_part(retrace_cli ${RETRACE_CLI_SOURCES})
 target_link_libraries(retrace_cli PUBLIC retrace_api PRIVATE CLI11::CLI11)
 target_include_directories(retrace_cli PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
 
-add_executable(retrace tools/retrace/main.cpp)
-target_link_libraries(retrace PRIVATE retrace_cli CLI11::CLI11)
-target_include_directories(retrace PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
+# The trainer is retrace-core; `retrace` is a small launcher without LibTorch that puts portable
+# numerics' pins in the environment and executes it (tools/retrace/launcher.cpp), so that a
+# command loads LibTorch once instead of twice. The launcher's pins are for the BLAS inside this
+# LibTorch: MKL where libtorch_cpu exports MKL_Get_Version_String (the PyPI wheels for x86-64),
+# else libblas.so.3, OpenBLAS (Debian's).
+add_executable(retrace-core tools/retrace/main.cpp)
+target_link_libraries(retrace-core PRIVATE retrace_cli CLI11::CLI11)
+target_include_directories(retrace-core PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
+add_executable(retrace tools/retrace/launcher.cpp)
+target_link_libraries(retrace PRIVATE retrace_train)
+add_dependencies(retrace retrace-core)
+get_target_property(RETRACE_TORCH_CPU_LIB torch_cpu LOCATION)
+set(RETRACE_TRAINER_BLAS "OpenBLAS (libblas.so.3)")
+if(RETRACE_TORCH_CPU_LIB AND EXISTS "${RETRACE_TORCH_CPU_LIB}")
+  execute_process(COMMAND nm -D --defined-only "${RETRACE_TORCH_CPU_LIB}" OUTPUT_VARIABLE RETRACE_TORCH_CPU_SYMBOLS
+                  ERROR_QUIET)
+  string(FIND "${RETRACE_TORCH_CPU_SYMBOLS}" " MKL_Get_Version_String\n" RETRACE_MKL_AT)
+  unset(RETRACE_TORCH_CPU_SYMBOLS)
+  if(NOT RETRACE_MKL_AT EQUAL -1)
+    set(RETRACE_TRAINER_BLAS "MKL (inside ${RETRACE_TORCH_CPU_LIB})")
+    target_compile_definitions(retrace PRIVATE RETRACE_TRAINER_BLAS_MKL)
+  endif()
+endif()
+message(STATUS "the retrace launcher pins portable numerics for ${RETRACE_TRAINER_BLAS}")
 
 # Allocator: tcmalloc for the retrace binary when Debian's libtcmalloc-minimal4 is installed
 # (measured: glibc malloc takes about 20k page faults per GPT step). -DRETRACE_TCMALLOC=OFF
@@ -184,7 +205,7 @@ target_link_libraries(retrace_glibc PRIVATE retrace_cli CLI11::CLI11)
 target_include_directories(retrace_glibc PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
 if(RETRACE_TCMALLOC AND TCMALLOC_MINIMAL)
   message(STATUS "retrace links tcmalloc: ${TCMALLOC_MINIMAL}")
-  target_link_libraries(retrace PRIVATE -Wl,--no-as-needed ${TCMALLOC_MINIMAL} -Wl,--as-needed)
+  target_link_libraries(retrace-core PRIVATE -Wl,--no-as-needed ${TCMALLOC_MINIMAL} -Wl,--as-needed)
 endif()
 
 add_executable(record_bench tools/bench/record_bench.cpp)

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "train/launch.h"
 
 namespace retrace::train {
 namespace {
@@ -55,21 +56,20 @@ Numerics parse_numerics(const std::string& name) {
 
 const char* numerics_name(Numerics n) { return n == Numerics::kPortable ? "portable" : "native"; }
 
-const std::vector<NumericsPin>& portable_pins() {
+const std::vector<NumericsPin>& portable_pins_for(BlasKind blas) {
   // Haswell is OpenBLAS's AVX2 + FMA kernel: every x86-64-v3 CPU runs it, and its blocking does
   // not depend on the cache sizes it detects (OPENBLAS_L2_SIZE 256 vs 4096: the same bits).
   // MKL_CBWR=AVX2 runs MKL's AVX2 branch on every CPU that has it, with results reproducible for
-  // a fixed thread count.
-  static const std::vector<NumericsPin> pins = [] {
-    std::vector<NumericsPin> p;
-    // Without MKL the BLAS is libblas.so.3, which must be OpenBLAS (apply_environment checks).
-    if (blas_in_process() == BlasKind::kMkl) p.push_back({"MKL_CBWR", "AVX2,STRICT", "MKL code path"});
-    else p.push_back({"OPENBLAS_CORETYPE", "Haswell", "OpenBLAS kernel"});
-    p.push_back({"ATEN_CPU_CAPABILITY", "avx2", "ATen kernel level"});
-    return p;
-  }();
-  return pins;
+  // a fixed thread count. Without MKL the BLAS is libblas.so.3, which must be OpenBLAS
+  // (apply_environment checks).
+  static const std::vector<NumericsPin> mkl = {{"MKL_CBWR", "AVX2,STRICT", "MKL code path"},
+                                               {"ATEN_CPU_CAPABILITY", "avx2", "ATen kernel level"}};
+  static const std::vector<NumericsPin> openblas = {{"OPENBLAS_CORETYPE", "Haswell", "OpenBLAS kernel"},
+                                                    {"ATEN_CPU_CAPABILITY", "avx2", "ATen kernel level"}};
+  return blas == BlasKind::kMkl ? mkl : openblas;
 }
+
+const std::vector<NumericsPin>& portable_pins() { return portable_pins_for(blas_in_process()); }
 
 BlasKind blas_in_process() {
   if (dlsym(RTLD_DEFAULT, "openblas_get_corename")) return BlasKind::kOpenBlas;
@@ -103,10 +103,10 @@ void check_cpu(Numerics n, const CpuFeatures& cpu) {
                "and compare with other machines only within a tolerance)");
 }
 
-EnvPlan plan_environment(Numerics n) {
+EnvPlan plan_environment(Numerics n, BlasKind blas) {
   EnvPlan plan;
   const std::set<std::string> ours = pinned_by_retrace();
-  for (const auto& pin : portable_pins()) {
+  for (const auto& pin : portable_pins_for(blas)) {
     const char* now = std::getenv(pin.variable);
     const bool set_by_us = ours.count(pin.variable) > 0;
     if (n == Numerics::kNative) {
@@ -120,10 +120,10 @@ EnvPlan plan_environment(Numerics n) {
   return plan;
 }
 
-void prepare_process(Numerics n, char** argv) {
-  check_cpu(n, detect_cpu_features());
-  const EnvPlan plan = plan_environment(n);
-  if (plan.ready()) return;
+EnvPlan plan_environment(Numerics n) { return plan_environment(n, blas_in_process()); }
+
+// Puts the plan's variables in this process's environment and lists them in kPinnedVariable.
+void apply_plan(const EnvPlan& plan) {
   std::set<std::string> ours = pinned_by_retrace();
   for (const auto& [var, value] : plan.set) {
     setenv(var.c_str(), value.c_str(), /*overwrite=*/1);
@@ -137,6 +137,13 @@ void prepare_process(Numerics n, char** argv) {
   for (const auto& v : ours) list += (list.empty() ? "" : ",") + v;
   if (list.empty()) unsetenv(kPinnedVariable);
   else setenv(kPinnedVariable, list.c_str(), 1);
+}
+
+void prepare_process(Numerics n, char** argv) {
+  check_cpu(n, detect_cpu_features());
+  const EnvPlan plan = plan_environment(n);
+  if (plan.ready()) return;
+  apply_plan(plan);
   // Same program, same arguments; the kernel libraries now start with the pins in place. The
   // plan is ready in the new process, so this happens at most once.
   ::execv("/proc/self/exe", argv);
@@ -148,6 +155,11 @@ void prepare_process(Numerics n, char** argv) {
                  return s;
                }(),
                ") or use runtime.numerics = \"native\"");
+}
+
+void pin_before_start(BlasKind blas) {
+  // portable refuses a CPU without AVX2 and FMA; native needs no pins
+  if (detect_cpu_features().x86_64_v3) apply_plan(plan_environment(Numerics::kPortable, blas));
 }
 
 std::string describe_numerics(Numerics n, const EnvPlan& plan) {

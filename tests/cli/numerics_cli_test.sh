@@ -60,6 +60,15 @@ check_eq portable-aten "$(fingerprint "$tmp/a" aten_cpu_capability)" "${aten^^}"
 check_eq portable-threads "$(fingerprint "$tmp/a" torch_threads)/$(fingerprint "$tmp/a" blas_threads)" "1/$([[ -n "$mkl" ]] && echo 1 || echo 2)"
 check_eq portable-onednn "$(fingerprint "$tmp/a" onednn)" off
 
+# The launcher (build/retrace) sets the pins before LibTorch loads and starts retrace-core beside
+# it. retrace-core started directly sets the pins itself (one re-execution); both give the same
+# bits.
+core="$(dirname "$RETRACE")/retrace-core"
+"$core" record "${short[@]}" --out "$tmp/core" >/dev/null
+expect core-direct-same-bits 0 "IDENTICAL \(bitwise\)" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/core/trace.rtrace"
+mkdir "$tmp/alone" && cp "$RETRACE" "$tmp/alone/retrace"
+expect launcher-without-core 4 "cannot start the trainer .*alone/retrace-core" -- "$tmp/alone/retrace" --version
+
 # An information field alone (a variable with no effect on the kernels: OMP_NUM_THREADS, which
 # retrace overrides with explicit thread counts) keeps every comparison bitwise.
 OMP_NUM_THREADS=3 "$RETRACE" record "${short[@]}" --out "$tmp/info" >/dev/null
