@@ -293,8 +293,8 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("info.cuda_build", cu.built ? "CUDA " + cu.runtime + (cu.cudnn.empty() ? "" : ", cuDNN " + cu.cudnn) : "none");
   add("info.allocator", allocator());
   add("info.elementwise_threads", std::to_string(model::lanes()));
-  for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "ATEN_CPU_CAPABILITY",
-                          "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS"})
+  for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
+                          "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS"})
     add(std::string("info.env.") + var, env_or(var, ""));
   add("info.env.set_by_retrace", env_or(kPinnedVariable, ""));
   add("info.cpu_model", cpu_model());

@@ -158,8 +158,12 @@ void prepare_process(Numerics n, char** argv) {
 }
 
 void pin_before_start(BlasKind blas) {
+  EnvPlan plan;
   // portable refuses a CPU without AVX2 and FMA; native needs no pins
-  if (detect_cpu_features().x86_64_v3) apply_plan(plan_environment(Numerics::kPortable, blas));
+  if (detect_cpu_features().x86_64_v3) plan = plan_environment(Numerics::kPortable, blas);
+  if (blas == BlasKind::kOpenBlas && !std::getenv(kThreadTimeout.variable))
+    plan.set.push_back({kThreadTimeout.variable, kThreadTimeout.value});
+  apply_plan(plan);
 }
 
 std::string describe_numerics(Numerics n, const EnvPlan& plan) {

@@ -61,11 +61,22 @@ check_eq portable-threads "$(fingerprint "$tmp/a" torch_threads)/$(fingerprint "
 check_eq portable-onednn "$(fingerprint "$tmp/a" onednn)" off
 
 # The launcher (build/retrace) sets the pins before LibTorch loads and starts retrace-core beside
-# it. retrace-core started directly sets the pins itself (one re-execution); both give the same
-# bits.
+# it; with OpenBLAS it also sets OPENBLAS_THREAD_TIMEOUT=22 unless the user set it. retrace-core
+# started directly sets the pins itself (one re-execution) and not the timeout; both give the
+# same bits.
 core="$(dirname "$RETRACE")/retrace-core"
 "$core" record "${short[@]}" --out "$tmp/core" >/dev/null
 expect core-direct-same-bits 0 "IDENTICAL \(bitwise\)" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/core/trace.rtrace"
+check_eq core-direct-no-timeout "$(fingerprint "$tmp/core" info.env.OPENBLAS_THREAD_TIMEOUT)" ""
+if [[ -z "$mkl" && -z "${OPENBLAS_THREAD_TIMEOUT+set}" ]]; then
+  check_eq launcher-thread-timeout "$(fingerprint "$tmp/a" info.env.OPENBLAS_THREAD_TIMEOUT)" 22
+  check_eq launcher-timeout-listed "$("$RETRACE" inspect "$tmp/a/trace.rtrace" | grep -c 'set_by_retrace=.*OPENBLAS_THREAD_TIMEOUT')" 1
+  OPENBLAS_THREAD_TIMEOUT=9 "$RETRACE" record "${short[@]}" --out "$tmp/tt" >/dev/null
+  check_eq launcher-keeps-users-timeout "$(fingerprint "$tmp/tt" info.env.OPENBLAS_THREAD_TIMEOUT)" 9
+  check_eq users-timeout-not-listed "$("$RETRACE" inspect "$tmp/tt/trace.rtrace" | grep -c 'set_by_retrace=.*OPENBLAS_THREAD_TIMEOUT')" 0
+elif [[ -n "$mkl" ]]; then
+  check_eq launcher-no-timeout-under-mkl "$(fingerprint "$tmp/a" info.env.OPENBLAS_THREAD_TIMEOUT)" ""
+fi
 mkdir "$tmp/alone" && cp "$RETRACE" "$tmp/alone/retrace"
 expect launcher-without-core 4 "cannot start the trainer .*alone/retrace-core" -- "$tmp/alone/retrace" --version
 
