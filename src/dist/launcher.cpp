@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "train/launch.h"
 
 namespace retrace::dist {
 namespace {
@@ -90,6 +91,9 @@ int launch_local(uint32_t world_size, const std::vector<std::string>& args) {
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
       ::setenv("RETRACE_LAUNCHER", "local", 1);
+      // The ranks share this host's cores: the OpenBLAS worker spin the retrace launcher chose for
+      // one process may not suit them (train/launch.h).
+      train::fit_thread_timeout(train::blas_in_process(), world_size);
       // This launcher's rank 0 serves the store itself, even when it runs under another launcher.
       for (const char* var : {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"})
         ::unsetenv(var);

@@ -21,6 +21,7 @@
 #include "core/torch_compat.h"
 #include "model/lanes.h"
 #include "train/cuda_info.h"
+#include "train/launch.h"
 #include "train/numerics.h"
 
 namespace retrace::train {
@@ -178,10 +179,7 @@ int elementwise_threads(const RuntimeConfig& runtime) {
   if (runtime.elementwise_threads > 0) return static_cast<int>(runtime.elementwise_threads);
   // A second lane pays only where ATen leaves a core idle: one intra-op thread, and two cores for
   // each rank on this host (LOCAL_WORLD_SIZE, set by torchrun and retrace's launcher).
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  const int64_t ranks = std::max<int64_t>(1, local ? std::atoll(local) : 1);
-  const int64_t cores = static_cast<int64_t>(std::thread::hardware_concurrency());
-  return runtime.threads == 1 && cores >= 2 * ranks ? 2 : 1;
+  return runtime.threads == 1 && room_for_helper_lane(local_ranks_from_env()) ? 2 : 1;
 }
 
 void adopt_thread_settings() {

@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 #include "train/launch.h"
@@ -157,13 +159,30 @@ void prepare_process(Numerics n, char** argv) {
                ") or use runtime.numerics = \"native\"");
 }
 
-void pin_before_start(BlasKind blas) {
+bool room_for_helper_lane(int64_t local_ranks) {
+  return static_cast<int64_t>(std::thread::hardware_concurrency()) >= 2 * std::max<int64_t>(1, local_ranks);
+}
+
+int64_t local_ranks_from_env() {
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  return std::max<int64_t>(1, local ? std::atoll(local) : 1);
+}
+
+void fit_thread_timeout(BlasKind blas, int64_t local_ranks) {
+  const char* now = std::getenv(kThreadTimeout.variable);
+  const bool ours = pinned_by_retrace().count(kThreadTimeout.variable) > 0;
+  if (now && !ours) return;  // the user's
   EnvPlan plan;
-  // portable refuses a CPU without AVX2 and FMA; native needs no pins
-  if (detect_cpu_features().x86_64_v3) plan = plan_environment(Numerics::kPortable, blas);
-  if (blas == BlasKind::kOpenBlas && !std::getenv(kThreadTimeout.variable))
-    plan.set.push_back({kThreadTimeout.variable, kThreadTimeout.value});
+  const bool wanted = blas == BlasKind::kOpenBlas && room_for_helper_lane(local_ranks);
+  if (wanted && !now) plan.set.push_back({kThreadTimeout.variable, kThreadTimeout.value});
+  if (!wanted && now) plan.unset.push_back(kThreadTimeout.variable);
   apply_plan(plan);
+}
+
+void pin_before_start(BlasKind blas) {
+  // portable refuses a CPU without AVX2 and FMA; native needs no pins
+  if (detect_cpu_features().x86_64_v3) apply_plan(plan_environment(Numerics::kPortable, blas));
+  fit_thread_timeout(blas, local_ranks_from_env());
 }
 
 std::string describe_numerics(Numerics n, const EnvPlan& plan) {

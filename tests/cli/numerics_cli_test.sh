@@ -74,6 +74,14 @@ if [[ -z "$mkl" && -z "${OPENBLAS_THREAD_TIMEOUT+set}" ]]; then
   OPENBLAS_THREAD_TIMEOUT=9 "$RETRACE" record "${short[@]}" --out "$tmp/tt" >/dev/null
   check_eq launcher-keeps-users-timeout "$(fingerprint "$tmp/tt" info.env.OPENBLAS_THREAD_TIMEOUT)" 9
   check_eq users-timeout-not-listed "$("$RETRACE" inspect "$tmp/tt/trace.rtrace" | grep -c 'set_by_retrace=.*OPENBLAS_THREAD_TIMEOUT')" 0
+  # Only where each local rank has two cores (room for a helper lane): two ranks here, by retrace's
+  # own rank launcher and as torchrun would start them (LOCAL_WORLD_SIZE).
+  want=""; (( $(nproc) >= 4 )) && want=22
+  "$RETRACE" record "${short[@]}" --world-size 2 --out "$tmp/ws2" >/dev/null
+  check_eq ranks-timeout-fits-cores "$(fingerprint "$tmp/ws2" info.env.OPENBLAS_THREAD_TIMEOUT)" "$want"
+  want=""; (( $(nproc) >= 6 )) && want=22
+  LOCAL_WORLD_SIZE=3 "$RETRACE" record "${short[@]}" --out "$tmp/lws" >/dev/null
+  check_eq local-ranks-timeout-fits-cores "$(fingerprint "$tmp/lws" info.env.OPENBLAS_THREAD_TIMEOUT)" "$want"
 elif [[ -n "$mkl" ]]; then
   check_eq launcher-no-timeout-under-mkl "$(fingerprint "$tmp/a" info.env.OPENBLAS_THREAD_TIMEOUT)" ""
 fi
