@@ -18,10 +18,11 @@ EnvPlan plan_environment(Numerics n, BlasKind blas);
 
 // How long an idle OpenBLAS worker spins before it sleeps: 2^22 TSC ticks (about 2 ms) instead of
 // OpenBLAS's 2^28 (about 0.1 s). It changes no bits: only when the workers sleep. Set by
-// fit_thread_timeout where the user has not set it, and listed with the pins. With the default, the worker
-// spins on the second core through the GPT's elementwise stretches between GEMMs (milliseconds
-// each), where the helper lane (model/lanes.h) needs that core; at 2^22 it sleeps there, and
-// stays awake between the MLP's GEMMs, which come closer together. On a 2-core Intel VM
+// fit_thread_timeout where the user has not set it, and listed with the pins. With the default,
+// the worker spins on the second core through the GPT's elementwise stretches between GEMMs
+// (milliseconds each), where the helper lane (model/lanes.h) needs that core; at 2^22 it sleeps
+// there, and stays awake between the MLP's GEMMs, which come closer together.
+// tools/bench/vs-pytorch gives matched PyTorch the same value. On a 2-core Intel VM
 // (tools/bench/binary-ab, steps/s with it / without it, 6 paired rounds): GPT 1.139
 // [1.128, 1.154], MLP 1.000 [0.962, 1.030]; at 2^16 the MLP lost 12 %, at 2^24 the GPT gained
 // nothing (README, "Figures: OpenBLAS's idle worker"). Where ranks share the cores (two ranks on
@@ -42,9 +43,9 @@ void fit_thread_timeout(BlasKind blas, int64_t local_ranks);
 
 // Puts portable's pins for `blas` in the environment, as prepare_process would, on a CPU that can
 // run them (portable refuses the others, native needs no pins), and fits kThreadTimeout to the
-// local ranks in the environment (fit_thread_timeout). The program the launcher then executes starts ready for a
-// portable run, without executing itself again; a native run drops the pins (one re-execution)
-// and keeps the timeout.
+// local ranks in the environment (fit_thread_timeout). The program the launcher then executes
+// starts ready for a portable run, without executing itself again; a native run drops the pins
+// (one re-execution) and keeps the timeout.
 void pin_before_start(BlasKind blas);
 
 // Sets and unsets the plan's variables in this process's environment and lists the ones set in

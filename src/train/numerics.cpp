@@ -3,11 +3,11 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <algorithm>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -124,7 +124,6 @@ EnvPlan plan_environment(Numerics n, BlasKind blas) {
 
 EnvPlan plan_environment(Numerics n) { return plan_environment(n, blas_in_process()); }
 
-// Puts the plan's variables in this process's environment and lists them in kPinnedVariable.
 void apply_plan(const EnvPlan& plan) {
   std::set<std::string> ours = pinned_by_retrace();
   for (const auto& [var, value] : plan.set) {
