@@ -9,8 +9,13 @@
 //
 //   build/limit_bench [--rounds R] [--steps N] [--model mlp|gpt|both] [--ops] [--set key=value]...
 //
+// Each model's table ends with the rest of the step (data, clipping + optimizer, trace, and what
+// falls between the phases), from the steps' own records. The binary links the allocator retrace
+// links (tcmalloc where installed), so the step is the one retrace runs.
+//
 // --ops then times a few more steps under RecordFunction callbacks and lists where each phase's
-// time goes: the outermost operators of the forward and the backward functions, by inclusive time.
+// time goes: the outermost operators of the forward and the backward functions, by inclusive time,
+// and the step's GEMMs as they ran inside the steps next to the same GEMMs run alone.
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
@@ -60,6 +65,7 @@ std::vector<Gemm>* capture = nullptr;
 // backward function (by its name), summed over the timed steps.
 struct OpTimes {
   std::map<std::string, double> forward, backward;
+  double gemm_fw = 0, gemm_bw = 0;  // the GEMMs themselves, at any depth, as they ran inside the steps
 };
 OpTimes* op_times = nullptr;
 thread_local int aten_depth = 0;
@@ -73,6 +79,7 @@ struct Started : at::ObserverContext {
   Clock::time_point t;
   bool counted = false;
   bool backward_fn = false;
+  bool gemm = false, gemm_in_backward = false;
 };
 
 std::unique_ptr<at::ObserverContext> on_start_timed(const at::RecordFunction& fn) {
@@ -88,6 +95,8 @@ std::unique_ptr<at::ObserverContext> on_start_timed(const at::RecordFunction& fn
   } else if (aten) {
     ctx->counted = backward_depth == 0 && aten_depth == 0;
     ++aten_depth;
+    ctx->gemm = is_gemm(fn.name());
+    ctx->gemm_in_backward = backward_depth > 0;
   }
   ctx->t = Clock::now();
   return ctx;
@@ -99,14 +108,17 @@ void on_end_timed(const at::RecordFunction& fn, at::ObserverContext* c) {
   if (ctx->backward_fn) --backward_depth;
   else if (is_op(fn.name())) --aten_depth;
   if (ctx->counted && op_times) (ctx->backward_fn ? op_times->backward : op_times->forward)[fn.name()] += ms;
+  if (ctx->gemm && op_times) (ctx->gemm_in_backward ? op_times->gemm_bw : op_times->gemm_fw) += ms;
 }
 
 void print_top(const char* phase, const std::map<std::string, double>& m, double steps, double phase_ms) {
   std::vector<std::pair<double, std::string>> v;
   for (const auto& [k, ms] : m) v.push_back({ms / steps, k});
   std::sort(v.rbegin(), v.rend());
+  // "forward" is everything outside the backward functions: the forward itself, the reductions the
+  // autograd engine applies to broadcast gradients (a bias's aten::sum), clipping's norm and mul_.
   std::printf("   %s, by outermost %s (ms per step, share of the phase's own timing; the callbacks add overhead):\n",
-              phase, std::string(phase) == "forward" ? "operator" : "backward function");
+              phase, std::string(phase) == "forward" ? "operator outside backward functions" : "backward function");
   for (size_t i = 0; i < v.size() && i < 12; ++i)
     std::printf("     %8.2f  %5.1f %%  %s\n", v[i].first, 100 * v[i].first / phase_ms, v[i].second.c_str());
 }
@@ -216,8 +228,9 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
   }
 
   std::vector<double> r_step, r_fw, r_bw, step_ms, gemm_ms, fw_ms, bw_ms, sfw_ms, sbw_ms;
+  std::vector<double> data_ms, opt_ms, trace_ms, other_ms;
   for (int64_t r = 0; r < rounds; ++r) {
-    double s_all = 0, s_fw = 0, s_bw = 0, g_fw = 0, g_bw = 0;
+    double s_all = 0, s_fw = 0, s_bw = 0, g_fw = 0, g_bw = 0, s_data = 0, s_opt = 0, s_trace = 0;
     auto steps_round = [&] {
       for (int64_t i = 0; i < steps; ++i) {
         const auto t0 = Clock::now();
@@ -225,6 +238,9 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
         s_all += ms_since(t0);
         s_fw += rec.timings.forward_ms;
         s_bw += rec.timings.backward_ms;
+        s_data += rec.timings.data_ms;
+        s_opt += rec.timings.optimizer_ms;
+        s_trace += rec.timings.trace_ms;
       }
     };
     auto gemm_round = [&] {
@@ -244,6 +260,10 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
     bw_ms.push_back(g_bw / n);
     sfw_ms.push_back(s_fw / n);
     sbw_ms.push_back(s_bw / n);
+    data_ms.push_back(s_data / n);
+    opt_ms.push_back(s_opt / n);
+    trace_ms.push_back(s_trace / n);
+    other_ms.push_back((s_all - s_fw - s_bw - s_data - s_opt - s_trace) / n);
     r_step.push_back(s_all / (g_fw + g_bw));
     r_fw.push_back(g_fw > 0 ? s_fw / g_fw : 0);
     r_bw.push_back(g_bw > 0 ? s_bw / g_bw : 0);
@@ -261,6 +281,11 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
               sb.hi, bm.median, bm.lo, bm.hi, b.median, b.lo, b.hi);
   std::printf("   %-10s %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f]\n", "whole", sm.median, sm.lo, sm.hi,
               gm.median, gm.lo, gm.hi, a.median, a.lo, a.hi);
+  // The step's other phases, which run no GEMM: what the whole step adds to forward and backward.
+  const Spread dm = spread(data_ms), om = spread(opt_ms), tm = spread(trace_ms), xm = spread(other_ms);
+  std::printf("   the rest of the step (ms): data %.2f [%.2f, %.2f], clipping + optimizer %.2f [%.2f, %.2f], trace %.2f "
+              "[%.2f, %.2f], between phases %.2f [%.2f, %.2f]\n",
+              dm.median, dm.lo, dm.hi, om.median, om.lo, om.hi, tm.median, tm.lo, tm.hi, xm.median, xm.lo, xm.hi);
   if (!ops) return;
   // Where the rest goes: a few more steps under timing callbacks.
   OpTimes times;
@@ -276,6 +301,10 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
   op_times = nullptr;
   at::removeCallback(h);
   const double n = static_cast<double>(steps);
+  // The same GEMMs timed inside the steps: more than the rounds above measured when they run cold
+  // (inputs out of cache, BLAS workers asleep) between the elementwise work.
+  std::printf("   GEMMs as they ran inside these steps (ms per step): forward %.2f, backward %.2f (alone: %.2f, %.2f)\n",
+              times.gemm_fw / n, times.gemm_bw / n, spread(fw_ms).median, spread(bw_ms).median);
   print_top("forward", times.forward, n, fw / n);
   print_top("backward", times.backward, n, bw / n);
 }
