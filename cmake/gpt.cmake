@@ -4,6 +4,7 @@ if(RETRACE_BUILD_TESTS)
   add_executable(gpt_test
     tests/model/gpt_test.cpp
     tests/model/fused_test.cpp
+    tests/model/gelu_kernel_test.cpp
     tests/model/memory_plan_test.cpp
     tests/data/text_corpus_test.cpp
   )

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/dropout.h"
+#include "model/gelu_kernel.h"
 #include "model/lanes.h"
 
 namespace retrace::model {
@@ -114,31 +115,50 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
   }
 };
 
+// The key the forward saves the GELU's implementation under.
+constexpr const char* kImplKey = "impl";
+
 struct Gelu : torch::autograd::Function<Gelu> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t impl) {
     RECORD_FUNCTION("retrace::gelu", std::vector<c10::IValue>());
     at::Tensor out = at::empty(x.sizes(), x.options());
     const at::Tensor xf = x.view({-1}), of = out.view({-1});
-    for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
-      at::Tensor o = of.narrow(0, b, e - b);
-      at::gelu_out(o, xf.narrow(0, b, e - b));
-    });
+    if (static_cast<GeluImpl>(impl) == GeluImpl::kRetrace) {
+      // Any tile gives the same bits: the kernel computes each element alone, the same way.
+      const float* in = xf.data_ptr<float>();
+      float* o = of.data_ptr<float>();
+      for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) { gelu_forward(in + b, o + b, e - b); });
+    } else {
+      for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+        at::Tensor o = of.narrow(0, b, e - b);
+        at::gelu_out(o, xf.narrow(0, b, e - b));
+      });
+    }
     ctx->save_for_backward({x});
+    ctx->saved_data[kImplKey] = impl;
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     RECORD_FUNCTION("retrace::gelu_backward", std::vector<c10::IValue>());
-    if (!grads[0].defined()) return {at::Tensor()};
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
     const at::Tensor x = ctx->get_saved_variables()[0];
     const at::Tensor grad = grads[0].contiguous();
     at::Tensor gi = at::empty(x.sizes(), x.options());
     const at::Tensor xf = x.view({-1}), gf = grad.view({-1}), gif = gi.view({-1});
-    for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
-      at::Tensor o = gif.narrow(0, b, e - b);
-      at::gelu_backward_out(o, gf.narrow(0, b, e - b), xf.narrow(0, b, e - b));
-    });
-    return {gi};
+    if (static_cast<GeluImpl>(ctx->saved_data[kImplKey].toInt()) == GeluImpl::kRetrace) {
+      const float* in = xf.data_ptr<float>();
+      const float* g = gf.data_ptr<float>();
+      float* o = gif.data_ptr<float>();
+      for_each_tile(x.numel(), kTileFloats,
+                    [&](int64_t b, int64_t e, int) { gelu_backward(g + b, in + b, o + b, e - b); });
+    } else {
+      for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+        at::Tensor o = gif.narrow(0, b, e - b);
+        at::gelu_backward_out(o, gf.narrow(0, b, e - b), xf.narrow(0, b, e - b));
+      });
+    }
+    return {gi, at::Tensor()};
   }
 };
 
@@ -155,6 +175,12 @@ at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, doub
   return CausalAttentionWeights::apply(scores, scale, p, training);
 }
 
-at::Tensor fused_gelu(const at::Tensor& x) { return Gelu::apply(x); }
+at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl) {
+  RETRACE_CHECK(fused_applies(x), InvariantError, "fused_gelu: expected a contiguous float32 CPU tensor, got ",
+                x.scalar_type(), " on ", x.device());
+  return Gelu::apply(x, static_cast<int64_t>(impl));
+}
+
+at::Tensor gelu(const at::Tensor& x, GeluImpl impl) { return fused_applies(x) ? fused_gelu(x, impl) : torch::gelu(x); }
 
 }  // namespace retrace::model

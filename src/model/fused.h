@@ -1,5 +1,6 @@
 // The GPT block's elementwise work as single autograd functions, computed tile by tile and split
-// across lanes (model/lanes.h), with the bits of the ops they replace.
+// across lanes (model/lanes.h), with the bits of the ops they replace (the GELU under
+// model.gelu_impl = "retrace" has model/gelu_kernel.h's bits instead, the same for any tiles).
 //
 // Why the bits are the same, at every lane count and tile size:
 // - ATen runs an elementwise kernel over a contiguous tensor as one loop: blocks of two vectors
@@ -19,6 +20,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "model/options.h"
+
 namespace retrace::model {
 
 // True when the fused functions below take x: a contiguous float32 CPU tensor. (The attention
@@ -31,7 +34,14 @@ bool fused_applies(const at::Tensor& x);
 // backward, as the plain ops do; scores is not saved.
 at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, double p, bool training);
 
-// GELU (erf form): saves x for backward, as torch::gelu does.
-at::Tensor fused_gelu(const at::Tensor& x);
+// GELU (erf form) on a tensor fused_applies takes, tile by tile on the lanes; saves x for
+// backward, as torch::gelu does. kTorch: LibTorch's bits (at::gelu on each tile); kRetrace:
+// model/gelu_kernel.h's.
+at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl = GeluImpl::kTorch);
+
+// GELU as model.gelu_impl asks: fused_gelu where fused_applies, torch::gelu anywhere else (CUDA,
+// BF16 under autocast: there "retrace" is LibTorch's GELU too, as "philox" dropout is LibTorch's
+// on CUDA).
+at::Tensor gelu(const at::Tensor& x, GeluImpl impl);
 
 }  // namespace retrace::model

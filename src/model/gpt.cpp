@@ -30,8 +30,8 @@ void validate(const GptOptions& o) {
                 o.checkpoint_every, " (need >= 1 layers per segment)");
 }
 
-BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl)
-    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout), dropout_impl_(dropout_impl) {
+BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl, GeluImpl gelu_impl)
+    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout), dropout_impl_(dropout_impl), gelu_impl_(gelu_impl) {
   // One statement per layer, in a fixed order: each draws its initial weights in turn.
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   qkv_ = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model)));
@@ -101,7 +101,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attenti
   y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
   torch::Tensor h = residual(x, y);
   torch::Tensor m = fc_->forward(ln_2_->forward(h));
-  m = fused_applies(m) ? fused_gelu(m) : torch::gelu(m);  // same bits (fused_test)
+  m = gelu(m, gelu_impl_);  // "torch": torch::gelu's bits, tile by tile on the lanes (fused_test)
   m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
   return residual(h, m);
 }
@@ -126,7 +126,7 @@ torch::Tensor BlockImpl::forward_out_of_place(const torch::Tensor& x) {
   torch::Tensor y = attention_core_out_of_place(qkv_->forward(ln_1_->forward(x)));
   y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
   torch::Tensor h = x + y;
-  torch::Tensor m = torch::gelu(fc_->forward(ln_2_->forward(h)));
+  torch::Tensor m = gelu(fc_->forward(ln_2_->forward(h)), gelu_impl_);
   m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
   return h + m;
 }
@@ -138,7 +138,7 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
   wpe_ = register_module("wpe", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.context, d)));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < options_.n_layers; ++i) {
-    Block block(d, options_.n_heads, options_.dropout, options_.dropout_impl);
+    Block block(d, options_.n_heads, options_.dropout, options_.dropout_impl, options_.gelu_impl);
     blocks_->push_back(block);
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));

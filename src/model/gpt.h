@@ -49,6 +49,7 @@ struct GptOptions {
   int64_t n_heads = 4;     // must divide d_model
   double dropout = 0.1;    // embeddings, attention weights, attention and MLP outputs
   DropoutImpl dropout_impl = DropoutImpl::kPhilox;  // model/dropout.h
+  GeluImpl gelu_impl = GeluImpl::kRetrace;          // model/fused.h
   CheckpointPolicy checkpoint = CheckpointPolicy::kNone;
   int64_t checkpoint_every = 4;     // layers per segment with "full"
 };
@@ -58,7 +59,8 @@ void validate(const GptOptions& options);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl = DropoutImpl::kPhilox);
+  BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl = DropoutImpl::kPhilox,
+            GeluImpl gelu_impl = GeluImpl::kRetrace);
   // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
   // through checkpoint() (the selective policy).
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
@@ -77,6 +79,7 @@ class BlockImpl : public torch::nn::Module {
   int64_t n_heads_;
   double dropout_;
   DropoutImpl dropout_impl_;
+  GeluImpl gelu_impl_;
   torch::nn::LayerNorm ln_1_{nullptr};
   torch::nn::Linear qkv_{nullptr};
   torch::nn::Linear proj_{nullptr};

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/dropout.h"
+#include "model/fused.h"
 
 namespace retrace::model {
 
@@ -33,7 +34,9 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
     if (i + 1 == n) break;
     switch (options_.activation) {
       case Activation::kRelu: x = torch::relu(x); break;
-      case Activation::kGelu: x = torch::gelu(x); break;
+      case Activation::kGelu:  // "torch": exactly the call this model made before the key existed
+        x = options_.gelu_impl == GeluImpl::kTorch ? torch::gelu(x) : gelu(x, options_.gelu_impl);
+        break;
       case Activation::kTanh: x = torch::tanh(x); break;
     }
     if (options_.dropout > 0) x = dropout(x, options_.dropout, is_training(), options_.dropout_impl);

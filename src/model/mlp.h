@@ -24,6 +24,7 @@ struct MlpOptions {
   Activation activation = Activation::kRelu;
   double dropout = 0.1;
   DropoutImpl dropout_impl = DropoutImpl::kPhilox;  // model/dropout.h
+  GeluImpl gelu_impl = GeluImpl::kRetrace;          // activation gelu: model/fused.h
 };
 
 class MlpImpl : public torch::nn::Module {

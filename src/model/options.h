@@ -16,6 +16,10 @@ inline constexpr const char* kActivationNames[] = {"relu", "gelu", "tanh"};
 enum class DropoutImpl : uint8_t { kPhilox, kTorch };
 inline constexpr const char* kDropoutImplNames[] = {"philox", "torch"};
 
+// model.gelu_impl: how GELU is computed on CPU float32 tensors (fused.h, gelu_kernel.h).
+enum class GeluImpl : uint8_t { kRetrace, kTorch };
+inline constexpr const char* kGeluImplNames[] = {"retrace", "torch"};
+
 // model.checkpoint: the GPT's activation-checkpoint policy (activation_checkpoint.h).
 enum class CheckpointPolicy : uint8_t { kNone, kFull, kSqrt, kSelective };
 inline constexpr const char* kCheckpointPolicyNames[] = {"none", "full", "sqrt", "selective"};
@@ -30,6 +34,7 @@ std::optional<E> from_name(const char* const (&names)[N], const char* s) {
 
 inline const char* option_name(Activation a) { return kActivationNames[static_cast<int>(a)]; }
 inline const char* option_name(DropoutImpl d) { return kDropoutImplNames[static_cast<int>(d)]; }
+inline const char* option_name(GeluImpl g) { return kGeluImplNames[static_cast<int>(g)]; }
 inline const char* option_name(CheckpointPolicy p) { return kCheckpointPolicyNames[static_cast<int>(p)]; }
 
 }  // namespace retrace::model

@@ -78,6 +78,11 @@ std::vector<Field> fields() {
                "how dropout masks are drawn on CPU: philox (one draw of torch's CPU generator keys a Philox4x32 "
                "mask, about 10x faster) or torch (LibTorch's bernoulli, one generator call per element)",
                {"philox", "torch"}, 0, 0, false, false, at(&C::model, &ModelConfig::dropout_impl), "'torch'"});
+  f.push_back({"model.gelu_impl", Kind::kChoice,
+               "how GELU (gpt, and mlp with activation gelu) is computed on CPU float32: retrace (its own kernel, "
+               "the same bits with every LibTorch and CPU, about 3x faster) or torch (LibTorch's, whose bits change "
+               "with the LibTorch version)",
+               {"retrace", "torch"}, 0, 0, false, false, at(&C::model, &ModelConfig::gelu_impl), "'torch'"});
   f.push_back({"model.d_model", Kind::kInt, "gpt: width", {}, 1, 1 << 16, false, false,
                at(&C::model, &ModelConfig::d_model)});
   f.push_back({"model.n_layers", Kind::kInt, "gpt: transformer blocks", {}, 1, 1024, false, false,

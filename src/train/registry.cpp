@@ -70,6 +70,7 @@ model::GptOptions gpt_options(const Config& c, int64_t vocab_size) {
   o.n_heads = c.model.n_heads;
   o.dropout = c.model.dropout;
   o.dropout_impl = c.model.dropout_impl;
+  o.gelu_impl = c.model.gelu_impl;
   o.checkpoint = c.model.checkpoint;
   o.checkpoint_every = c.model.checkpoint_every;
   return o;
@@ -89,6 +90,7 @@ model::ModelHandle make_mlp(const ModelContext& ctx) {
   o.activation = c.model.activation;
   o.dropout = c.model.dropout;
   o.dropout_impl = c.model.dropout_impl;
+  o.gelu_impl = c.model.gelu_impl;
   auto mlp = std::make_shared<model::MlpImpl>(o);
   return {mlp, [mlp](const torch::Tensor& x) { return mlp->forward(x); }, mlp->describe(),
           [mlp](model::ModuleProbe* p) { mlp->set_probe(p); }};

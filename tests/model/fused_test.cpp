@@ -17,8 +17,10 @@
 #include "core/error.h"
 #include "model/dropout.h"
 #include "model/fused.h"
+#include "model/gelu_kernel.h"
 #include "model/gpt.h"
 #include "model/lanes.h"
+#include "model/mlp.h"
 #include "rng/philox.h"
 
 namespace retrace::model {
@@ -110,6 +112,53 @@ TEST(Fused, GeluSameBitsAsTorchGelu) {
       ref.backward(upstream);
       EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, n " << n << ", lanes " << lanes_n;
     }
+  }
+}
+
+// model.gelu_impl = "retrace": the autograd function on the lanes gives the kernel's own bits
+// (model/gelu_kernel.h, computed here in one call over the whole tensor), forward and backward, at
+// one and two lanes; gelu() takes LibTorch's GELU for what the fused path does not take.
+TEST(Fused, RetraceGeluSameBitsAsItsKernelOnTheLanes) {
+  for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{32768}, int64_t{2 * 32768 + 17}, int64_t{200003}}) {
+    for (int lanes_n : {1, 2}) {
+      LanesGuard lanes(lanes_n);
+      seed(static_cast<uint64_t>(n) + 5);
+      const torch::Tensor x = torch::randn({n}) * 4.0, upstream = torch::randn({n});
+      torch::Tensor want = torch::empty({n}), want_grad = torch::empty({n});
+      gelu_forward(x.data_ptr<float>(), want.data_ptr<float>(), n);
+      gelu_backward(upstream.data_ptr<float>(), x.data_ptr<float>(), want_grad.data_ptr<float>(), n);
+      torch::Tensor in = x.clone().requires_grad_(true);
+      torch::Tensor y = gelu(in, GeluImpl::kRetrace);
+      ASSERT_TRUE(same_bits(y, want)) << "forward differs, n " << n << ", lanes " << lanes_n;
+      y.backward(upstream);
+      EXPECT_TRUE(same_bits(in.grad(), want_grad)) << "gradient differs, n " << n << ", lanes " << lanes_n;
+      // Not LibTorch's bits (else the key would choose nothing), yet the same function.
+      if (n >= 17) EXPECT_FALSE(same_bits(y, torch::gelu(x))) << n;
+      EXPECT_TRUE(torch::allclose(y, torch::gelu(x), 1e-5, 1e-6)) << n;
+    }
+  }
+  const torch::Tensor d = torch::randn({40}, torch::kDouble);
+  EXPECT_TRUE(same_bits(gelu(d, GeluImpl::kRetrace), torch::gelu(d)));  // float64: LibTorch's
+}
+
+// The MLP's GELU (model.activation = "gelu") follows model.gelu_impl too; "torch" is the call it
+// made before the key existed.
+TEST(Fused, MlpGeluFollowsTheKey) {
+  for (GeluImpl impl : {GeluImpl::kRetrace, GeluImpl::kTorch}) {
+    MlpOptions o;
+    o.inputs = 20, o.hidden = {48}, o.outputs = 3, o.activation = Activation::kGelu, o.dropout = 0, o.gelu_impl = impl;
+    seed(21);
+    MlpImpl mlp(o);
+    const torch::Tensor x = torch::randn({5, 20});
+    const auto modules = mlp.named_modules("", /*include_self=*/false);
+    auto& l0 = *modules["layers.0"]->as<torch::nn::Linear>();
+    auto& l1 = *modules["layers.1"]->as<torch::nn::Linear>();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor h = l0.forward(x);
+    torch::Tensor a = torch::empty_like(h);
+    if (impl == GeluImpl::kRetrace) gelu_forward(h.data_ptr<float>(), a.data_ptr<float>(), h.numel());
+    else a = torch::gelu(h);
+    EXPECT_TRUE(same_bits(mlp.forward(x), l1.forward(a))) << option_name(impl);
   }
 }
 

@@ -38,23 +38,29 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   const std::string old_text = fs::read_file(RETRACE_SOURCE_DIR "/golden/fashion-mlp-100/config.toml", 1 << 20);
   ASSERT_EQ(old_text.find("dropout_impl"), std::string::npos);
   ASSERT_EQ(old_text.find("fused"), std::string::npos);
+  ASSERT_EQ(old_text.find("gelu_impl"), std::string::npos);
   Config recorded = parse_config(old_text, "old run", {}, ConfigSource::kRecorded);
   EXPECT_EQ(recorded.model.dropout_impl, model::DropoutImpl::kTorch);
+  EXPECT_EQ(recorded.model.gelu_impl, model::GeluImpl::kTorch);
   EXPECT_FALSE(recorded.optim.fused);
   EXPECT_EQ(to_toml(recorded), old_text);
   // The same text written by a person takes today's defaults, and says so when written back.
   Config user = parse_config(old_text, "user file", {});
   EXPECT_EQ(user.model.dropout_impl, model::DropoutImpl::kPhilox);
+  EXPECT_EQ(user.model.gelu_impl, model::GeluImpl::kRetrace);
   EXPECT_TRUE(user.optim.fused);
   const std::string now = to_toml(user);
   EXPECT_NE(now.find("dropout_impl = 'philox'"), std::string::npos) << now;
   EXPECT_NE(now.find("fused = true"), std::string::npos) << now;
+  EXPECT_NE(now.find("gelu_impl = 'retrace'"), std::string::npos) << now;
   Config again = parse_config(now, "resolved", {}, ConfigSource::kRecorded);
   EXPECT_EQ(to_toml(again), now);
   // An explicit value in a recorded config wins over the legacy one.
   Config explicit_philox =
       parse_config(old_text, "old run", {"model.dropout_impl=philox"}, ConfigSource::kRecorded);
   EXPECT_EQ(explicit_philox.model.dropout_impl, model::DropoutImpl::kPhilox);
+  EXPECT_EQ(parse_config(old_text, "old run", {"model.gelu_impl=retrace"}, ConfigSource::kRecorded).model.gelu_impl,
+            model::GeluImpl::kRetrace);
 }
 
 TEST(Config, UnknownKeyNamesKeyAndValidChoices) {

@@ -12,10 +12,12 @@ processes' wall times compare too. The last line of output is one JSON object:
 median_step_ms over the steps after the first W, plus the set-up, loop and eval times and the
 thread counts, BLAS and allocator seen at run time.
 
-The arithmetic is the same; the random draws are not: PyTorch's dropout calls its generator
-once per element, while retrace by default keys a Philox mask with one draw per dropout call
-(model.dropout_impl), so the loss curves agree in distribution, not bit for bit. Run vs-pytorch
-with --retrace-set model.dropout_impl=torch to compare on LibTorch's own dropout.
+The arithmetic is the same but for the GPT's GELU, which retrace computes with its own kernel by
+default (model.gelu_impl; within a few ulp of PyTorch's, which runs oneDNN's); the random draws
+are not: PyTorch's dropout calls its generator once per element, while retrace by default keys a
+Philox mask with one draw per dropout call (model.dropout_impl), so the loss curves agree in
+distribution, not bit for bit. Run vs-pytorch with --retrace-set model.dropout_impl=torch
+--retrace-set model.gelu_impl=torch to compare on LibTorch's own dropout and GELU.
 
 Thread counts: without --threads nothing is set (PyTorch's own defaults). OpenBLAS's pool is
 sized from OPENBLAS_NUM_THREADS in the environment, which the caller sets before we start.
