@@ -11,7 +11,7 @@ namespace {
 constexpr float kInvSqrt2 = 0.707106781f;      // 1/sqrt(2)
 constexpr float kInvSqrt2Pi = 0.398942280f;    // 1/sqrt(2 pi)
 constexpr float kLog2e = 1.44269504f;
-constexpr float kLn2Hi = 0.693145752f;         // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi with 12 low zero bits
+constexpr float kLn2Hi = 0.693145752f;         // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi with 9 low zero bits
 constexpr float kLn2Lo = 1.42860677e-06f;
 constexpr float kRound = 12582912.0f;          // 1.5 * 2^23: (v + kRound) - kRound rounds v to an integer
 constexpr float kFlush = 13.0f;                // |x| from which Phi is 0 or 1 and phi is 0
