@@ -181,6 +181,8 @@ at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl) {
   return Gelu::apply(x, static_cast<int64_t>(impl));
 }
 
-at::Tensor gelu(const at::Tensor& x, GeluImpl impl) { return fused_applies(x) ? fused_gelu(x, impl) : torch::gelu(x); }
+at::Tensor gelu(const at::Tensor& x, GeluImpl impl) {
+  return fused_applies(x) ? Gelu::apply(x, static_cast<int64_t>(impl)) : torch::gelu(x);
+}
 
 }  // namespace retrace::model

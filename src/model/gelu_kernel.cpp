@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/cpu_isa.h"
+
 namespace retrace::model {
 namespace {
 
@@ -129,12 +131,6 @@ __attribute__((target("avx2,fma"))) void backward_avx2(const float* __restrict d
                                                       float* __restrict dx, int64_t n) {
   backward_body(dy, x, dx, n);
 }
-bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-#else
-bool has_avx2_fma() { return false; }
 #endif
 
 void forward_generic(const float* __restrict x, float* __restrict y, int64_t n) { forward_body(x, y, n); }
@@ -146,18 +142,18 @@ void backward_generic(const float* __restrict dy, const float* __restrict x, flo
 
 void gelu_forward(const float* x, float* y, int64_t n, bool allow_simd) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (allow_simd && has_avx2_fma()) return forward_avx2(x, y, n);
+  if (allow_simd && cpu_has_avx2_fma()) return forward_avx2(x, y, n);
 #endif
   forward_generic(x, y, n);
 }
 
 void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool allow_simd) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (allow_simd && has_avx2_fma()) return backward_avx2(dy, x, dx, n);
+  if (allow_simd && cpu_has_avx2_fma()) return backward_avx2(dy, x, dx, n);
 #endif
   backward_generic(dy, x, dx, n);
 }
 
-const char* gelu_kernel_isa() { return has_avx2_fma() ? "avx2+fma" : "generic"; }
+const char* gelu_kernel_isa() { return cpu_has_avx2_fma() ? "avx2+fma" : "generic"; }
 
 }  // namespace retrace::model

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/cpu_isa.h"
+
 namespace retrace::train {
 
 AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -46,12 +48,6 @@ __attribute__((target("avx2,fma"))) void update_avx2(float* __restrict p, const 
                                                      const AdamWCoefficients c) {
   update_body(p, g, m, v, n, c);
 }
-bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-#else
-bool has_avx2_fma() { return false; }
 #endif
 
 void update_generic(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
@@ -65,7 +61,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
                   bool allow_simd, LaneSums* sums) {
   auto update = [&](int64_t off, int64_t len) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (allow_simd && has_avx2_fma()) return update_avx2(p + off, g + off, m + off, v + off, len, c);
+    if (allow_simd && cpu_has_avx2_fma()) return update_avx2(p + off, g + off, m + off, v + off, len, c);
 #endif
     update_generic(p + off, g + off, m + off, v + off, len, c);
   };
@@ -84,6 +80,6 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
   }
 }
 
-const char* adamw_kernel_isa() { return has_avx2_fma() ? "avx2+fma" : "generic"; }
+const char* adamw_kernel_isa() { return cpu_has_avx2_fma() ? "avx2+fma" : "generic"; }
 
 }  // namespace retrace::train
