@@ -69,6 +69,7 @@ retrace_torch_part(retrace_model
   src/model/lanes.cpp
   src/model/fused.cpp
   src/model/gelu_kernel.cpp
+  src/model/residual_kernel.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp
@@ -79,6 +80,9 @@ target_link_libraries(retrace_model PUBLIC retrace_rng_torch retrace_records)
 # Like the fused AdamW: no fused multiply-add the source does not spell, and no errno; no trapping
 # math either, so the element loop's selects vectorize (no value changes: model/gelu_kernel.h).
 set_source_files_properties(src/model/gelu_kernel.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno;-fno-trapping-math"
+                            SKIP_PRECOMPILE_HEADERS ON)
+# A product and a sum, each rounded: no contraction into a fused multiply-add (model/residual_kernel.h).
+set_source_files_properties(src/model/residual_kernel.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off"
                             SKIP_PRECOMPILE_HEADERS ON)
 
 retrace_torch_part(retrace_train_torch

@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -12,6 +14,7 @@
 #include "model/dropout.h"
 #include "model/gelu_kernel.h"
 #include "model/lanes.h"
+#include "model/residual_kernel.h"
 
 namespace retrace::model {
 namespace {
@@ -162,6 +165,153 @@ struct Gelu : torch::autograd::Function<Gelu> {
   }
 };
 
+// Head blocks [c0, c1) (block c = b * h + j: head j of batch element b) between a row layout
+// (row b * t + i of [B, T, ...], `stride` floats apart, the h heads of dh floats side by side from
+// `rows`) and a head layout, [B, h, T, dh] or, transposed, [B, h, dh, T]. Copies, no arithmetic.
+void rows_to_heads(const float* rows, int64_t stride, float* heads, bool transposed, int64_t c0, int64_t c1, int64_t t,
+                   int64_t h, int64_t dh) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* src = rows + (c / h) * t * stride + (c % h) * dh;
+    float* dst = heads + c * t * dh;
+    for (int64_t i = 0; i < t; ++i) {
+      if (transposed) {
+        for (int64_t e = 0; e < dh; ++e) dst[e * t + i] = src[i * stride + e];
+      } else {
+        std::memcpy(dst + i * dh, src + i * stride, sizeof(float) * dh);
+      }
+    }
+  }
+}
+
+void heads_to_rows(const float* heads, bool transposed, float* rows, int64_t stride, int64_t c0, int64_t c1, int64_t t,
+                   int64_t h, int64_t dh) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const float* src = heads + c * t * dh;
+    float* dst = rows + (c / h) * t * stride + (c % h) * dh;
+    for (int64_t i = 0; i < t; ++i) {
+      if (transposed) {
+        for (int64_t e = 0; e < dh; ++e) dst[i * stride + e] = src[e * t + i];
+      } else {
+        std::memcpy(dst + i * stride, src + i * dh, sizeof(float) * dh);
+      }
+    }
+  }
+}
+
+// Head blocks per tile for blocks of `block` floats.
+int64_t copy_tile_blocks(int64_t block) { return std::max<int64_t>(1, kTileFloats / std::max<int64_t>(block, 1)); }
+
+// The key the head count is saved under.
+constexpr const char* kHeadsKey = "heads";
+
+struct SplitHeads : torch::autograd::Function<SplitHeads> {
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
+    RECORD_FUNCTION("retrace::split_heads", std::vector<c10::IValue>());
+    const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / 3, dh = d / heads;
+    at::Tensor parts[3] = {at::empty({b, heads, t, dh}, qkv.options()), at::empty({b, heads, dh, t}, qkv.options()),
+                           at::empty({b, heads, t, dh}, qkv.options())};
+    const float* src = qkv.data_ptr<float>();
+    float* dst[3] = {parts[0].data_ptr<float>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
+    for_each_tile(b * heads, copy_tile_blocks(t * dh), [&](int64_t c0, int64_t c1, int) {
+      for (int p = 0; p < 3; ++p) rows_to_heads(src + p * d, 3 * d, dst[p], /*transposed=*/p == 1, c0, c1, t, heads, dh);
+    });
+    ctx->saved_data[kHeadsKey] = heads;
+    return {parts[0], parts[1], parts[2]};
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::split_heads_backward", std::vector<c10::IValue>());
+    if (!grads[0].defined() && !grads[1].defined() && !grads[2].defined()) return {at::Tensor(), at::Tensor()};
+    const int64_t heads = ctx->saved_data[kHeadsKey].toInt();
+    // q and v are [B, h, T, dh], k is [B, h, dh, T].
+    const bool from_k = !grads[0].defined() && !grads[2].defined();
+    const at::Tensor& any = from_k ? grads[1] : (grads[0].defined() ? grads[0] : grads[2]);
+    const int64_t b = any.size(0), t = from_k ? any.size(3) : any.size(2), dh = from_k ? any.size(2) : any.size(3);
+    const int64_t d = heads * dh;
+    at::Tensor gi = at::empty({b, t, 3 * d}, any.options());
+    float* dst = gi.data_ptr<float>();
+    at::Tensor g[3];
+    for (int p = 0; p < 3; ++p)
+      if (grads[p].defined()) g[p] = grads[p].contiguous();
+    for_each_tile(b * heads, copy_tile_blocks(t * dh), [&](int64_t c0, int64_t c1, int) {
+      for (int p = 0; p < 3; ++p) {
+        if (g[p].defined()) {
+          heads_to_rows(g[p].data_ptr<float>(), /*transposed=*/p == 1, dst + p * d, 3 * d, c0, c1, t, heads, dh);
+          continue;
+        }
+        // The part did not reach the loss: zeros, as split's backward fills.
+        for (int64_t c = c0; c < c1; ++c)
+          for (int64_t i = 0; i < t; ++i)
+            std::memset(dst + ((c / heads) * t + i) * 3 * d + p * d + (c % heads) * dh, 0, sizeof(float) * dh);
+      }
+    });
+    return {gi, at::Tensor()};
+  }
+};
+
+struct MergeHeads : torch::autograd::Function<MergeHeads> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y) {
+    RECORD_FUNCTION("retrace::merge_heads", std::vector<c10::IValue>());
+    const int64_t b = y.size(0), h = y.size(1), t = y.size(2), dh = y.size(3);
+    at::Tensor out = at::empty({b, t, h * dh}, y.options());
+    const float* src = y.data_ptr<float>();
+    float* dst = out.data_ptr<float>();
+    for_each_tile(b * h, copy_tile_blocks(t * dh),
+                  [&](int64_t c0, int64_t c1, int) { heads_to_rows(src, false, dst, h * dh, c0, c1, t, h, dh); });
+    ctx->saved_data[kHeadsKey] = h;
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::merge_heads_backward", std::vector<c10::IValue>());
+    if (!grads[0].defined()) return {at::Tensor()};
+    const at::Tensor g = grads[0].contiguous();
+    const int64_t h = ctx->saved_data[kHeadsKey].toInt();
+    const int64_t b = g.size(0), t = g.size(1), dh = g.size(2) / h;
+    at::Tensor gi = at::empty({b, h, t, dh}, g.options());
+    const float* src = g.data_ptr<float>();
+    float* dst = gi.data_ptr<float>();
+    for_each_tile(b * h, copy_tile_blocks(t * dh),
+                  [&](int64_t c0, int64_t c1, int) { rows_to_heads(src, h * dh, dst, false, c0, c1, t, h, dh); });
+    return {gi};
+  }
+};
+
+struct DropoutResidual : torch::autograd::Function<DropoutResidual> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& branch, const at::Tensor& x, double p) {
+    RECORD_FUNCTION("retrace::dropout_residual", std::vector<c10::IValue>());
+    const PhiloxMask d = *draw_philox_mask(p, /*training=*/true);
+    at::Tensor mask = at::empty(branch.sizes(), branch.options());
+    at::Tensor out = at::empty(branch.sizes(), branch.options());
+    const float* y = branch.data_ptr<float>();
+    const float* in = x.data_ptr<float>();
+    float* m = mask.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for_each_tile(branch.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+      fill_philox_mask(d, m + b, b, e);
+      dropout_residual_forward(y + b, m + b, in + b, o + b, e - b);
+    });
+    ctx->save_for_backward({mask});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::dropout_residual_backward", std::vector<c10::IValue>());
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    const at::Tensor grad = grads[0].contiguous();
+    at::Tensor gb = at::empty(grad.sizes(), grad.options());
+    const float* g = grad.data_ptr<float>();
+    const float* m = mask.data_ptr<float>();
+    float* o = gb.data_ptr<float>();
+    // dropout's backward, grad * mask (one rounding per element); the sum passes grad to x as is.
+    for_each_tile(grad.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+      for (int64_t k = b; k < e; ++k) o[k] = g[k] * m[k];
+    });
+    return {gb, grads[0], at::Tensor()};
+  }
+};
+
 }  // namespace
 
 bool fused_applies(const at::Tensor& x) {
@@ -179,6 +329,29 @@ at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl) {
   RETRACE_CHECK(fused_applies(x), InvariantError, "fused_gelu: expected a contiguous float32 CPU tensor, got ",
                 x.scalar_type(), " on ", x.device());
   return Gelu::apply(x, static_cast<int64_t>(impl));
+}
+
+std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads) {
+  RETRACE_CHECK(fused_applies(qkv) && qkv.dim() == 3 && heads > 0 && qkv.size(2) % (3 * heads) == 0, InvariantError,
+                "split_heads: expected a contiguous float32 CPU tensor [B, T, 3 * d] with d divisible by ", heads,
+                " heads, got ", qkv.sizes(), " ", qkv.scalar_type(), " on ", qkv.device());
+  const tensor_list parts = SplitHeads::apply(qkv, heads);
+  return {parts[0], parts[1], parts[2]};
+}
+
+at::Tensor merge_heads(const at::Tensor& y) {
+  RETRACE_CHECK(fused_applies(y) && y.dim() == 4, InvariantError,
+                "merge_heads: expected a contiguous float32 CPU tensor [B, h, T, dh], got ", y.sizes(), " ",
+                y.scalar_type(), " on ", y.device());
+  return MergeHeads::apply(y);
+}
+
+at::Tensor dropout_residual(const at::Tensor& branch, const at::Tensor& x, double p) {
+  RETRACE_CHECK(fused_applies(branch) && fused_applies(x) && branch.sizes() == x.sizes(), InvariantError,
+                "dropout_residual: expected two contiguous float32 CPU tensors of one shape, got ", branch.sizes(),
+                " ", branch.scalar_type(), " and ", x.sizes(), " ", x.scalar_type());
+  RETRACE_CHECK(p > 0.0 && p < 1.0, ConfigError, "bad value for model.dropout: ", p, " (need 0 < dropout < 1 here)");
+  return DropoutResidual::apply(branch, x, p);
 }
 
 at::Tensor gelu(const at::Tensor& x, GeluImpl impl) {

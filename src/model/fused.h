@@ -10,7 +10,9 @@
 //   call.
 // - Softmax and its backward compute each row on its own: tiles hold whole rows.
 // - A multiply, a select and the dropout mask (a function of the element index) are written by
-//   hand: one IEEE operation per element, the same in any order.
+//   hand: one IEEE operation per element, the same in any order; dropout's product and the
+//   residual sum after it are two, each rounded (model/residual_kernel.h).
+// - The attention heads' layout changes are copies, with no arithmetic.
 // fused_test checks forward and backward bitwise against the ops they replace, at one and two
 // lanes, on shapes whose sizes are not multiples of 16.
 //
@@ -19,6 +21,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
 
 #include "model/options.h"
 
@@ -43,5 +48,25 @@ at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl = GeluImpl::kTorch);
 // BF16 under autocast: there "retrace" is LibTorch's GELU too, as "philox" dropout is LibTorch's
 // on CUDA).
 at::Tensor gelu(const at::Tensor& x, GeluImpl impl);
+
+// qkv [B, T, 3 * d] (a linear layer's output: q, k, v side by side, each h heads of dh = d / h)
+// -> q [B, h, T, dh], k transposed [B, h, dh, T] and v [B, h, T, dh], contiguous: the values of
+// qkv.split(d, -1)[i].view({B, T, h, dh}).transpose(1, 2) (k then .transpose(-2, -1)), copied once
+// on the lanes. They are the layouts torch::matmul copies those strided views into before its
+// batched GEMMs, so matmul(q, k_t) and matmul(att, v) make the same BLAS calls, forward and
+// backward. (Not a contiguous k with k.transpose(-2, -1): the GEMMs' transpose flags then differ,
+// and OpenBLAS's small-matrix kernels round differently; gpt_test's AttentionInPlace caught it.)
+// Backward: the copies back, zeros for a part without gradient (split's backward).
+std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads);
+
+// y [B, h, T, dh] -> [B, T, h * dh]: y.transpose(1, 2).contiguous().view({B, T, h * dh}), copied
+// on the lanes; backward the copy back.
+at::Tensor merge_heads(const at::Tensor& y);
+
+// x + dropout(branch, p) in training, 0 < p < 1: one Philox mask drawn as model::dropout draws it
+// (one 64-bit key from torch's CPU generator), and each element the product rounded, then the sum
+// rounded, as mul and add_ compute them (model/residual_kernel.h). Saves the mask; backward gives
+// branch grad * mask and x the gradient as is, as the two ops' backward functions do.
+at::Tensor dropout_residual(const at::Tensor& branch, const at::Tensor& x, double p);
 
 }  // namespace retrace::model

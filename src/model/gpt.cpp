@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -50,17 +51,27 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
   const int64_t b = qkv.size(0);
   const int64_t t = qkv.size(1);
   const int64_t dh = d_model_ / n_heads_;
-  auto parts = qkv.split(d_model_, /*dim=*/-1);
-  torch::Tensor q = parts[0].view({b, t, n_heads_, dh}).transpose(1, 2);  // [B, h, T, dh]
-  torch::Tensor k = parts[1].view({b, t, n_heads_, dh}).transpose(1, 2);
-  torch::Tensor v = parts[2].view({b, t, n_heads_, dh}).transpose(1, 2);
+  torch::Tensor q, k_t, v;  // [B, h, T, dh], k_t [B, h, dh, T]
+  if (fused_applies(qkv)) {
+    // The heads copied out once on the lanes, in the layouts matmul would copy the strided views
+    // into itself before its batched GEMMs: the same GEMM calls (fused.h).
+    const std::array<torch::Tensor, 3> parts = split_heads(qkv, n_heads_);
+    q = parts[0];
+    k_t = parts[1];
+    v = parts[2];
+  } else {
+    auto parts = qkv.split(d_model_, /*dim=*/-1);
+    q = parts[0].view({b, t, n_heads_, dh}).transpose(1, 2);
+    k_t = parts[1].view({b, t, n_heads_, dh}).transpose(1, 2).transpose(-2, -1);
+    v = parts[2].view({b, t, n_heads_, dh}).transpose(1, 2);
+  }
   // The scale and the causal mask are applied in place to the product's own fresh buffer: the
   // product's backward saves q and k, not its result, and the scale's and the mask's backward save
   // neither input nor output, so autograd allows it, and the values are those of the out-of-place
   // ops (the same kernels on the same inputs; AttentionInPlace.SameBitsAsOutOfPlace checks forward
   // and backward). It saves two [B, h, T, T] tensors per layer, each written to memory that is not
   // in cache: 4 MB each at the char GPT's shapes.
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1));
+  torch::Tensor att = torch::matmul(q, k_t);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   if (dropout_impl_ == DropoutImpl::kPhilox && fused_applies(att)) {
     // Scale, mask, softmax and dropout in one pass over tiles, on two lanes (model/fused.h): the
@@ -74,6 +85,7 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
     att = dropout(att, dropout_, is_training(), dropout_impl_);
   }
   torch::Tensor y = torch::matmul(att, v);  // [B, h, T, dh]
+  if (fused_applies(y)) return merge_heads(y);
   return y.transpose(1, 2).contiguous().view({b, t, d_model_});
 }
 
@@ -90,6 +102,16 @@ torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
 
 }  // namespace
 
+torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::Tensor& x) {
+  if (dropout_impl_ == DropoutImpl::kPhilox && is_training() && dropout_ > 0.0 && fused_applies(branch) &&
+      fused_applies(x) && branch.sizes() == x.sizes()) {
+    // One pass on the lanes: the mask, the product and the sum, with the bits of the two ops below.
+    return model::dropout_residual(branch, x, dropout_);
+  }
+  branch = dropout(branch, dropout_, is_training(), dropout_impl_);
+  return residual(x, branch);
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
   torch::Tensor qkv = qkv_->forward(ln_1_->forward(x));
   torch::Tensor y;
@@ -98,12 +120,10 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attenti
   } else {
     y = attention_core(qkv);
   }
-  y = dropout(proj_->forward(y), dropout_, is_training(), dropout_impl_);
-  torch::Tensor h = residual(x, y);
+  torch::Tensor h = dropout_residual(proj_->forward(y), x);
   torch::Tensor m = fc_->forward(ln_2_->forward(h));
   m = gelu(m, gelu_impl_);  // "torch": torch::gelu's bits, tile by tile on the lanes (fused_test)
-  m = dropout(fc_out_->forward(m), dropout_, is_training(), dropout_impl_);
-  return residual(h, m);
+  return dropout_residual(fc_out_->forward(m), h);
 }
 
 torch::Tensor BlockImpl::attention_core_out_of_place(const torch::Tensor& qkv) {

@@ -75,6 +75,10 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor attention_core_out_of_place(const torch::Tensor& qkv);
 
  private:
+  // x + dropout(branch): in training with philox dropout on float32 CPU tensors one pass on the
+  // lanes (model::dropout_residual), else dropout() and then the sum.
+  torch::Tensor dropout_residual(torch::Tensor branch, const torch::Tensor& x);
+
   int64_t d_model_;
   int64_t n_heads_;
   double dropout_;

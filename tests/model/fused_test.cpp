@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <limits>
@@ -178,6 +179,88 @@ TEST(Fused, NegativeControlGeluScalarAndVectorLoopsRoundDifferently) {
   EXPECT_GT(differ, 0) << "no element rounded differently: this control no longer shows the rule";
   torch::Tensor aligned = torch::cat({torch::gelu(x.narrow(0, 0, 4096)), torch::gelu(x.narrow(0, 4096, x.numel() - 4096))});
   EXPECT_TRUE(same_bits(vector_loop, aligned));
+}
+
+TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
+  // The char GPT's shape, odd sizes, one token and one head of one element; every lane count.
+  for (auto [b, t, h, dh] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{16, 128, 4, 32}, {3, 37, 5, 12}, {2, 1, 1, 1}}) {
+    for (int n : {1, 2}) {
+      LanesGuard lanes(n);
+      const int64_t d = h * dh;
+      const std::string where = "[" + std::to_string(b) + ", " + std::to_string(t) + ", " + std::to_string(h) + " x " +
+                                std::to_string(dh) + "], lanes " + std::to_string(n);
+      seed(3 + t);
+      torch::Tensor qkv = torch::randn({b, t, 3 * d});
+      torch::Tensor up[3] = {torch::randn({b, h, t, dh}), torch::randn({b, h, dh, t}), torch::randn({b, h, t, dh})};
+      // Gradients for all three parts, and for k alone (split's backward fills zeros for q and v).
+      for (bool k_only : {false, true}) {
+        torch::Tensor a_in = qkv.clone().requires_grad_(true);
+        torch::Tensor b_in = qkv.clone().requires_grad_(true);
+        const std::array<torch::Tensor, 3> a = split_heads(a_in, h);
+        auto parts = b_in.split(d, /*dim=*/-1);
+        const torch::Tensor ref[3] = {parts[0].view({b, t, h, dh}).transpose(1, 2),
+                                      parts[1].view({b, t, h, dh}).transpose(1, 2).transpose(-2, -1),
+                                      parts[2].view({b, t, h, dh}).transpose(1, 2)};
+        for (int p = 0; p < 3; ++p) {
+          ASSERT_TRUE(a[p].is_contiguous()) << where;
+          ASSERT_TRUE(same_bits(a[p], ref[p])) << "part " << p << " differs, " << where;
+        }
+        if (k_only) {
+          torch::autograd::backward({a[1]}, {up[1]});
+          torch::autograd::backward({ref[1]}, {up[1]});
+        } else {
+          torch::autograd::backward({a[0], a[1], a[2]}, {up[0], up[1], up[2]});
+          torch::autograd::backward({ref[0], ref[1], ref[2]}, {up[0], up[1], up[2]});
+        }
+        EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where << (k_only ? ", k only" : "");
+        EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0) << where;
+      }
+      torch::Tensor y = torch::randn({b, h, t, dh});
+      torch::Tensor upstream = torch::randn({b, t, d});
+      torch::Tensor a_in = y.clone().requires_grad_(true);
+      torch::Tensor b_in = y.clone().requires_grad_(true);
+      torch::Tensor merged = merge_heads(a_in);
+      torch::Tensor ref = b_in.transpose(1, 2).contiguous().view({b, t, d});
+      ASSERT_TRUE(same_bits(merged, ref)) << "merge differs, " << where;
+      merged.backward(upstream);
+      ref.backward(upstream);
+      EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "merge gradient differs, " << where;
+    }
+  }
+  EXPECT_THROW(split_heads(torch::randn({2, 3, 10}), 4), InvariantError);  // 10 is not 3 x a multiple of 4
+  EXPECT_THROW(merge_heads(torch::randn({2, 3, 4})), InvariantError);
+}
+
+// x + dropout(branch): forward, both gradients and the generator state against model::dropout and
+// the sum, at one and two lanes, on sizes that are and are not multiples of the tile.
+TEST(Fused, DropoutResidualSameBitsAsThePlainOps) {
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{16, 128, 128}, {3, 37, 60}, {300007}, {1}}) {
+    for (int n : {1, 2}) {
+      LanesGuard lanes(n);
+      seed(8);
+      torch::Tensor branch = torch::randn(shape) * 2.0;
+      torch::Tensor x = torch::randn(shape);
+      torch::Tensor upstream = torch::randn(shape);
+      torch::Tensor a_branch = branch.clone().requires_grad_(true), a_x = x.clone().requires_grad_(true);
+      torch::Tensor b_branch = branch.clone().requires_grad_(true), b_x = x.clone().requires_grad_(true);
+      seed(41);
+      torch::Tensor a = dropout_residual(a_branch, a_x, 0.1);
+      torch::Tensor rng_a = rng_state();
+      seed(41);
+      torch::Tensor ref = dropout(b_branch, 0.1, /*training=*/true, DropoutImpl::kPhilox) + b_x;
+      torch::Tensor rng_b = rng_state();
+      const std::string where = std::to_string(branch.numel()) + " elements, lanes " + std::to_string(n);
+      ASSERT_TRUE(same_bits(a, ref)) << "forward differs, " << where;
+      EXPECT_TRUE(same_bits(rng_a, rng_b)) << "generator state differs, " << where;
+      a.backward(upstream);
+      ref.backward(upstream);
+      EXPECT_TRUE(same_bits(a_branch.grad(), b_branch.grad())) << "branch gradient differs, " << where;
+      EXPECT_TRUE(same_bits(a_x.grad(), b_x.grad())) << "residual gradient differs, " << where;
+      if (branch.numel() > 100) EXPECT_GT((a_branch.grad() == 0).sum().item<int64_t>(), 0) << "nothing dropped, " << where;
+    }
+  }
+  EXPECT_THROW(dropout_residual(torch::randn({4}), torch::randn({5}), 0.1), InvariantError);
+  EXPECT_THROW(dropout_residual(torch::randn({4}), torch::randn({4}), 1.0), ConfigError);
 }
 
 TEST(Fused, DropoutMaskSameAtOneAndTwoLanes) {
