@@ -121,30 +121,66 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
 // The key the forward saves the GELU's implementation under.
 constexpr const char* kImplKey = "impl";
 
+// The key that says whether the forward added a bias.
+constexpr const char* kBiasKey = "bias";
+
+// The gradient of a bias added to `grad`'s rows (broadcast over the leading dimensions): what the
+// autograd engine computes for the in-place bias add of LibTorch's linear, at::sum_to(grad, bias
+// shape), on the same tensor, so the same bits.
+// Autograd functions take every tensor argument defined (LibTorch 1.13 records each input's
+// device), so "no bias" is passed as an empty tensor.
+at::Tensor bias_or_empty(const at::Tensor& bias, const at::Tensor& like) {
+  return bias.defined() ? bias : at::empty({0}, like.options());
+}
+bool has_bias(const at::Tensor& bias) { return bias.numel() != 0; }
+
+at::Tensor bias_grad(const at::Tensor& grad, int64_t n) {
+  const int64_t shape[1] = {n};
+  return at::sum_to(grad, at::IntArrayRef(shape, 1));
+}
+
 struct Gelu : torch::autograd::Function<Gelu> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t impl) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias, int64_t impl) {
     RECORD_FUNCTION("retrace::gelu", std::vector<c10::IValue>());
+    const bool retrace = static_cast<GeluImpl>(impl) == GeluImpl::kRetrace;
+    // z: the GELU's input, x + bias (the linear layer's in-place bias add) when a bias is given.
+    const at::Tensor z = has_bias(bias) ? at::empty(x.sizes(), x.options()) : x;
     at::Tensor out = at::empty(x.sizes(), x.options());
-    const at::Tensor xf = x.view({-1}), of = out.view({-1});
-    if (static_cast<GeluImpl>(impl) == GeluImpl::kRetrace) {
-      // Any tile gives the same bits: the kernel computes each element alone, the same way.
-      const float* in = xf.data_ptr<float>();
-      float* o = of.data_ptr<float>();
-      for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) { gelu_forward(in + b, o + b, e - b); });
-    } else {
-      for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
-        at::Tensor o = of.narrow(0, b, e - b);
-        at::gelu_out(o, xf.narrow(0, b, e - b));
+    const at::Tensor zf = z.view({-1}), of = out.view({-1});
+    const float* zp = z.data_ptr<float>();
+    float* o = of.data_ptr<float>();
+    // Elements [b, e) of z into out. Any tile gives the kernel's bits (it computes each element alone,
+    // the same way); LibTorch's GELU needs tiles that start at multiples of 64 floats (fused.h).
+    auto tile = [&](int64_t b, int64_t e) {
+      if (retrace) {
+        gelu_forward(zp + b, o + b, e - b);
+      } else {
+        at::Tensor ot = of.narrow(0, b, e - b);
+        at::gelu_out(ot, zf.narrow(0, b, e - b));
+      }
+    };
+    if (has_bias(bias)) {
+      const int64_t cols = x.size(-1);
+      const float* in = x.data_ptr<float>();
+      const float* bs = bias.data_ptr<float>();
+      float* zw = z.data_ptr<float>();
+      for_each_tile(x.numel() / cols, tile_rows(cols), [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = 0; c < cols; ++c) zw[r * cols + c] = in[r * cols + c] + bs[c];
+        tile(r0 * cols, r1 * cols);
       });
+    } else {
+      for_each_tile(x.numel(), kTileFloats, [&](int64_t b, int64_t e, int) { tile(b, e); });
     }
-    ctx->save_for_backward({x});
+    ctx->save_for_backward({z});
     ctx->saved_data[kImplKey] = impl;
+    ctx->saved_data[kBiasKey] = has_bias(bias);
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     RECORD_FUNCTION("retrace::gelu_backward", std::vector<c10::IValue>());
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor x = ctx->get_saved_variables()[0];
     const at::Tensor grad = grads[0].contiguous();
     at::Tensor gi = at::empty(x.sizes(), x.options());
@@ -161,23 +197,32 @@ struct Gelu : torch::autograd::Function<Gelu> {
         at::gelu_backward_out(o, gf.narrow(0, b, e - b), xf.narrow(0, b, e - b));
       });
     }
-    return {gi, at::Tensor()};
+    at::Tensor gb = ctx->saved_data[kBiasKey].toBool() ? bias_grad(gi, gi.size(-1)) : at::Tensor();
+    return {gi, gb, at::Tensor()};
   }
 };
 
 // Head blocks [c0, c1) (block c = b * h + j: head j of batch element b) between a row layout
 // (row b * t + i of [B, T, ...], `stride` floats apart, the h heads of dh floats side by side from
-// `rows`) and a head layout, [B, h, T, dh] or, transposed, [B, h, dh, T]. Copies, no arithmetic.
+// `rows`) and a head layout, [B, h, T, dh] or, transposed, [B, h, dh, T]. Copies; rows_to_heads
+// adds the h * dh floats of `bias` on the way when given (one rounded sum per element, as the
+// linear layer's in-place bias add).
 void rows_to_heads(const float* rows, int64_t stride, float* heads, bool transposed, int64_t c0, int64_t c1, int64_t t,
-                   int64_t h, int64_t dh) {
+                   int64_t h, int64_t dh, const float* bias = nullptr) {
   for (int64_t c = c0; c < c1; ++c) {
     const float* src = rows + (c / h) * t * stride + (c % h) * dh;
+    const float* b = bias != nullptr ? bias + (c % h) * dh : nullptr;
     float* dst = heads + c * t * dh;
     for (int64_t i = 0; i < t; ++i) {
-      if (transposed) {
-        for (int64_t e = 0; e < dh; ++e) dst[e * t + i] = src[i * stride + e];
+      const float* in = src + i * stride;
+      if (b != nullptr && transposed) {
+        for (int64_t e = 0; e < dh; ++e) dst[e * t + i] = in[e] + b[e];
+      } else if (b != nullptr) {
+        for (int64_t e = 0; e < dh; ++e) dst[i * dh + e] = in[e] + b[e];
+      } else if (transposed) {
+        for (int64_t e = 0; e < dh; ++e) dst[e * t + i] = in[e];
       } else {
-        std::memcpy(dst + i * dh, src + i * stride, sizeof(float) * dh);
+        std::memcpy(dst + i * dh, in, sizeof(float) * dh);
       }
     }
   }
@@ -205,23 +250,28 @@ int64_t copy_tile_blocks(int64_t block) { return std::max<int64_t>(1, kTileFloat
 constexpr const char* kHeadsKey = "heads";
 
 struct SplitHeads : torch::autograd::Function<SplitHeads> {
-  static tensor_list forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t heads) {
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& qkv, const at::Tensor& bias, int64_t heads) {
     RECORD_FUNCTION("retrace::split_heads", std::vector<c10::IValue>());
     const int64_t b = qkv.size(0), t = qkv.size(1), d = qkv.size(2) / 3, dh = d / heads;
     at::Tensor parts[3] = {at::empty({b, heads, t, dh}, qkv.options()), at::empty({b, heads, dh, t}, qkv.options()),
                            at::empty({b, heads, t, dh}, qkv.options())};
     const float* src = qkv.data_ptr<float>();
+    const float* bs = has_bias(bias) ? bias.data_ptr<float>() : nullptr;
     float* dst[3] = {parts[0].data_ptr<float>(), parts[1].data_ptr<float>(), parts[2].data_ptr<float>()};
     for_each_tile(b * heads, copy_tile_blocks(t * dh), [&](int64_t c0, int64_t c1, int) {
-      for (int p = 0; p < 3; ++p) rows_to_heads(src + p * d, 3 * d, dst[p], /*transposed=*/p == 1, c0, c1, t, heads, dh);
+      for (int p = 0; p < 3; ++p)
+        rows_to_heads(src + p * d, 3 * d, dst[p], /*transposed=*/p == 1, c0, c1, t, heads, dh,
+                      bs != nullptr ? bs + p * d : nullptr);
     });
     ctx->saved_data[kHeadsKey] = heads;
+    ctx->saved_data[kBiasKey] = has_bias(bias);
     return {parts[0], parts[1], parts[2]};
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     RECORD_FUNCTION("retrace::split_heads_backward", std::vector<c10::IValue>());
-    if (!grads[0].defined() && !grads[1].defined() && !grads[2].defined()) return {at::Tensor(), at::Tensor()};
+    if (!grads[0].defined() && !grads[1].defined() && !grads[2].defined())
+      return {at::Tensor(), at::Tensor(), at::Tensor()};
     const int64_t heads = ctx->saved_data[kHeadsKey].toInt();
     // q and v are [B, h, T, dh], k is [B, h, dh, T].
     const bool from_k = !grads[0].defined() && !grads[2].defined();
@@ -245,7 +295,8 @@ struct SplitHeads : torch::autograd::Function<SplitHeads> {
             std::memset(dst + ((c / heads) * t + i) * 3 * d + p * d + (c % heads) * dh, 0, sizeof(float) * dh);
       }
     });
-    return {gi, at::Tensor()};
+    at::Tensor gb = ctx->saved_data[kBiasKey].toBool() ? bias_grad(gi, 3 * d) : at::Tensor();
+    return {gi, gb, at::Tensor()};
   }
 };
 
@@ -278,37 +329,46 @@ struct MergeHeads : torch::autograd::Function<MergeHeads> {
 };
 
 struct DropoutResidual : torch::autograd::Function<DropoutResidual> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& branch, const at::Tensor& x, double p) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& branch, const at::Tensor& bias, const at::Tensor& x,
+                            double p) {
     RECORD_FUNCTION("retrace::dropout_residual", std::vector<c10::IValue>());
     const PhiloxMask d = *draw_philox_mask(p, /*training=*/true);
     at::Tensor mask = at::empty(branch.sizes(), branch.options());
     at::Tensor out = at::empty(branch.sizes(), branch.options());
+    const int64_t cols = branch.size(-1);
     const float* y = branch.data_ptr<float>();
+    const float* bs = has_bias(bias) ? bias.data_ptr<float>() : nullptr;
     const float* in = x.data_ptr<float>();
     float* m = mask.data_ptr<float>();
     float* o = out.data_ptr<float>();
-    for_each_tile(branch.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
+    // Whole rows per tile (the bias is per column), starting at multiples of 64 floats (the mask's
+    // blocks of four).
+    for_each_tile(branch.numel() / cols, tile_rows(cols), [&](int64_t r0, int64_t r1, int) {
+      const int64_t b = r0 * cols, e = r1 * cols;
       fill_philox_mask(d, m + b, b, e);
-      dropout_residual_forward(y + b, m + b, in + b, o + b, e - b);
+      dropout_residual_forward(y + b, bs, m + b, in + b, o + b, r1 - r0, cols);
     });
     ctx->save_for_backward({mask});
+    ctx->saved_data[kBiasKey] = has_bias(bias);
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     RECORD_FUNCTION("retrace::dropout_residual_backward", std::vector<c10::IValue>());
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor mask = ctx->get_saved_variables()[0];
     const at::Tensor grad = grads[0].contiguous();
     at::Tensor gb = at::empty(grad.sizes(), grad.options());
     const float* g = grad.data_ptr<float>();
     const float* m = mask.data_ptr<float>();
     float* o = gb.data_ptr<float>();
-    // dropout's backward, grad * mask (one rounding per element); the sum passes grad to x as is.
+    // dropout's backward, grad * mask (one rounding per element); the sum passes grad to x as is;
+    // the bias gets the engine's reduction of grad * mask.
     for_each_tile(grad.numel(), kTileFloats, [&](int64_t b, int64_t e, int) {
       for (int64_t k = b; k < e; ++k) o[k] = g[k] * m[k];
     });
-    return {gb, grads[0], at::Tensor()};
+    at::Tensor gbias = ctx->saved_data[kBiasKey].toBool() ? bias_grad(gb, gb.size(-1)) : at::Tensor();
+    return {gb, gbias, grads[0], at::Tensor()};
   }
 };
 
@@ -328,14 +388,27 @@ at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, doub
 at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl) {
   RETRACE_CHECK(fused_applies(x), InvariantError, "fused_gelu: expected a contiguous float32 CPU tensor, got ",
                 x.scalar_type(), " on ", x.device());
-  return Gelu::apply(x, static_cast<int64_t>(impl));
+  return Gelu::apply(x, bias_or_empty(at::Tensor(), x), static_cast<int64_t>(impl));
 }
 
-std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads) {
+namespace {
+
+// A bias the fused functions can add to the last dimension of x: undefined, or a float32 CPU
+// vector of x's last size.
+void check_bias(const char* what, const at::Tensor& bias, const at::Tensor& x) {
+  RETRACE_CHECK(!bias.defined() || (fused_applies(bias) && bias.dim() == 1 && x.dim() >= 1 && bias.size(0) == x.size(-1)),
+                InvariantError, what, ": expected a contiguous float32 CPU bias of ", x.size(-1), " values, got ",
+                bias.defined() ? bias.sizes() : at::IntArrayRef{});
+}
+
+}  // namespace
+
+std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads, const at::Tensor& bias) {
   RETRACE_CHECK(fused_applies(qkv) && qkv.dim() == 3 && heads > 0 && qkv.size(2) % (3 * heads) == 0, InvariantError,
                 "split_heads: expected a contiguous float32 CPU tensor [B, T, 3 * d] with d divisible by ", heads,
                 " heads, got ", qkv.sizes(), " ", qkv.scalar_type(), " on ", qkv.device());
-  const tensor_list parts = SplitHeads::apply(qkv, heads);
+  check_bias("split_heads", bias, qkv);
+  const tensor_list parts = SplitHeads::apply(qkv, bias_or_empty(bias, qkv), heads);
   return {parts[0], parts[1], parts[2]};
 }
 
@@ -346,16 +419,24 @@ at::Tensor merge_heads(const at::Tensor& y) {
   return MergeHeads::apply(y);
 }
 
-at::Tensor dropout_residual(const at::Tensor& branch, const at::Tensor& x, double p) {
-  RETRACE_CHECK(fused_applies(branch) && fused_applies(x) && branch.sizes() == x.sizes(), InvariantError,
-                "dropout_residual: expected two contiguous float32 CPU tensors of one shape, got ", branch.sizes(),
-                " ", branch.scalar_type(), " and ", x.sizes(), " ", x.scalar_type());
+at::Tensor dropout_residual(const at::Tensor& branch, const at::Tensor& bias, const at::Tensor& x, double p) {
+  RETRACE_CHECK(fused_applies(branch) && fused_applies(x) && branch.sizes() == x.sizes() && branch.dim() >= 1,
+                InvariantError, "dropout_residual: expected two contiguous float32 CPU tensors of one shape, got ",
+                branch.sizes(), " ", branch.scalar_type(), " and ", x.sizes(), " ", x.scalar_type());
+  check_bias("dropout_residual", bias, branch);
   RETRACE_CHECK(p > 0.0 && p < 1.0, ConfigError, "bad value for model.dropout: ", p, " (need 0 < dropout < 1 here)");
-  return DropoutResidual::apply(branch, x, p);
+  return DropoutResidual::apply(branch, bias_or_empty(bias, branch), x, p);
+}
+
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, GeluImpl impl) {
+  RETRACE_CHECK(fused_applies(x) && x.dim() >= 1, InvariantError,
+                "bias_gelu: expected a contiguous float32 CPU tensor, got ", x.scalar_type(), " on ", x.device());
+  check_bias("bias_gelu", bias, x);
+  return Gelu::apply(x, bias_or_empty(bias, x), static_cast<int64_t>(impl));
 }
 
 at::Tensor gelu(const at::Tensor& x, GeluImpl impl) {
-  return fused_applies(x) ? Gelu::apply(x, static_cast<int64_t>(impl)) : torch::gelu(x);
+  return fused_applies(x) ? Gelu::apply(x, bias_or_empty(at::Tensor(), x), static_cast<int64_t>(impl)) : torch::gelu(x);
 }
 
 }  // namespace retrace::model

@@ -44,6 +44,12 @@ at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, doub
 // model/gelu_kernel.h's.
 at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl = GeluImpl::kTorch);
 
+// gelu(x + bias): x a linear layer's GEMM without its bias (a float32 vector of x's last size),
+// the sum rounded once per element as linear's in-place bias add, then fused_gelu; saves x + bias
+// for backward, and gives the bias at::sum_to of the GELU's input gradient (the engine's
+// reduction). x as fused_applies takes.
+at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, GeluImpl impl);
+
 // GELU as model.gelu_impl asks: fused_gelu where fused_applies, torch::gelu anywhere else (CUDA,
 // BF16 under autocast: there "retrace" is LibTorch's GELU too, as "philox" dropout is LibTorch's
 // on CUDA).
@@ -57,16 +63,21 @@ at::Tensor gelu(const at::Tensor& x, GeluImpl impl);
 // backward. (Not a contiguous k with k.transpose(-2, -1): the GEMMs' transpose flags then differ,
 // and OpenBLAS's small-matrix kernels round differently; gpt_test's AttentionInPlace caught it.)
 // Backward: the copies back, zeros for a part without gradient (split's backward).
-std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads);
+// With a bias (3 * d floats), qkv is the projection's GEMM without it, and each copied element is
+// qkv + bias rounded once, as LibTorch's linear adds it in place after the GEMM; backward gives
+// the bias at::sum_to of the gradient, the autograd engine's reduction for that add.
+std::array<at::Tensor, 3> split_heads(const at::Tensor& qkv, int64_t heads, const at::Tensor& bias = at::Tensor());
 
 // y [B, h, T, dh] -> [B, T, h * dh]: y.transpose(1, 2).contiguous().view({B, T, h * dh}), copied
 // on the lanes; backward the copy back.
 at::Tensor merge_heads(const at::Tensor& y);
 
-// x + dropout(branch, p) in training, 0 < p < 1: one Philox mask drawn as model::dropout draws it
-// (one 64-bit key from torch's CPU generator), and each element the product rounded, then the sum
-// rounded, as mul and add_ compute them (model/residual_kernel.h). Saves the mask; backward gives
-// branch grad * mask and x the gradient as is, as the two ops' backward functions do.
-at::Tensor dropout_residual(const at::Tensor& branch, const at::Tensor& x, double p);
+// x + dropout(branch + bias, p) in training, 0 < p < 1: branch a linear layer's GEMM without its
+// bias (or an undefined bias: x + dropout(branch)), one Philox mask drawn as model::dropout draws
+// it (one 64-bit key from torch's CPU generator), and each element the bias sum, the product and
+// the residual sum each rounded, as linear's in-place bias add, mul and add_ compute them
+// (model/residual_kernel.h). Saves the mask; backward gives branch grad * mask, the bias its
+// at::sum_to, and x the gradient as is, as the three ops' backward functions and the engine do.
+at::Tensor dropout_residual(const at::Tensor& branch, const at::Tensor& bias, const at::Tensor& x, double p);
 
 }  // namespace retrace::model

@@ -42,7 +42,9 @@ BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutIm
   fc_out_ = register_module("mlp_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * d_model, d_model)));
 }
 
-torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
+torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv, const torch::Tensor& qkv_bias) {
+  RETRACE_CHECK(!qkv_bias.defined() || fused_applies(qkv), InvariantError,
+                "attention_core: a separate qkv bias needs a contiguous float32 CPU qkv, got ", qkv.scalar_type());
   // Reduced precision (bf16 under CPU autocast) takes the plain out-of-place ops: under LibTorch
   // 2.11 the in-place scale and mask gave other bits there
   // (AttentionInPlace.BlockSameBitsAsOutOfPlaceResiduals), under 1.13 the same ones, so the plain
@@ -53,9 +55,10 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv) {
   const int64_t dh = d_model_ / n_heads_;
   torch::Tensor q, k_t, v;  // [B, h, T, dh], k_t [B, h, dh, T]
   if (fused_applies(qkv)) {
-    // The heads copied out once on the lanes, in the layouts matmul would copy the strided views
-    // into itself before its batched GEMMs: the same GEMM calls (fused.h).
-    const std::array<torch::Tensor, 3> parts = split_heads(qkv, n_heads_);
+    // The heads copied out once on the lanes (with the projection's bias added on the way when it
+    // is given), in the layouts matmul would copy the strided views into itself before its batched
+    // GEMMs: the same GEMM calls (fused.h).
+    const std::array<torch::Tensor, 3> parts = split_heads(qkv, n_heads_, qkv_bias);
     q = parts[0];
     k_t = parts[1];
     v = parts[2];
@@ -102,28 +105,56 @@ torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
 
 }  // namespace
 
-torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::Tensor& x) {
-  if (dropout_impl_ == DropoutImpl::kPhilox && is_training() && dropout_ > 0.0 && fused_applies(branch) &&
+// LibTorch's linear for the block's 3-d activations is input.matmul(weight.t()) and then an
+// in-place `output += bias` (torch/nn/functional/linear.h, in 1.13 and 2.x): two passes, the second
+// on one thread. The block runs the GEMM here and adds the bias inside the fused function that
+// reads the GEMM's output next, with the same rounding (fused.h); where no fused function applies
+// (bf16 under autocast, CUDA), add_bias is that in-place add.
+torch::Tensor BlockImpl::gemm(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return x.matmul(layer->weight.t());
+}
+
+torch::Tensor& BlockImpl::add_bias(torch::Tensor& y, const torch::nn::Linear& layer) { return y += layer->bias; }
+
+bool BlockImpl::takes_bias(const torch::Tensor& y, const torch::nn::Linear& layer) {
+  return fused_applies(y) && fused_applies(layer->bias);
+}
+
+torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::nn::Linear& layer, const torch::Tensor& x) {
+  if (dropout_impl_ == DropoutImpl::kPhilox && is_training() && dropout_ > 0.0 && takes_bias(branch, layer) &&
       fused_applies(x) && branch.sizes() == x.sizes()) {
-    // One pass on the lanes: the mask, the product and the sum, with the bits of the two ops below.
-    return model::dropout_residual(branch, x, dropout_);
+    // One pass on the lanes: the bias, the mask, the product and the sum, with the bits of the ops
+    // below.
+    return model::dropout_residual(branch, layer->bias, x, dropout_);
   }
+  add_bias(branch, layer);
   branch = dropout(branch, dropout_, is_training(), dropout_impl_);
   return residual(x, branch);
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
-  torch::Tensor qkv = qkv_->forward(ln_1_->forward(x));
+  torch::Tensor qkv = gemm(qkv_, ln_1_->forward(x));
+  torch::Tensor qkv_bias;  // defined: attention_core adds it (split_heads)
+  if (takes_bias(qkv, qkv_)) {
+    qkv_bias = qkv_->bias;
+  } else {
+    add_bias(qkv, qkv_);
+  }
   torch::Tensor y;
   if (checkpoint_attention) {
-    y = checkpoint([this](const torch::Tensor& in) { return attention_core(in); }, qkv);
+    y = checkpoint([this, qkv_bias](const torch::Tensor& in) { return attention_core(in, qkv_bias); }, qkv);
   } else {
-    y = attention_core(qkv);
+    y = attention_core(qkv, qkv_bias);
   }
-  torch::Tensor h = dropout_residual(proj_->forward(y), x);
-  torch::Tensor m = fc_->forward(ln_2_->forward(h));
-  m = gelu(m, gelu_impl_);  // "torch": torch::gelu's bits, tile by tile on the lanes (fused_test)
-  return dropout_residual(fc_out_->forward(m), h);
+  torch::Tensor h = dropout_residual(gemm(proj_, y), proj_, x);
+  torch::Tensor m = gemm(fc_, ln_2_->forward(h));
+  // "torch": torch::gelu's bits, tile by tile on the lanes (fused_test).
+  if (takes_bias(m, fc_)) {
+    m = bias_gelu(m, fc_->bias, gelu_impl_);
+  } else {
+    m = gelu(add_bias(m, fc_), gelu_impl_);
+  }
+  return dropout_residual(gemm(fc_out_, m), fc_out_, h);
 }
 
 torch::Tensor BlockImpl::attention_core_out_of_place(const torch::Tensor& qkv) {

@@ -64,8 +64,10 @@ class BlockImpl : public torch::nn::Module {
   // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
   // through checkpoint() (the selective policy).
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
-  // The attention core: qkv [B, T, 3*d_model] -> merged heads [B, T, d_model].
-  torch::Tensor attention_core(const torch::Tensor& qkv);
+  // The attention core: qkv [B, T, 3*d_model] -> merged heads [B, T, d_model]. With qkv_bias, qkv
+  // is the projection's GEMM without its bias, and the core adds it (a contiguous float32 CPU qkv
+  // only; InvariantError otherwise).
+  torch::Tensor attention_core(const torch::Tensor& qkv, const torch::Tensor& qkv_bias = torch::Tensor());
   // The same block with every op out of place: the path forward() and attention_core() replaced
   // (scale, causal mask and residual sums now go in place into fresh buffers). Kept as the
   // reference their bits are tested against (gpt_test's AttentionInPlace) and that
@@ -75,9 +77,15 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor attention_core_out_of_place(const torch::Tensor& qkv);
 
  private:
-  // x + dropout(branch): in training with philox dropout on float32 CPU tensors one pass on the
-  // lanes (model::dropout_residual), else dropout() and then the sum.
-  torch::Tensor dropout_residual(torch::Tensor branch, const torch::Tensor& x);
+  // A linear layer in two parts (gpt.cpp says why): its GEMM, and its in-place bias add.
+  static torch::Tensor gemm(const torch::nn::Linear& layer, const torch::Tensor& x);
+  static torch::Tensor& add_bias(torch::Tensor& y, const torch::nn::Linear& layer);
+  // Whether the fused functions add the layer's bias to y, its GEMM's output.
+  static bool takes_bias(const torch::Tensor& y, const torch::nn::Linear& layer);
+  // x + dropout(branch + layer's bias), branch the layer's GEMM output: in training with philox
+  // dropout on float32 CPU tensors one pass on the lanes (model::dropout_residual), else the bias
+  // add, dropout() and then the sum.
+  torch::Tensor dropout_residual(torch::Tensor branch, const torch::nn::Linear& layer, const torch::Tensor& x);
 
   int64_t d_model_;
   int64_t n_heads_;

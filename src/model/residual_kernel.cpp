@@ -2,10 +2,22 @@
 
 namespace retrace::model {
 
-void dropout_residual_forward(const float* branch, const float* mask, const float* x, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float dropped = branch[i] * mask[i];
-    out[i] = dropped + x[i];
+void dropout_residual_forward(const float* branch, const float* bias, const float* mask, const float* x, float* out,
+                              int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t o = r * cols;
+    if (bias != nullptr) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float biased = branch[o + c] + bias[c];
+        const float dropped = biased * mask[o + c];
+        out[o + c] = dropped + x[o + c];
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float dropped = branch[o + c] * mask[o + c];
+        out[o + c] = dropped + x[o + c];
+      }
+    }
   }
 }
 

@@ -1,7 +1,9 @@
-// The block's residual sum after dropout, x + branch * mask, as one loop: each element is the
-// product rounded to float and then the sum rounded to float, the two IEEE operations ATen's mul
-// and add_ perform one after the other. The file is compiled with -ffp-contract=off, so no build
-// turns the pair into a fused multiply-add (which rounds once and gives other bits).
+// The block's residual sum after a linear layer and dropout, x + dropout(gemm + bias), as one loop:
+// each element is the bias sum rounded to float, then the product with the mask rounded, then the
+// residual sum rounded: the three IEEE operations LibTorch's linear (its in-place bias add after
+// the GEMM), dropout's mul and the residual add_ perform one after the other. The file is
+// compiled with -ffp-contract=off, so no build turns a product and a sum into a fused
+// multiply-add (which rounds once and gives other bits).
 //
 // Torch-free.
 #pragma once
@@ -10,8 +12,9 @@
 
 namespace retrace::model {
 
-// out[i] = branch[i] * mask[i] + x[i] for i in [0, n), rounding after the product and after the
-// sum. out may alias branch or x.
-void dropout_residual_forward(const float* branch, const float* mask, const float* x, float* out, int64_t n);
+// For rows x cols row-major arrays: out[r, c] = ((branch[r, c] + bias[c]) * mask[r, c]) + x[r, c],
+// each operation rounded; without the bias sum when bias is null. out may alias branch or x.
+void dropout_residual_forward(const float* branch, const float* bias, const float* mask, const float* x, float* out,
+                              int64_t rows, int64_t cols);
 
 }  // namespace retrace::model

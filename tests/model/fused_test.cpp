@@ -197,12 +197,16 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
       seed(3 + t);
       torch::Tensor qkv = torch::randn({b, t, 3 * d});
       torch::Tensor up[3] = {torch::randn({b, h, t, dh}), torch::randn({b, h, dh, t}), torch::randn({b, h, t, dh})};
-      // Gradients for all three parts, and for k alone (split's backward fills zeros for q and v).
-      for (bool k_only : {false, true}) {
+      torch::Tensor bias = torch::randn({3 * d});
+      // Gradients for all three parts, and for k alone (split's backward fills zeros for q and v);
+      // with the projection's bias added on the way (against qkv + bias) and without.
+      for (auto [k_only, with_bias] : {std::pair<bool, bool>{false, false}, {true, false}, {false, true}, {true, true}}) {
         torch::Tensor a_in = qkv.clone().requires_grad_(true);
         torch::Tensor b_in = qkv.clone().requires_grad_(true);
-        const std::array<torch::Tensor, 3> a = split_heads(a_in, h);
-        auto parts = b_in.split(d, /*dim=*/-1);
+        torch::Tensor a_bias = bias.clone().requires_grad_(true);
+        torch::Tensor b_bias = bias.clone().requires_grad_(true);
+        const std::array<torch::Tensor, 3> a = split_heads(a_in, h, with_bias ? a_bias : torch::Tensor());
+        auto parts = (with_bias ? b_in + b_bias : b_in).split(d, /*dim=*/-1);
         const torch::Tensor ref[3] = {parts[0].view({b, t, h, dh}).transpose(1, 2),
                                       parts[1].view({b, t, h, dh}).transpose(1, 2).transpose(-2, -1),
                                       parts[2].view({b, t, h, dh}).transpose(1, 2)};
@@ -217,8 +221,10 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
           torch::autograd::backward({a[0], a[1], a[2]}, {up[0], up[1], up[2]});
           torch::autograd::backward({ref[0], ref[1], ref[2]}, {up[0], up[1], up[2]});
         }
-        EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where << (k_only ? ", k only" : "");
+        const std::string which = std::string(k_only ? ", k only" : "") + (with_bias ? ", bias" : "");
+        EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where << which;
         EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0) << where;
+        if (with_bias) EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where << which;
       }
       torch::Tensor y = torch::randn({b, h, t, dh});
       torch::Tensor upstream = torch::randn({b, t, d});
@@ -233,6 +239,7 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
     }
   }
   EXPECT_THROW(split_heads(torch::randn({2, 3, 10}), 4), InvariantError);  // 10 is not 3 x a multiple of 4
+  EXPECT_THROW(split_heads(torch::randn({2, 3, 12}), 2, torch::randn({11})), InvariantError);
   EXPECT_THROW(merge_heads(torch::randn({2, 3, 4})), InvariantError);
 }
 
@@ -240,32 +247,66 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
 // the sum, at one and two lanes, on sizes that are and are not multiples of the tile.
 TEST(Fused, DropoutResidualSameBitsAsThePlainOps) {
   for (const std::vector<int64_t>& shape : {std::vector<int64_t>{16, 128, 128}, {3, 37, 60}, {300007}, {1}}) {
-    for (int n : {1, 2}) {
+    for (auto [n, with_bias] : {std::pair<int, bool>{1, false}, {2, false}, {1, true}, {2, true}}) {
       LanesGuard lanes(n);
       seed(8);
       torch::Tensor branch = torch::randn(shape) * 2.0;
       torch::Tensor x = torch::randn(shape);
+      torch::Tensor bias = torch::randn({shape.back()});
       torch::Tensor upstream = torch::randn(shape);
       torch::Tensor a_branch = branch.clone().requires_grad_(true), a_x = x.clone().requires_grad_(true);
       torch::Tensor b_branch = branch.clone().requires_grad_(true), b_x = x.clone().requires_grad_(true);
+      torch::Tensor a_bias = bias.clone().requires_grad_(true), b_bias = bias.clone().requires_grad_(true);
       seed(41);
-      torch::Tensor a = dropout_residual(a_branch, a_x, 0.1);
+      torch::Tensor a = dropout_residual(a_branch, with_bias ? a_bias : torch::Tensor(), a_x, 0.1);
       torch::Tensor rng_a = rng_state();
       seed(41);
-      torch::Tensor ref = dropout(b_branch, 0.1, /*training=*/true, DropoutImpl::kPhilox) + b_x;
+      torch::Tensor ref = dropout(with_bias ? b_branch + b_bias : b_branch, 0.1, /*training=*/true, DropoutImpl::kPhilox) + b_x;
       torch::Tensor rng_b = rng_state();
-      const std::string where = std::to_string(branch.numel()) + " elements, lanes " + std::to_string(n);
+      const std::string where =
+          std::to_string(branch.numel()) + " elements, lanes " + std::to_string(n) + (with_bias ? ", bias" : "");
       ASSERT_TRUE(same_bits(a, ref)) << "forward differs, " << where;
       EXPECT_TRUE(same_bits(rng_a, rng_b)) << "generator state differs, " << where;
       a.backward(upstream);
       ref.backward(upstream);
       EXPECT_TRUE(same_bits(a_branch.grad(), b_branch.grad())) << "branch gradient differs, " << where;
       EXPECT_TRUE(same_bits(a_x.grad(), b_x.grad())) << "residual gradient differs, " << where;
+      if (with_bias) EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where;
       if (branch.numel() > 100) EXPECT_GT((a_branch.grad() == 0).sum().item<int64_t>(), 0) << "nothing dropped, " << where;
     }
   }
-  EXPECT_THROW(dropout_residual(torch::randn({4}), torch::randn({5}), 0.1), InvariantError);
-  EXPECT_THROW(dropout_residual(torch::randn({4}), torch::randn({4}), 1.0), ConfigError);
+  EXPECT_THROW(dropout_residual(torch::randn({4}), torch::Tensor(), torch::randn({5}), 0.1), InvariantError);
+  EXPECT_THROW(dropout_residual(torch::randn({4}), torch::Tensor(), torch::randn({4}), 1.0), ConfigError);
+  EXPECT_THROW(dropout_residual(torch::randn({2, 4}), torch::randn({2}), torch::randn({2, 4}), 0.1), InvariantError);
+}
+
+// gelu(x + bias) against the sum and the GELU, both implementations, forward and both gradients, at
+// one and two lanes, on rows that are and are not multiples of 16 floats.
+TEST(Fused, BiasGeluSameBitsAsTheSumAndTheGelu) {
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{16, 128, 512}, {3, 37, 60}, {5, 1}}) {
+    for (GeluImpl impl : {GeluImpl::kRetrace, GeluImpl::kTorch}) {
+      for (int n : {1, 2}) {
+        LanesGuard lanes(n);
+        seed(12);
+        torch::Tensor x = torch::randn(shape) * 3.0;
+        torch::Tensor bias = torch::randn({shape.back()});
+        torch::Tensor upstream = torch::randn(shape);
+        torch::Tensor a_x = x.clone().requires_grad_(true), b_x = x.clone().requires_grad_(true);
+        torch::Tensor a_bias = bias.clone().requires_grad_(true), b_bias = bias.clone().requires_grad_(true);
+        torch::Tensor a = bias_gelu(a_x, a_bias, impl);
+        torch::Tensor ref = gelu(b_x + b_bias, impl);
+        const std::string where = std::to_string(x.numel()) + " elements, " +
+                                  (impl == GeluImpl::kRetrace ? "retrace" : "torch") + ", lanes " + std::to_string(n);
+        ASSERT_TRUE(same_bits(a, ref)) << "forward differs, " << where;
+        a.backward(upstream);
+        ref.backward(upstream);
+        EXPECT_TRUE(same_bits(a_x.grad(), b_x.grad())) << "input gradient differs, " << where;
+        EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where;
+        EXPECT_GT(a_bias.grad().abs().sum().item<double>(), 0.0) << where;
+      }
+    }
+  }
+  EXPECT_THROW(bias_gelu(torch::randn({2, 4}), torch::randn({3}), GeluImpl::kRetrace), InvariantError);
 }
 
 TEST(Fused, DropoutMaskSameAtOneAndTwoLanes) {
