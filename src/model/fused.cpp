@@ -125,8 +125,7 @@ constexpr const char* kImplKey = "impl";
 constexpr const char* kBiasKey = "bias";
 
 // The gradient of a bias added to `grad`'s rows (broadcast over the leading dimensions): what the
-// autograd engine computes for the in-place bias add of LibTorch's linear, at::sum_to(grad, bias
-// shape), on the same tensor, so the same bits.
+// autograd engine computes for the in-place bias add of LibTorch's linear (bias_gradient).
 // Autograd functions take every tensor argument defined (LibTorch 1.13 records each input's
 // device), so "no bias" is passed as an empty tensor.
 at::Tensor bias_or_empty(const at::Tensor& bias, const at::Tensor& like) {
@@ -134,10 +133,7 @@ at::Tensor bias_or_empty(const at::Tensor& bias, const at::Tensor& like) {
 }
 bool has_bias(const at::Tensor& bias) { return bias.numel() != 0; }
 
-at::Tensor bias_grad(const at::Tensor& grad, int64_t n) {
-  const int64_t shape[1] = {n};
-  return at::sum_to(grad, at::IntArrayRef(shape, 1));
-}
+at::Tensor bias_grad(const at::Tensor& grad, int64_t n) { return bias_gradient(grad, n); }
 
 struct Gelu : torch::autograd::Function<Gelu> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias, int64_t impl) {
@@ -433,6 +429,26 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, GeluImpl impl)
                 "bias_gelu: expected a contiguous float32 CPU tensor, got ", x.scalar_type(), " on ", x.device());
   check_bias("bias_gelu", bias, x);
   return Gelu::apply(x, bias_or_empty(bias, x), static_cast<int64_t>(impl));
+}
+
+at::Tensor bias_gradient(const at::Tensor& grad, int64_t n) {
+  RETRACE_CHECK(grad.dim() >= 1 && grad.size(-1) == n, InvariantError, "bias_gradient: expected a gradient whose last size is ",
+                n, ", got ", grad.sizes());
+  const int64_t shape[1] = {n};
+  // ATen sums the rows of a [rows, n] block column by column: column blocks of 4 vectors, then of
+  // one vector, then single columns, each kind with its own order of additions. A split at a
+  // multiple of 64 columns (4 vectors of 16 floats, the widest ATen uses) gives every column the
+  // block kind and the order it has in the whole sum (fused_test checks widths from 1 to 1000).
+  constexpr int64_t kSplitAlign = 64;
+  const int64_t cut = (n / 2) / kSplitAlign * kSplitAlign;
+  if (lanes() < 2 || cut == 0 || !fused_applies(grad)) return at::sum_to(grad, at::IntArrayRef(shape, 1));
+  at::Tensor part[2];
+  run_lanes([&](int lane) {
+    const int64_t begin = lane == 0 ? 0 : cut, width = lane == 0 ? cut : n - cut;
+    const int64_t part_shape[1] = {width};
+    part[lane] = at::sum_to(grad.narrow(-1, begin, width), at::IntArrayRef(part_shape, 1));
+  });
+  return at::cat({part[0], part[1]});
 }
 
 at::Tensor gelu(const at::Tensor& x, GeluImpl impl) {

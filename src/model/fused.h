@@ -50,6 +50,12 @@ at::Tensor fused_gelu(const at::Tensor& x, GeluImpl impl = GeluImpl::kTorch);
 // reduction). x as fused_applies takes.
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, GeluImpl impl);
 
+// at::sum_to(grad, {n}) for a gradient whose last size is n: the autograd engine's reduction for a
+// bias broadcast over grad's leading dimensions. Where fused_applies(grad) and n >= 128, the two
+// lanes sum a column range each, split where every column keeps the order of additions it has in
+// the whole sum, so the bits are at::sum_to's.
+at::Tensor bias_gradient(const at::Tensor& grad, int64_t n);
+
 // GELU as model.gelu_impl asks: fused_gelu where fused_applies, torch::gelu anywhere else (CUDA,
 // BF16 under autocast: there "retrace" is LibTorch's GELU too, as "philox" dropout is LibTorch's
 // on CUDA).

@@ -309,6 +309,27 @@ TEST(Fused, BiasGeluSameBitsAsTheSumAndTheGelu) {
   EXPECT_THROW(bias_gelu(torch::randn({2, 4}), torch::randn({3}), GeluImpl::kRetrace), InvariantError);
 }
 
+// The bias gradient on two lanes against at::sum_to, for every width up to 300 and wider ones,
+// over rows that are and are not a multiple of the vector blocks.
+TEST(Fused, BiasGradientSameBitsAsSumTo) {
+  std::vector<int64_t> widths;
+  for (int64_t n = 1; n <= 300; ++n) widths.push_back(n);
+  for (int64_t n : {383, 384, 385, 511, 512, 513, 640, 1000}) widths.push_back(n);
+  for (int64_t rows : {int64_t{2048}, int64_t{37}}) {
+    for (int64_t n : widths) {
+      seed(static_cast<uint64_t>(n));
+      torch::Tensor g = torch::randn({rows / 16 > 0 ? 16 : 1, rows / 16 > 0 ? rows / 16 : rows, n}) * 4.0;
+      const int64_t shape[1] = {n};
+      torch::Tensor ref = at::sum_to(g, at::IntArrayRef(shape, 1));
+      for (int lanes_n : {1, 2}) {
+        LanesGuard lanes(lanes_n);
+        ASSERT_TRUE(same_bits(bias_gradient(g, n), ref)) << "width " << n << ", " << rows << " rows, lanes " << lanes_n;
+      }
+    }
+  }
+  EXPECT_THROW(bias_gradient(torch::randn({4, 5}), 4), InvariantError);
+}
+
 TEST(Fused, DropoutMaskSameAtOneAndTwoLanes) {
   torch::Tensor x = torch::ones({300007});
   torch::Tensor out[2];
