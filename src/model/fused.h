@@ -16,8 +16,10 @@
 // fused_test checks forward and backward bitwise against the ops they replace, at one and two
 // lanes, on shapes whose sizes are not multiples of 16.
 //
-// Used only for contiguous float32 CPU tensors with retrace's own dropout (DropoutImpl::kPhilox);
-// anything else (CUDA, bf16 under autocast, LibTorch's dropout) takes the plain ops.
+// Used only for contiguous float32 CPU tensors (fused_applies); anything else (CUDA, bf16 under
+// autocast) takes the plain ops. The functions that draw a dropout mask (the attention weights,
+// dropout_residual) also need retrace's own dropout (DropoutImpl::kPhilox); the GELU, the heads'
+// layout changes and the bias sums do not.
 #pragma once
 
 #include <ATen/core/Tensor.h>
