@@ -40,11 +40,17 @@ class PhiloxStream {
 // keep_scale otherwise. Words are uniform on [0, 2^32), so an element is dropped with probability
 // drop_threshold / 2^32 (see dropout_threshold). Integer-only: the same on every CPU and build.
 void dropout_mask(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t n);
+// The builds of the mask's loop: hand-written AVX2 code and the x86-64 baseline. Both give the
+// same words (integer operations only); kFastest picks AVX2 where the CPU has it. Tests ask for
+// each in turn.
+enum class MaskBuild { kFastest, kAvx2, kBaseline };
+// Whether this CPU runs `build` (kFastest and kBaseline: always).
+bool mask_build_runs(MaskBuild build);
 // Elements [begin, end) of the same mask into out[0, end - begin): a mask is a function of the
 // element index, so lanes that fill ranges of one mask give the bits of one dropout_mask call.
-// begin must be a multiple of 4 (InvariantError otherwise).
+// begin must be a multiple of 4, and `build` one this CPU runs (InvariantError otherwise).
 void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin,
-                        int64_t end);
+                        int64_t end, MaskBuild build = MaskBuild::kFastest);
 // floor(p * 2^32) for 0 <= p < 1.
 uint32_t dropout_threshold(double p);
 

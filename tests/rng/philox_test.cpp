@@ -72,6 +72,46 @@ TEST(Philox, DropoutMaskIsTheSpecifiedFunctionOfKeyAndIndex) {
   EXPECT_EQ(dropout_threshold(0.5), 1u << 31);
 }
 
+TEST(Philox, EveryBuildOfTheMaskLoopGivesTheSpecifiedWords) {
+  // Each build this CPU runs against philox4x32_10 itself, word by word: lengths around the vector
+  // code's groups (8 blocks, 3 groups at a time) and its tails, starts that are not a group
+  // apart, and counters whose low word wraps inside a group (the carry into the high word).
+  const uint64_t key = 0x9e3779b97f4a7c15ull;
+  const uint32_t threshold = dropout_threshold(0.3);
+  const float keep = 1.0f / 0.7f;
+  int builds = 0;
+  for (const MaskBuild build : {MaskBuild::kAvx2, MaskBuild::kBaseline}) {
+    if (!mask_build_runs(build)) continue;
+    ++builds;
+    for (const int64_t first : {int64_t{0}, int64_t{4}, int64_t{4} * 37, (int64_t{1} << 34) - 4 * 21,
+                                (int64_t{1} << 34) - 4 * 3, (int64_t{5} << 34) - 4 * 100}) {
+      for (const int64_t n : {int64_t{0}, int64_t{3}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{95},
+                              int64_t{96}, int64_t{128}, int64_t{129}, int64_t{1000}, int64_t{4099}}) {
+        std::vector<float> out(static_cast<size_t>(n), -1.0f);
+        dropout_mask_range(key, threshold, keep, out.data(), first, first + n, build);
+        int64_t mismatches = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint64_t b = static_cast<uint64_t>((first + i) / 4);
+          const auto w = philox4x32_10({static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), 0, 0}, key);
+          const float expected = w[(first + i) % 4] < threshold ? 0.0f : keep;
+          mismatches += std::memcmp(&out[static_cast<size_t>(i)], &expected, sizeof expected) != 0;
+        }
+        EXPECT_EQ(mismatches, 0) << "build " << static_cast<int>(build) << ", first " << first << ", n " << n;
+      }
+    }
+  }
+  EXPECT_GE(builds, 1);
+  // Thresholds at the ends of the word range: nothing dropped, everything but UINT32_MAX dropped.
+  for (const MaskBuild build : {MaskBuild::kAvx2, MaskBuild::kBaseline}) {
+    if (!mask_build_runs(build)) continue;
+    std::vector<float> none(256), all(256);
+    dropout_mask_range(key, 0, 2.0f, none.data(), 0, 256, build);
+    dropout_mask_range(key, UINT32_MAX, 2.0f, all.data(), 0, 256, build);
+    EXPECT_EQ(std::count(none.begin(), none.end(), 2.0f), 256);
+    EXPECT_EQ(std::count(all.begin(), all.end(), 0.0f), 256);
+  }
+}
+
 TEST(Philox, DropoutMaskRangesJoinToTheWholeMask) {
   // Lanes fill ranges of one mask (model/dropout.cpp): any split at a multiple of 4 gives the bits
   // of one call, the vector loop's blocks and the scalar tail falling where they may.
