@@ -146,7 +146,22 @@ void LaneSums::add(const void* data, size_t size) {
     a_[i % 8] += w;
     b_[i % 8] += a_[i % 8];
   }
+  words_ += (size + 7) / 8;
   closed_ = size % 64 != 0;
+}
+
+void LaneSums::append(const LaneSums& next) {
+  RETRACE_CHECK(!closed_ && words_ % 8 == 0, InvariantError,
+                "LaneSums::append after a piece whose length is not a multiple of 64");
+  // Every running sum of next's lane l starts from this string's a_[l]: b gains a_[l] once per
+  // word next puts in lane l (words_ % 8 == 0, so next's word i lands in lane i % 8 here too).
+  for (int l = 0; l < 8; ++l) {
+    const uint64_t count = next.words_ / 8 + (static_cast<uint64_t>(l) < next.words_ % 8 ? 1 : 0);
+    b_[l] += next.b_[l] + count * a_[l];
+    a_[l] += next.a_[l];
+  }
+  words_ += next.words_;
+  closed_ = next.closed_;
 }
 
 void LaneSums::finish(uint64_t out[16]) const {

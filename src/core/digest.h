@@ -57,10 +57,15 @@ void lane_sums(const void* data, size_t size, uint64_t out[16]);
 class LaneSums {
  public:
   void add(const void* data, size_t size);  // InvariantError after a piece that was not
+  // The sums of this string followed by `next`'s, as if next's pieces had been added here: lanes
+  // of one string summed in parts on several threads. This string must be whole 64-byte blocks
+  // (InvariantError otherwise); `next` may end in a partial one.
+  void append(const LaneSums& next);
   void finish(uint64_t out[16]) const;
 
  private:
   uint64_t a_[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b_[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint64_t words_ = 0;   // words summed so far, the zero-padded last one included
   bool closed_ = false;  // a piece of a length that is not a multiple of 64 came
 };
 uint64_t xxh3_64(const void* data, size_t size);

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "model/lanes.h"
 #include "train/adamw_kernel.h"
 
 namespace retrace::train {
@@ -21,6 +22,11 @@ namespace {
 // parameter is not a dense contiguous float32 CPU tensor (CUDA, half precision), for AMSGrad, and
 // when a closure is passed.
 class FusedAdamW final : public torch::optim::AdamW {
+  // Floats per piece of a parameter's update on the lanes: a multiple of the kernel's 1024-float
+  // chunk (adamw_kernel.cpp), large enough that taking a piece costs little against its update
+  // (about 35 us), small enough that a large parameter spreads over both lanes.
+  static constexpr int64_t kPiece = 64 * 1024;
+
  public:
   using torch::optim::AdamW::AdamW;
 
@@ -50,7 +56,21 @@ class FusedAdamW final : public torch::optim::AdamW {
     }
     ++fused_steps_;
     torch::NoGradGuard no_grad;
-    for (Item& it : items) {
+    // Each parameter's update in pieces of at most kPiece floats, cut at multiples of the kernel's
+    // chunk, which the two lanes take in turn (model/lanes.h) when there are enough of them:
+    // elements are independent, so pieces keep the bits, and each piece's lane sums append to the
+    // whole's (core/digest.h).
+    struct Piece {
+      size_t item;
+      int64_t begin, end;
+      LaneSums sums[3];
+    };
+    std::vector<Piece> pieces;
+    std::vector<AdamWCoefficients> coefficients;
+    coefficients.reserve(items.size());
+    int64_t floats = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Item& it = items[i];
       if (!it.state) {
         auto fresh = std::make_unique<torch::optim::AdamWParamState>();
         fresh->step(0);
@@ -62,17 +82,39 @@ class FusedAdamW final : public torch::optim::AdamW {
       auto& s = *it.state;
       const auto& o = *it.options;
       s.step(s.step() + 1);
-      const AdamWCoefficients c = adamw_coefficients(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                                                     o.eps(), o.weight_decay(), s.step());
+      coefficients.push_back(adamw_coefficients(o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
+                                                o.weight_decay(), s.step()));
+      const int64_t n = it.p.numel();
+      floats += n;
+      for (int64_t b = 0; b < n || b == 0; b += kPiece) pieces.push_back({i, b, std::min(n, b + kPiece), {}});
+    }
+    const bool keep = keep_sums_;
+    auto update = [&](int64_t first, int64_t last, int) {
+      for (int64_t k = first; k < last; ++k) {
+        Piece& piece = pieces[static_cast<size_t>(k)];
+        Item& it = items[piece.item];
+        auto& s = *it.state;
+        const int64_t b = piece.begin;
+        adamw_update(it.p.data_ptr<float>() + b, it.p.grad().data_ptr<float>() + b, s.exp_avg().data_ptr<float>() + b,
+                     s.exp_avg_sq().data_ptr<float>() + b, piece.end - b, coefficients[piece.item], true,
+                     keep ? piece.sums : nullptr);
+      }
+    };
+    if (floats >= model::kAfterBackwardLanesFrom) model::for_each_tile(static_cast<int64_t>(pieces.size()), 1, update);
+    else update(0, static_cast<int64_t>(pieces.size()), 0);
+    size_t next_piece = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Item& it = items[i];
+      auto& s = *it.state;
       LaneSums sums[3];
-      adamw_update(it.p.data_ptr<float>(), it.p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
-                   s.exp_avg_sq().data_ptr<float>(), it.p.numel(), c, true, keep_sums_ ? sums : nullptr);
+      for (; next_piece < pieces.size() && pieces[next_piece].item == i; ++next_piece)
+        for (int k = 0; k < 3; ++k) sums[k].append(pieces[next_piece].sums[k]);
       // What an in-place tensor operation would do, so autograd's checks still see the writes.
       const torch::Tensor* written[3] = {&it.p, &s.exp_avg(), &s.exp_avg_sq()};
       for (int k = 0; k < 3; ++k) {
         c10::TensorImpl* impl = written[k]->unsafeGetTensorImpl();
         impl->bump_version();
-        if (!keep_sums_) continue;
+        if (!keep) continue;
         Known& known = sums_[impl];
         known.version = impl->version_counter().current_version();
         known.data = impl->data();

@@ -2,12 +2,15 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <limits>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "model/lanes.h"
 #include "train/environment.h"
 #include "train/guards.h"
 #include "train/invariant.h"
@@ -24,12 +27,51 @@ double ms_since(Clock::time_point t) {
 
 }  // namespace
 
-double global_grad_norm(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> norms;
-  norms.reserve(params.size());
+namespace {
+// The defined gradients of params.
+std::vector<torch::Tensor> gradients(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
   for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
-  if (norms.empty()) return 0.0;
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+// Indices of `tensors`, largest first (ties in their order), for the lanes to take in turn: the two
+// lanes then end close together.
+std::vector<size_t> largest_first(const std::vector<torch::Tensor>& tensors) {
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return tensors[a].numel() > tensors[b].numel(); });
+  return order;
+}
+
+// fn(k) for k < n: on the two lanes (model/lanes.h) when every tensor is on the CPU and they hold
+// enough floats (kAfterBackwardLanesFrom), in order on this thread otherwise (a device's current
+// stream is this thread's).
+void for_each_item(const std::vector<torch::Tensor>& tensors, size_t n, const std::function<void(size_t)>& fn) {
+  int64_t floats = 0;
+  bool cpu = true;
+  for (const auto& t : tensors) floats += t.numel(), cpu = cpu && t.is_cpu();
+  if (!cpu || floats < model::kAfterBackwardLanesFrom) {
+    for (size_t k = 0; k < n; ++k) fn(k);
+    return;
+  }
+  model::for_each_tile(static_cast<int64_t>(n), 1, [&](int64_t first, int64_t last, int) {
+    for (int64_t k = first; k < last; ++k) fn(static_cast<size_t>(k));
+  });
+}
+}  // namespace
+
+double global_grad_norm(const std::vector<torch::Tensor>& params) {
+  // Each gradient's norm is the one ATen call it always was, now on one of the two lanes; the
+  // norms are stacked in parameter order, so the result has the same bits.
+  const std::vector<torch::Tensor> grads = gradients(params);
+  if (grads.empty()) return 0.0;
+  const std::vector<size_t> order = largest_first(grads);
+  std::vector<torch::Tensor> norms(grads.size());
+  for_each_item(grads, order.size(), [&](size_t k) { norms[order[k]] = grads[order[k]].norm(2); });
   return torch::stack(norms).norm(2).item<float>();
 }
 
@@ -38,8 +80,22 @@ void clip_grads(const std::vector<torch::Tensor>& params, double max_norm, doubl
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
   torch::NoGradGuard no_grad;
-  for (const auto& p : params)
-    if (p.grad().defined()) p.grad().mul_(coef);
+  // An elementwise product: pieces of a gradient get the bits the whole would, so the lanes take
+  // pieces of at most 64k floats.
+  constexpr int64_t kPiece = 64 * 1024;
+  const std::vector<torch::Tensor> grads = gradients(params);
+  std::vector<torch::Tensor> pieces;
+  for (const size_t i : largest_first(grads)) {
+    const torch::Tensor& g = grads[i];
+    if (!g.is_contiguous() || g.numel() <= kPiece) {
+      pieces.push_back(g);
+      continue;
+    }
+    const torch::Tensor flat = g.view({-1});
+    for (int64_t b = 0; b < flat.numel(); b += kPiece)
+      pieces.push_back(flat.narrow(0, b, std::min(kPiece, flat.numel() - b)));
+  }
+  for_each_item(grads, pieces.size(), [&](size_t k) { pieces[k].mul_(coef); });
 }
 
 StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch::optim::Optimizer& optimizer,

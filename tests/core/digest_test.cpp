@@ -125,4 +125,45 @@ TEST(Digest, LaneSumsFollowTheirDefinitionAtEverySize) {
   }
 }
 
+TEST(Digest, LaneSumsOfPartsAppendToThoseOfTheWhole) {
+  // A string cut at multiples of 64 bytes, each part summed alone, then appended in order: the
+  // sums of the whole (the fused AdamW sums parts of one tensor on two threads).
+  std::vector<unsigned char> bytes((size_t{1} << 16) + 37);
+  uint64_t x = 0x2545f4914f6cdd1dull;
+  for (auto& c : bytes) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    c = static_cast<unsigned char>(x);
+  }
+  for (size_t size : {size_t{0}, size_t{5}, size_t{64}, size_t{200}, size_t{4096 + 9}, bytes.size()}) {
+    uint64_t want[16];
+    lane_sums(bytes.data(), size, want);
+    for (const std::vector<size_t>& cuts :
+         {std::vector<size_t>{}, {0}, {64}, {128, 192}, {64, 1024, 4096}, {size - size % 64}}) {
+      LaneSums whole;
+      size_t at = 0;
+      bool fits = true;
+      for (size_t cut : cuts) fits = fits && cut >= at && cut <= size, at = cut;
+      if (!fits) continue;
+      at = 0;
+      for (size_t cut : cuts) {
+        LaneSums part;
+        part.add(bytes.data() + at, cut - at);
+        whole.append(part);
+        at = cut;
+      }
+      LaneSums last;
+      last.add(bytes.data() + at, size - at);
+      whole.append(last);
+      uint64_t got[16];
+      whole.finish(got);
+      for (int l = 0; l < 16; ++l) ASSERT_EQ(got[l], want[l]) << "size " << size << " lane " << l;
+    }
+  }
+  // Appending after a part that ends inside a block would shift the lanes.
+  LaneSums odd, more;
+  odd.add(bytes.data(), 60);
+  more.add(bytes.data(), 64);
+  EXPECT_THROW(odd.append(more), InvariantError);
+}
+
 }  // namespace retrace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/torch_compat.h"
+#include "model/lanes.h"
 #include "train/adamw_kernel.h"
 #include "train/config.h"
 #include "train/optimizer.h"
@@ -58,10 +59,19 @@ void expect_same_state(torch::optim::Optimizer& a, Params& ma, torch::optim::Opt
   }
 }
 
+// The process's lane count for one scope (model/lanes.h).
+struct LanesGuard {
+  explicit LanesGuard(int n) : before(model::lanes()) { model::set_lanes(n); }
+  ~LanesGuard() { model::set_lanes(before); }
+  int before;
+};
+
 // Runs both implementations side by side for `steps` steps with the same gradients and learning
-// rates; parameter k gets no gradient on steps where (step + k) % 7 == 0.
+// rates; parameter k gets no gradient on steps where (step + k) % 7 == 0. The fused one updates on
+// `lanes` lanes, in pieces of 64k floats.
 void run_side_by_side(const std::vector<int64_t>& sizes, torch::Dtype dtype, double weight_decay, int steps,
-                      bool extremes) {
+                      bool extremes, int lanes = 1) {
+  const LanesGuard guard(lanes);
   if (!compat::kFusedAdamWMatchesLibTorch)
     GTEST_SKIP() << "the fused AdamW reproduces LibTorch 1.13's roundings, not LibTorch " << compat::libtorch_version()
                  << "'s: there optim.fused steps through LibTorch's AdamW (FusedAdamW.FallsBackWhereNotMatched)";
@@ -106,6 +116,13 @@ TEST(FusedAdamW, SameBitsAsLibTorchWithWeightDecay) {
   run_side_by_side({784 * 512, 512, 256 * 10, 10, 13, 7, 1}, torch::kFloat32, 0.01, 40, false);
 }
 
+TEST(FusedAdamW, SameBitsAsLibTorchOnTwoLanes) {
+  // Parameters of several pieces (the last one short), of one, and empty-gradient steps; more
+  // than kAfterBackwardLanesFrom floats in all, so the lanes take the pieces.
+  static_assert(784 * 512 + 3 * 65536 + 5 + 512 + 65536 + 1 + (1 << 19) >= model::kAfterBackwardLanesFrom);
+  run_side_by_side({784 * 512, 3 * 65536 + 5, 512, 65536, 1, 1 << 19}, torch::kFloat32, 0.01, 15, false, 2);
+}
+
 TEST(FusedAdamW, SameBitsAsLibTorchWithoutWeightDecay) {
   run_side_by_side({4099, 64, 3}, torch::kFloat32, 0.0, 25, false);
 }
@@ -144,10 +161,11 @@ TEST(FusedAdamW, VectorAndBaselineLoopsAgreeBitwise) {
   EXPECT_EQ(differing(v, v2), 0);
 }
 
-TEST(FusedAdamW, LaneSumsOfItsPassAreThoseOfTheTensorsAndLapseWhenTheyChange) {
-  if (!compat::kFusedAdamWMatchesLibTorch) GTEST_SKIP() << "no fused AdamW on LibTorch " << compat::libtorch_version();
-  // Sizes across the pass's 1024-element chunks, odd ones included (a 4-byte tail word).
-  const std::vector<int64_t> sizes{5000, 2048, 7, 1};
+void check_lane_sums(int lanes) {
+  const LanesGuard guard(lanes);
+  // Sizes across the pass's 1024-element chunks and its 64k-float pieces, odd ones included (a
+  // 4-byte tail word).
+  const std::vector<int64_t> sizes{5000, 2048, 7, 1, 2 * 65536 + 1029, int64_t{1} << 20};  // lanes: over 1M
   Params m(sizes, torch::kFloat32, 3);
   auto opt = make_optimizer(adamw(true, 0.01), m);
   keep_lane_sums(*opt, true);
@@ -179,6 +197,12 @@ TEST(FusedAdamW, LaneSumsOfItsPassAreThoseOfTheTensorsAndLapseWhenTheyChange) {
   load_optimizer_state(*opt, m, OptimizerKind::kAdamW, optimizer_state(*opt, m, OptimizerKind::kAdamW));
   for (const auto& [name, t] : optimizer_state(*opt, m, OptimizerKind::kAdamW))
     EXPECT_FALSE(fused_lane_sums(*opt, t, out)) << name << " after a load";
+}
+
+TEST(FusedAdamW, LaneSumsOfItsPassAreThoseOfTheTensorsAndLapseWhenTheyChange) {
+  if (!compat::kFusedAdamWMatchesLibTorch) GTEST_SKIP() << "no fused AdamW on LibTorch " << compat::libtorch_version();
+  check_lane_sums(1);
+  check_lane_sums(2);
 }
 
 TEST(FusedAdamW, ContinuesFromStateLoadedOutOfLibTorchsOptimizer) {
