@@ -65,6 +65,7 @@ retrace_torch_part(retrace_data_torch
 target_link_libraries(retrace_data_torch PUBLIC retrace_data retrace_rng_torch)
 
 retrace_torch_part(retrace_model
+  src/model/blas_threads.cpp
   src/model/dropout.cpp
   src/model/lanes.cpp
   src/model/fused.cpp

@@ -71,6 +71,15 @@ inline at::Generator default_generator(c10::Device device) {
   return at::globalContext().defaultGenerator(device);
 }
 
+// Whether CPU autocast is on in this thread (1.13: is_cpu_enabled; 2.4+: by device type).
+inline bool cpu_autocast_enabled() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+
 // Autocast for one region, RAII. LibTorch 1.13 has per-device setters (set_cpu_enabled,
 // set_autocast_cpu_dtype, set_enabled + set_autocast_gpu_dtype for CUDA); 2.4+ takes the device
 // type as an argument. Disabled (dtype Undefined) is a no-op.

@@ -11,6 +11,8 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/torch_compat.h"
+#include "model/blas_threads.h"
 #include "model/dropout.h"
 #include "model/gelu_kernel.h"
 #include "model/lanes.h"
@@ -364,11 +366,79 @@ struct DropoutResidual : torch::autograd::Function<DropoutResidual> {
   }
 };
 
+// The keys the forward saves its inputs' shapes under.
+constexpr const char* kSizesKeys[2] = {"a_sizes", "b_sizes"};
+
+struct LanesBmm : torch::autograd::Function<LanesBmm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    RECORD_FUNCTION("retrace::lanes_bmm", std::vector<c10::IValue>());
+    const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+    // matmul's reshape: a view where the batch dimensions merge, a contiguous copy otherwise.
+    const at::Tensor a3 = a.reshape({-1, m, k}), b3 = b.reshape({-1, k, n});
+    std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end());
+    shape.back() = n;
+    ctx->save_for_backward({a3, b3});
+    ctx->saved_data[kSizesKeys[0]] = a.sizes();
+    ctx->saved_data[kSizesKeys[1]] = b.sizes();
+    return bmm_on_lanes(a3, b3).view(shape);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::lanes_bmm_backward", std::vector<c10::IValue>());
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& a3 = saved[0];
+    const at::Tensor& b3 = saved[1];
+    // What matmul's graph computes: the output view's backward reshapes the gradient, and bmm's
+    // gives grad.bmm(b^T) and a^T.bmm(grad) on the transposed views (no copies).
+    const at::Tensor g3 = grads[0].reshape({a3.size(0), a3.size(1), b3.size(2)});
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = bmm_on_lanes(g3, b3.transpose(1, 2));
+    if (ctx->needs_input_grad(1)) gb = bmm_on_lanes(a3.transpose(1, 2), g3);
+    // Each gradient in its input's shape (a contiguous tensor; autograd hands it to a strided
+    // input's view as matmul's reshape backward would).
+    if (ga.defined()) ga = ga.view(ctx->saved_data[kSizesKeys[0]].toIntVector());
+    if (gb.defined()) gb = gb.view(ctx->saved_data[kSizesKeys[1]].toIntVector());
+    return {ga, gb};
+  }
+};
+
 }  // namespace
 
 bool fused_applies(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
          x.layout() == at::kStrided;
+}
+
+bool lanes_bmm_applies(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined() || a.dim() < 3 || a.dim() != b.dim()) return false;
+  for (const at::Tensor* t : {&a, &b})
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->layout() != at::kStrided) return false;
+  if (a.sizes().slice(0, a.dim() - 2) != b.sizes().slice(0, b.dim() - 2) || a.size(-1) != b.size(-2)) return false;
+  return !compat::cpu_autocast_enabled();
+}
+
+at::Tensor lanes_bmm(const at::Tensor& a, const at::Tensor& b) {
+  RETRACE_CHECK(lanes_bmm_applies(a, b), InvariantError, "lanes_bmm: needs float32 CPU tensors of equal batch sizes, got ",
+                a.sizes(), " and ", b.sizes());
+  return LanesBmm::apply(a, b);
+}
+
+at::Tensor bmm_on_lanes(const at::Tensor& a, const at::Tensor& b) {
+  RECORD_FUNCTION("retrace::bmm_on_lanes", std::vector<c10::IValue>({a, b}));
+  RETRACE_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1), InvariantError,
+                "bmm_on_lanes: needs [n, M, K] and [n, K, N], got ", a.sizes(), " and ", b.sizes());
+  const int64_t n = a.size(0);
+  at::Tensor out = at::empty({n, a.size(1), b.size(2)}, a.options());
+  const OneBlasThread one_thread;
+  // Slices of about n / 16 matrices: enough of them that a lane sharing its core with OpenBLAS's
+  // spinning worker takes fewer, few enough that ATen's per-call cost stays small.
+  const int64_t slice = std::max<int64_t>(1, n / 16);
+  for_each_tile(n, slice, [&](int64_t b0, int64_t b1, int) {
+    at::Tensor o = out.narrow(0, b0, b1 - b0);
+    at::bmm_out(o, a.narrow(0, b0, b1 - b0), b.narrow(0, b0, b1 - b0));
+  });
+  return out;
 }
 
 at::Tensor causal_attention_weights(const at::Tensor& scores, double scale, double p, bool training) {

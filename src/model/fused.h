@@ -35,6 +35,27 @@ namespace retrace::model {
 // weights also need DropoutImpl::kPhilox: LibTorch's dropout draws its own mask.)
 bool fused_applies(const at::Tensor& x);
 
+// Whether lanes_bmm takes a @ b: float32 CPU tensors of at least 3 dimensions with equal batch
+// dimensions (no broadcasting) and a's last size b's second last, outside CPU autocast (where
+// matmul computes in the lower precision).
+bool lanes_bmm_applies(const at::Tensor& a, const at::Tensor& b);
+
+// a [..., M, K] @ b [..., K, N] as torch::matmul computes it for such tensors (a batched matmul of
+// the inputs reshaped, as matmul reshapes them, to [n, M, K] and [n, K, N]), but with OpenBLAS on
+// one thread (OneBlasThread) and the n matrices split between the two lanes; backward is the same
+// two batched matmuls as bmm's (grad @ b^T, a^T @ grad, on the same layouts), also on the lanes.
+// Each matrix is one single-threaded BLAS call whichever lane makes it, so the bits are those of
+// matmul with OpenBLAS on one thread, for any lane count. (ATen's bmm with OpenBLAS on two threads
+// gains almost nothing at attention's sizes: 1.05 ms against 1.03 for the char GPT's
+// [64, 128, 32] @ [64, 32, 128], against about 0.6 split between two threads.)
+at::Tensor lanes_bmm(const at::Tensor& a, const at::Tensor& b);
+
+// a [n, M, K] @ b [n, K, N] (any strides, as at::bmm takes them), no autograd: at::bmm_out on
+// slices of the batch, taken in turn by the two lanes, with OpenBLAS on one thread. Each matrix is
+// the one BLAS call ATen's bmm makes for it (it loops over the batch), so any split and either
+// lane give the same bits. lanes_bmm's forward and backward run on it; limit_bench times it.
+at::Tensor bmm_on_lanes(const at::Tensor& a, const at::Tensor& b);
+
 // scores [..., T, T] (query rows, key columns) -> dropout(softmax(masked_fill(scores * scale,
 // causal, -inf)), p): the attention weights. Draws one 64-bit key from torch's CPU generator when
 // training with p > 0, as model::dropout does. Saves the softmax output and the dropout mask for

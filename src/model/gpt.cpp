@@ -31,8 +31,14 @@ void validate(const GptOptions& o) {
                 o.checkpoint_every, " (need >= 1 layers per segment)");
 }
 
-BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl, GeluImpl gelu_impl)
-    : d_model_(d_model), n_heads_(n_heads), dropout_(dropout), dropout_impl_(dropout_impl), gelu_impl_(gelu_impl) {
+BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl, GeluImpl gelu_impl,
+                     AttentionMatmul attention_matmul)
+    : d_model_(d_model),
+      n_heads_(n_heads),
+      dropout_(dropout),
+      dropout_impl_(dropout_impl),
+      gelu_impl_(gelu_impl),
+      attention_matmul_(attention_matmul) {
   // One statement per layer, in a fixed order: each draws its initial weights in turn.
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   qkv_ = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model)));
@@ -40,6 +46,11 @@ BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutIm
   ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
   fc_ = register_module("mlp_fc", torch::nn::Linear(torch::nn::LinearOptions(d_model, 4 * d_model)));
   fc_out_ = register_module("mlp_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * d_model, d_model)));
+}
+
+torch::Tensor BlockImpl::batched_matmul(const torch::Tensor& a, const torch::Tensor& b) const {
+  if (attention_matmul_ == AttentionMatmul::kLanes && lanes_bmm_applies(a, b)) return lanes_bmm(a, b);
+  return torch::matmul(a, b);
 }
 
 torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv, const torch::Tensor& qkv_bias) {
@@ -74,7 +85,7 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv, const torch::T
   // ops (the same kernels on the same inputs; AttentionInPlace.SameBitsAsOutOfPlace checks forward
   // and backward). It saves two [B, h, T, T] tensors per layer, each written to memory that is not
   // in cache: 4 MB each at the char GPT's shapes.
-  torch::Tensor att = torch::matmul(q, k_t);
+  torch::Tensor att = batched_matmul(q, k_t);
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   if (dropout_impl_ == DropoutImpl::kPhilox && fused_applies(att)) {
     // Scale, mask, softmax and dropout in one pass over tiles, on two lanes (model/fused.h): the
@@ -87,7 +98,7 @@ torch::Tensor BlockImpl::attention_core(const torch::Tensor& qkv, const torch::T
     att = torch::softmax(att, /*dim=*/-1);
     att = dropout(att, dropout_, is_training(), dropout_impl_);
   }
-  torch::Tensor y = torch::matmul(att, v);  // [B, h, T, dh]
+  torch::Tensor y = batched_matmul(att, v);  // [B, h, T, dh]
   if (fused_applies(y)) return merge_heads(y);
   return y.transpose(1, 2).contiguous().view({b, t, d_model_});
 }
@@ -165,12 +176,12 @@ torch::Tensor BlockImpl::attention_core_out_of_place(const torch::Tensor& qkv) {
   torch::Tensor q = parts[0].view({b, t, n_heads_, dh}).transpose(1, 2);
   torch::Tensor k = parts[1].view({b, t, n_heads_, dh}).transpose(1, 2);
   torch::Tensor v = parts[2].view({b, t, n_heads_, dh}).transpose(1, 2);
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+  torch::Tensor att = batched_matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
   torch::Tensor future = torch::ones({t, t}, qkv.options().dtype(torch::kBool)).triu(/*diagonal=*/1);
   att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
   att = torch::softmax(att, /*dim=*/-1);
   att = dropout(att, dropout_, is_training(), dropout_impl_);
-  return torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, d_model_});
+  return batched_matmul(att, v).transpose(1, 2).contiguous().view({b, t, d_model_});
 }
 
 torch::Tensor BlockImpl::forward_out_of_place(const torch::Tensor& x) {
@@ -189,7 +200,8 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
   wpe_ = register_module("wpe", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.context, d)));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < options_.n_layers; ++i) {
-    Block block(d, options_.n_heads, options_.dropout, options_.dropout_impl, options_.gelu_impl);
+    Block block(d, options_.n_heads, options_.dropout, options_.dropout_impl, options_.gelu_impl,
+                options_.attention_matmul);
     blocks_->push_back(block);
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));

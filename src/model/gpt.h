@@ -50,6 +50,7 @@ struct GptOptions {
   double dropout = 0.1;    // embeddings, attention weights, attention and MLP outputs
   DropoutImpl dropout_impl = DropoutImpl::kPhilox;  // model/dropout.h
   GeluImpl gelu_impl = GeluImpl::kRetrace;          // model/fused.h
+  AttentionMatmul attention_matmul = AttentionMatmul::kLanes;  // model/fused.h's lanes_bmm
   CheckpointPolicy checkpoint = CheckpointPolicy::kNone;
   int64_t checkpoint_every = 4;     // layers per segment with "full"
 };
@@ -60,7 +61,7 @@ void validate(const GptOptions& options);
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl = DropoutImpl::kPhilox,
-            GeluImpl gelu_impl = GeluImpl::kRetrace);
+            GeluImpl gelu_impl = GeluImpl::kRetrace, AttentionMatmul attention_matmul = AttentionMatmul::kLanes);
   // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
   // through checkpoint() (the selective policy).
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
@@ -77,6 +78,9 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor attention_core_out_of_place(const torch::Tensor& qkv);
 
  private:
+  // Attention's a @ b for [B, h, ., .] tensors: lanes_bmm (fused.h) where model.attention_matmul
+  // is "lanes" and it applies, torch::matmul otherwise.
+  torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) const;
   // A linear layer in two parts (gpt.cpp says why): its GEMM, and its in-place bias add.
   static torch::Tensor gemm(const torch::nn::Linear& layer, const torch::Tensor& x);
   static torch::Tensor& add_bias(torch::Tensor& y, const torch::nn::Linear& layer);
@@ -92,6 +96,7 @@ class BlockImpl : public torch::nn::Module {
   double dropout_;
   DropoutImpl dropout_impl_;
   GeluImpl gelu_impl_;
+  AttentionMatmul attention_matmul_;
   torch::nn::LayerNorm ln_1_{nullptr};
   torch::nn::Linear qkv_{nullptr};
   torch::nn::Linear proj_{nullptr};

@@ -20,6 +20,11 @@ inline constexpr const char* kDropoutImplNames[] = {"philox", "torch"};
 enum class GeluImpl : uint8_t { kRetrace, kTorch };
 inline constexpr const char* kGeluImplNames[] = {"retrace", "torch"};
 
+// model.attention_matmul: how the GPT's attention runs its batched matmuls on CPU float32 tensors
+// (fused.h's lanes_bmm, or ATen's bmm).
+enum class AttentionMatmul : uint8_t { kLanes, kBlas };
+inline constexpr const char* kAttentionMatmulNames[] = {"lanes", "blas"};
+
 // model.checkpoint: the GPT's activation-checkpoint policy (activation_checkpoint.h).
 enum class CheckpointPolicy : uint8_t { kNone, kFull, kSqrt, kSelective };
 inline constexpr const char* kCheckpointPolicyNames[] = {"none", "full", "sqrt", "selective"};
@@ -35,6 +40,7 @@ std::optional<E> from_name(const char* const (&names)[N], const char* s) {
 inline const char* option_name(Activation a) { return kActivationNames[static_cast<int>(a)]; }
 inline const char* option_name(DropoutImpl d) { return kDropoutImplNames[static_cast<int>(d)]; }
 inline const char* option_name(GeluImpl g) { return kGeluImplNames[static_cast<int>(g)]; }
+inline const char* option_name(AttentionMatmul m) { return kAttentionMatmulNames[static_cast<int>(m)]; }
 inline const char* option_name(CheckpointPolicy p) { return kCheckpointPolicyNames[static_cast<int>(p)]; }
 
 }  // namespace retrace::model

@@ -83,6 +83,11 @@ std::vector<Field> fields() {
                "the same bits with every LibTorch and CPU, about 3x faster) or torch (LibTorch's, whose bits change "
                "with the LibTorch version)",
                {"retrace", "torch"}, 0, 0, false, false, at(&C::model, &ModelConfig::gelu_impl), "'torch'"});
+  f.push_back({"model.attention_matmul", Kind::kChoice,
+               "gpt: how attention's batched matmuls run on CPU float32: lanes (the batch split between the two "
+               "lanes, each matrix one OpenBLAS call on one thread, about 1.7x faster) or blas (ATen's bmm, "
+               "OpenBLAS on runtime.blas_threads; other bits)",
+               {"lanes", "blas"}, 0, 0, false, false, at(&C::model, &ModelConfig::attention_matmul), "'blas'"});
   f.push_back({"model.d_model", Kind::kInt, "gpt: width", {}, 1, 1 << 16, false, false,
                at(&C::model, &ModelConfig::d_model)});
   f.push_back({"model.n_layers", Kind::kInt, "gpt: transformer blocks", {}, 1, 1024, false, false,

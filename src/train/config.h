@@ -51,6 +51,7 @@ struct ModelConfig {
   double dropout = 0.1;
   model::DropoutImpl dropout_impl = model::DropoutImpl::kPhilox;  // how CPU dropout masks are drawn
   model::GeluImpl gelu_impl = model::GeluImpl::kRetrace;          // how CPU float32 GELU is computed
+  model::AttentionMatmul attention_matmul = model::AttentionMatmul::kLanes;  // gpt: attention's bmm
   int64_t d_model = 128;     // gpt
   int64_t n_layers = 8;      // gpt
   int64_t n_heads = 4;       // gpt

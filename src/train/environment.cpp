@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "model/blas_threads.h"
 #include "model/lanes.h"
 #include "train/cuda_info.h"
 #include "train/launch.h"
@@ -29,8 +30,6 @@ namespace {
 
 // OpenBLAS's own thread pool is not limited by torch::set_num_threads; we reach its API at run
 // time (it is whatever libblas.so.3 points to), so the binary also works with other BLAS builds.
-using SetThreadsFn = void (*)(int);
-using GetIntFn = int (*)();
 using GetStrFn = char* (*)();
 
 template <typename Fn>
@@ -101,12 +100,10 @@ std::string blas_library(const std::string& core) {
 // OpenBLAS has its own pool, sized here. MKL has none of its own in the wheels: ATen gives it its
 // own thread count (set_num_threads, and again when a thread first runs a parallel region), so
 // under MKL runtime.blas_threads has no effect and the BLAS runs on the torch threads.
-void set_blas_threads(int n) {
-  if (auto set = blas_symbol<SetThreadsFn>("openblas_set_num_threads")) set(n);
-}
+void set_blas_threads(int n) { model::set_openblas_threads(n); }
 
 int blas_threads_now() {
-  if (auto get = blas_symbol<GetIntFn>("openblas_get_num_threads")) return get();
+  if (const int n = model::openblas_threads(); n > 0) return n;
   if (blas_in_process() == BlasKind::kMkl) return at::get_num_threads();
   return -1;
 }

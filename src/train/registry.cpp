@@ -71,6 +71,7 @@ model::GptOptions gpt_options(const Config& c, int64_t vocab_size) {
   o.dropout = c.model.dropout;
   o.dropout_impl = c.model.dropout_impl;
   o.gelu_impl = c.model.gelu_impl;
+  o.attention_matmul = c.model.attention_matmul;
   o.checkpoint = c.model.checkpoint;
   o.checkpoint_every = c.model.checkpoint_every;
   return o;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/blas_threads.h"
 #include "model/dropout.h"
 #include "model/fused.h"
 #include "model/gelu_kernel.h"
@@ -328,6 +329,60 @@ TEST(Fused, BiasGradientSameBitsAsSumTo) {
     }
   }
   EXPECT_THROW(bias_gradient(torch::randn({4, 5}), 4), InvariantError);
+}
+
+// torch::matmul(a, b) and its gradients with OpenBLAS on one thread: what lanes_bmm must give.
+std::array<torch::Tensor, 3> matmul_on_one_blas_thread(const torch::Tensor& a, const torch::Tensor& b,
+                                                       const torch::Tensor& upstream) {
+  const OneBlasThread one;
+  const torch::Tensor x = a.detach().clone().set_requires_grad(true), y = b.detach().clone().set_requires_grad(true);
+  const torch::Tensor xs = a.is_contiguous() ? x : x.transpose(-2, -1).contiguous().transpose(-2, -1);
+  torch::Tensor out = torch::matmul(xs, y);
+  out.backward(upstream);
+  return {out.detach(), x.grad(), y.grad()};
+}
+
+TEST(Fused, LanesBmmSameBitsAsMatmulOnOneBlasThread) {
+  // The char GPT's two products (q @ k^T, weights @ v), odd sizes, batches that do not split into
+  // whole slices, matrices under ATen's 400-element threshold (its own loop, not the BLAS), 3-d
+  // inputs, and a transposed (strided) operand, which matmul and lanes_bmm both copy first.
+  const int before = openblas_threads();
+  struct Case {
+    std::vector<int64_t> a, b;
+    bool transposed_a;
+  };
+  const std::vector<Case> cases = {{{16, 4, 128, 32}, {16, 4, 32, 128}, false},
+                                   {{16, 4, 128, 128}, {16, 4, 128, 32}, false},
+                                   {{3, 5, 37, 12}, {3, 5, 12, 29}, false},
+                                   {{2, 3, 5, 4}, {2, 3, 4, 6}, false},
+                                   {{17, 33, 9}, {17, 9, 40}, false},
+                                   {{2, 7, 24, 10}, {2, 7, 24, 19}, true}};
+  for (const Case& c : cases) {
+    seed(17 + c.a.back());
+    torch::Tensor a = torch::randn(c.a), b = torch::randn(c.b);
+    if (c.transposed_a) a = a.transpose(-2, -1);  // [.., 10, 24] seen through a transpose
+    std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end());
+    out_shape.back() = b.size(-1);
+    const torch::Tensor upstream = torch::randn(out_shape);
+    const auto want = matmul_on_one_blas_thread(a, b, upstream);
+    for (int n : {1, 2}) {
+      LanesGuard lanes(n);
+      const torch::Tensor x = a.detach().clone().set_requires_grad(true), y = b.detach().clone().set_requires_grad(true);
+      const torch::Tensor xs = c.transposed_a ? x.transpose(-2, -1).contiguous().transpose(-2, -1) : x;
+      ASSERT_TRUE(lanes_bmm_applies(xs, y));
+      torch::Tensor out = lanes_bmm(xs, y);
+      out.backward(upstream);
+      EXPECT_TRUE(same_bits(out, want[0])) << c.a << " lanes " << n;
+      EXPECT_TRUE(same_bits(x.grad(), want[1])) << c.a << " lanes " << n << " (a's gradient)";
+      EXPECT_TRUE(same_bits(y.grad(), want[2])) << c.a << " lanes " << n << " (b's gradient)";
+    }
+  }
+  EXPECT_EQ(openblas_threads(), before) << "OneBlasThread must restore OpenBLAS's thread count";
+  // What it does not take: broadcast batches, other dtypes, matrices (matmul's other paths).
+  EXPECT_FALSE(lanes_bmm_applies(torch::randn({2, 3, 4}), torch::randn({1, 4, 5})));
+  EXPECT_FALSE(lanes_bmm_applies(torch::randn({2, 3, 4}, torch::kDouble), torch::randn({2, 4, 5}, torch::kDouble)));
+  EXPECT_FALSE(lanes_bmm_applies(torch::randn({3, 4}), torch::randn({4, 5})));
+  EXPECT_THROW(lanes_bmm(torch::randn({2, 3, 4}), torch::randn({2, 5, 4})), InvariantError);
 }
 
 TEST(Fused, DropoutMaskSameAtOneAndTwoLanes) {

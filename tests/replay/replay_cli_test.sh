@@ -37,7 +37,7 @@ expect different-models 2 "different models" -- "$RETRACE" bisect "$tmp/a" "$tmp
 expect diff-different-models 1 "param" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/other/trace.rtrace"
 
 # Golden: passes as recorded, and fails with the first divergent step when the run changes.
-expect golden-check 0 "golden: 7 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
+expect golden-check 0 "golden: 8 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
 # One flipped bit is below the rounding noise between kernels: only the bitwise check (equal
 # numerics, the case unless this machine sets a kernel variable of its own) can see it.
 ct=${OPENBLAS_CORETYPE:-Haswell} cap=${ATEN_CPU_CAPABILITY:-avx2}

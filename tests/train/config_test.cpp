@@ -39,20 +39,24 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   ASSERT_EQ(old_text.find("dropout_impl"), std::string::npos);
   ASSERT_EQ(old_text.find("fused"), std::string::npos);
   ASSERT_EQ(old_text.find("gelu_impl"), std::string::npos);
+  ASSERT_EQ(old_text.find("attention_matmul"), std::string::npos);
   Config recorded = parse_config(old_text, "old run", {}, ConfigSource::kRecorded);
   EXPECT_EQ(recorded.model.dropout_impl, model::DropoutImpl::kTorch);
   EXPECT_EQ(recorded.model.gelu_impl, model::GeluImpl::kTorch);
+  EXPECT_EQ(recorded.model.attention_matmul, model::AttentionMatmul::kBlas);
   EXPECT_FALSE(recorded.optim.fused);
   EXPECT_EQ(to_toml(recorded), old_text);
   // The same text written by a person takes today's defaults, and says so when written back.
   Config user = parse_config(old_text, "user file", {});
   EXPECT_EQ(user.model.dropout_impl, model::DropoutImpl::kPhilox);
   EXPECT_EQ(user.model.gelu_impl, model::GeluImpl::kRetrace);
+  EXPECT_EQ(user.model.attention_matmul, model::AttentionMatmul::kLanes);
   EXPECT_TRUE(user.optim.fused);
   const std::string now = to_toml(user);
   EXPECT_NE(now.find("dropout_impl = 'philox'"), std::string::npos) << now;
   EXPECT_NE(now.find("fused = true"), std::string::npos) << now;
   EXPECT_NE(now.find("gelu_impl = 'retrace'"), std::string::npos) << now;
+  EXPECT_NE(now.find("attention_matmul = 'lanes'"), std::string::npos) << now;
   Config again = parse_config(now, "resolved", {}, ConfigSource::kRecorded);
   EXPECT_EQ(to_toml(again), now);
   // An explicit value in a recorded config wins over the legacy one.
@@ -61,6 +65,9 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   EXPECT_EQ(explicit_philox.model.dropout_impl, model::DropoutImpl::kPhilox);
   EXPECT_EQ(parse_config(old_text, "old run", {"model.gelu_impl=retrace"}, ConfigSource::kRecorded).model.gelu_impl,
             model::GeluImpl::kRetrace);
+  EXPECT_EQ(parse_config(old_text, "old run", {"model.attention_matmul=lanes"}, ConfigSource::kRecorded)
+                .model.attention_matmul,
+            model::AttentionMatmul::kLanes);
 }
 
 TEST(Config, UnknownKeyNamesKeyAndValidChoices) {

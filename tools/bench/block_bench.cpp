@@ -79,7 +79,7 @@ int main(int argc, char** argv) try {
   const auto& m = c.model;
   torch::manual_seed(c.seed);
   std::vector<model::Block> blocks;
-  for (int64_t i = 0; i < m.n_layers; ++i) blocks.emplace_back(m.d_model, m.n_heads, m.dropout, m.dropout_impl, m.gelu_impl);
+  for (int64_t i = 0; i < m.n_layers; ++i) blocks.emplace_back(m.d_model, m.n_heads, m.dropout, m.dropout_impl, m.gelu_impl, m.attention_matmul);
   torch::Tensor x = torch::randn({c.data.batch_size, c.data.context, m.d_model});
   torch::Tensor upstream = torch::randn_like(x);
   std::printf("== block_bench: %lld blocks of d_model %lld, %lld heads, dropout %g; input [%lld, %lld, %lld]; %s\n",

@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -29,6 +30,7 @@
 
 #include "bench_stats.h"
 #include "core/error.h"
+#include "model/fused.h"
 #include "model/lanes.h"
 #include "train/config.h"
 #include "train/environment.h"
@@ -46,17 +48,25 @@ namespace {
 
 // One recorded matrix product.
 struct Gemm {
-  std::string op;  // aten::mm, aten::addmm, aten::bmm, aten::baddbmm
+  std::string op;  // aten::mm, aten::addmm, aten::bmm, aten::baddbmm, retrace::bmm_on_lanes
   bool backward = false;
   std::vector<std::vector<int64_t>> sizes, strides;  // of the tensor inputs, in order
   c10::ScalarType dtype = c10::kFloat;
   double beta = 1, alpha = 1;
 };
 
+// retrace's batched matmul on the lanes (model/fused.h) counts as one product: the ATen bmm calls it
+// makes on slices of its batch, on both threads, are its parts, not products of their own.
+constexpr const char* kLanesBmm = "retrace::bmm_on_lanes";
+bool is_lanes_bmm(const char* name) { return std::string(name) == kLanesBmm; }
+
 bool is_gemm(const char* name) {
   const std::string n = name;
-  return n == "aten::mm" || n == "aten::addmm" || n == "aten::bmm" || n == "aten::baddbmm";
+  return n == "aten::mm" || n == "aten::addmm" || n == "aten::bmm" || n == "aten::baddbmm" || n == kLanesBmm;
 }
+
+// Open bmm_on_lanes calls of the step (its parts run on the helper thread too, hence not thread-local).
+std::atomic<int> lanes_bmm_depth{0};
 
 thread_local int backward_depth = 0;
 std::vector<Gemm>* capture = nullptr;
@@ -95,8 +105,9 @@ std::unique_ptr<at::ObserverContext> on_start_timed(const at::RecordFunction& fn
   } else if (aten) {
     ctx->counted = backward_depth == 0 && aten_depth == 0;
     ++aten_depth;
-    ctx->gemm = is_gemm(fn.name());
+    ctx->gemm = is_gemm(fn.name()) && lanes_bmm_depth.load() == 0;
     ctx->gemm_in_backward = backward_depth > 0;
+    if (is_lanes_bmm(fn.name())) ++lanes_bmm_depth;
   }
   ctx->t = Clock::now();
   return ctx;
@@ -107,6 +118,7 @@ void on_end_timed(const at::RecordFunction& fn, at::ObserverContext* c) {
   const double ms = ms_since(ctx->t);
   if (ctx->backward_fn) --backward_depth;
   else if (is_op(fn.name())) --aten_depth;
+  if (is_lanes_bmm(fn.name()) && std::this_thread::get_id() == stepping_thread) --lanes_bmm_depth;
   if (ctx->counted && op_times) (ctx->backward_fn ? op_times->backward : op_times->forward)[fn.name()] += ms;
   if (ctx->gemm && op_times) (ctx->gemm_in_backward ? op_times->gemm_bw : op_times->gemm_fw) += ms;
 }
@@ -125,7 +137,9 @@ void print_top(const char* phase, const std::map<std::string, double>& m, double
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) ++backward_depth;
-  if (capture && is_gemm(fn.name())) {
+  const bool part = lanes_bmm_depth.load() > 0;
+  if (is_lanes_bmm(fn.name())) ++lanes_bmm_depth;
+  if (capture && is_gemm(fn.name()) && !part) {
     Gemm g;
     g.op = fn.name();
     g.backward = backward_depth > 0;
@@ -148,6 +162,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) --backward_depth;
+  if (is_lanes_bmm(fn.name())) --lanes_bmm_depth;
 }
 
 // Tensors laid out as the recorded inputs were (strides included: a transposed operand takes
@@ -184,6 +199,7 @@ std::pair<double, double> run_gemms(const std::vector<Prepared>& ps) {
     if (g.op == "aten::mm") at::mm(p.in[0], p.in[1]);
     else if (g.op == "aten::addmm") at::addmm(p.in[0], p.in[1], p.in[2], g.beta, g.alpha);
     else if (g.op == "aten::bmm") at::bmm(p.in[0], p.in[1]);
+    else if (g.op == kLanesBmm) model::bmm_on_lanes(p.in[0], p.in[1]);
     else at::baddbmm(p.in[0], p.in[1], p.in[2], g.beta, g.alpha);
     (g.backward ? bw : fw) += ms_since(t);
   }
