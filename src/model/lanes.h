@@ -38,5 +38,8 @@ void for_each_tile(int64_t n, int64_t tile, const std::function<void(int64_t beg
 // for the MLP's 536k parameters the two lanes made that phase slower (0.75 ms against 0.64), for
 // the char GPT's 1.6M faster (2.45 ms against 3.85).
 constexpr int64_t kAfterBackwardLanesFrom = int64_t{1} << 20;
+// The pieces those passes cut a large tensor into for the lanes to take in turn: taking one costs
+// little against its work (about 35 us of AdamW), and a large parameter spreads over both lanes.
+constexpr int64_t kAfterBackwardPiece = 64 * 1024;
 
 }  // namespace retrace::model

@@ -152,12 +152,16 @@ inline void mulhilo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
 
 inline __m256i xor3(__m256i a, __m256i b, __m256i c) { return _mm256_xor_si256(_mm256_xor_si256(a, b), c); }
 
+// All ones in each word where a > b as unsigned integers: AVX2 compares signed, so the sign bits
+// of both sides are flipped first.
+inline __m256i greater_unsigned(__m256i a, __m256i b) {
+  const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  return _mm256_cmpgt_epi32(_mm256_xor_si256(a, flip), _mm256_xor_si256(b, flip));
+}
+
 // keep_scale where the word is >= threshold (unsigned), else +0.0f.
 inline __m256 keep_where(__m256i words, __m256i threshold, __m256 keep_scale) {
-  // AVX2 compares signed: flip the sign bits of both sides to compare unsigned.
-  const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-  const __m256i drop = _mm256_cmpgt_epi32(_mm256_xor_si256(threshold, flip), _mm256_xor_si256(words, flip));
-  return _mm256_andnot_ps(_mm256_castsi256_ps(drop), keep_scale);
+  return _mm256_andnot_ps(_mm256_castsi256_ps(greater_unsigned(threshold, words)), keep_scale);
 }
 
 // Blocks [first, first + 8 G) of the mask into out[0, 32 G).
@@ -173,9 +177,7 @@ inline void blocks(uint64_t key, __m256i threshold, __m256 keep_scale, float* ou
     const __m256i lo = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(base)));
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(base >> 32)));
     c0[g] = _mm256_add_epi32(lo, step);
-    const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-    const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(lo, flip), _mm256_xor_si256(c0[g], flip));  // -1
-    c1[g] = _mm256_sub_epi32(hi, wrapped);
+    c1[g] = _mm256_sub_epi32(hi, greater_unsigned(lo, c0[g]));  // wrapped: -1
     c2[g] = _mm256_setzero_si256();
     c3[g] = _mm256_setzero_si256();
   }

@@ -22,10 +22,10 @@ namespace {
 // parameter is not a dense contiguous float32 CPU tensor (CUDA, half precision), for AMSGrad, and
 // when a closure is passed.
 class FusedAdamW final : public torch::optim::AdamW {
-  // Floats per piece of a parameter's update on the lanes: a multiple of the kernel's 1024-float
-  // chunk (adamw_kernel.cpp), large enough that taking a piece costs little against its update
-  // (about 35 us), small enough that a large parameter spreads over both lanes.
-  static constexpr int64_t kPiece = 64 * 1024;
+  // Pieces of a parameter's update on the lanes must start at multiples of the kernel's 1024-float
+  // chunk (adamw_kernel.cpp), whose lane sums need whole 64-byte blocks.
+  static constexpr int64_t kPiece = model::kAfterBackwardPiece;
+  static_assert(kPiece % 1024 == 0);
 
  public:
   using torch::optim::AdamW::AdamW;

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "core/error.h"
@@ -25,9 +25,6 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-}  // namespace
-
-namespace {
 // The defined gradients of params.
 std::vector<torch::Tensor> gradients(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> grads;
@@ -81,8 +78,8 @@ void clip_grads(const std::vector<torch::Tensor>& params, double max_norm, doubl
   if (coef >= 1.0) return;
   torch::NoGradGuard no_grad;
   // An elementwise product: pieces of a gradient get the bits the whole would, so the lanes take
-  // pieces of at most 64k floats.
-  constexpr int64_t kPiece = 64 * 1024;
+  // pieces of at most kAfterBackwardPiece floats.
+  constexpr int64_t kPiece = model::kAfterBackwardPiece;
   const std::vector<torch::Tensor> grads = gradients(params);
   std::vector<torch::Tensor> pieces;
   for (const size_t i : largest_first(grads)) {
