@@ -26,12 +26,18 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 namespace {
 
 // One body, inlined into an AVX2+FMA build (vectorized, what LibTorch's own kernels use on these
-// CPUs) and into the x86-64 baseline build (std::fma becomes a libm call there).
-inline __attribute__((always_inline)) void update_body(float* __restrict p, const float* __restrict g,
+// CPUs) and into the x86-64 baseline build (std::fma becomes a libm call there). Scaled: the
+// gradient is first multiplied by s and the product stored back, what g.mul_(s) does.
+template <bool Scaled>
+inline __attribute__((always_inline)) void update_body(float* __restrict p, float* __restrict g,
                                                        float* __restrict m, float* __restrict v, int64_t n,
-                                                       const AdamWCoefficients c) {
+                                                       const AdamWCoefficients c, const float s) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    float gi = g[i];
+    if constexpr (Scaled) {
+      gi = gi * s;
+      g[i] = gi;
+    }
     const float pi = p[i] * c.decay;
     const float mi = std::fma(gi, c.one_minus_beta1, m[i] * c.beta1);
     const float vi = std::fma(c.one_minus_beta2 * gi, gi, v[i] * c.beta2);
@@ -43,27 +49,34 @@ inline __attribute__((always_inline)) void update_body(float* __restrict p, cons
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) void update_avx2(float* __restrict p, const float* __restrict g,
-                                                     float* __restrict m, float* __restrict v, int64_t n,
-                                                     const AdamWCoefficients c) {
-  update_body(p, g, m, v, n, c);
+template <bool Scaled>
+__attribute__((target("avx2,fma"))) void update_avx2(float* __restrict p, float* __restrict g, float* __restrict m,
+                                                     float* __restrict v, int64_t n, const AdamWCoefficients c,
+                                                     const float s) {
+  update_body<Scaled>(p, g, m, v, n, c, s);
 }
 #endif
 
-void update_generic(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                    int64_t n, const AdamWCoefficients c) {
-  update_body(p, g, m, v, n, c);
+template <bool Scaled>
+void update_generic(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
+                    const AdamWCoefficients c, const float s) {
+  update_body<Scaled>(p, g, m, v, n, c, s);
 }
 
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
-                  bool allow_simd, LaneSums* sums) {
+void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c, bool allow_simd,
+                  LaneSums* sums, const float* grad_scale) {
+  const float s = grad_scale ? *grad_scale : 1.0f;
   auto update = [&](int64_t off, int64_t len) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (allow_simd && cpu_has_avx2_fma()) return update_avx2(p + off, g + off, m + off, v + off, len, c);
+    if (allow_simd && cpu_has_avx2_fma()) {
+      if (grad_scale) return update_avx2<true>(p + off, g + off, m + off, v + off, len, c, s);
+      return update_avx2<false>(p + off, g + off, m + off, v + off, len, c, s);
+    }
 #endif
-    update_generic(p + off, g + off, m + off, v + off, len, c);
+    if (grad_scale) return update_generic<true>(p + off, g + off, m + off, v + off, len, c, s);
+    update_generic<false>(p + off, g + off, m + off, v + off, len, c, s);
   };
   if (!sums) return update(0, n);
   // 4 KiB of each array per chunk (a multiple of 64 bytes, as LaneSums needs): the four arrays'

@@ -33,8 +33,12 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 // sums (three, or nullptr): receive the lane sums (core/digest.h) of the new p, m and v, taken
 // chunk by chunk while the chunk is still in the cache: the digests of parameters and optimizer
 // state without reading them again.
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
-                  bool allow_simd = true, LaneSums* sums = nullptr);
+// grad_scale (or nullptr): clipping's coefficient, applied first: g = g * grad_scale, stored back
+// into g, the bits of g.mul_(coef) with grad_scale = float(coef) (ATen rounds a double scalar to
+// the tensor's float). The loop is bound by its divisions and square roots, so the product and its
+// store come almost free, where clipping on its own is another pass over every gradient.
+void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
+                  bool allow_simd = true, LaneSums* sums = nullptr, const float* grad_scale = nullptr);
 
 // The instruction set adamw_update runs with on this CPU: "avx2+fma" or "generic". Both give the
 // same bits (a fused multiply-add is correctly rounded in hardware and in libm).

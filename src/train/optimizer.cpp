@@ -31,7 +31,10 @@ class FusedAdamW final : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
 
   torch::Tensor step(LossClosure closure = nullptr) override {
-    if (closure) return torch::optim::AdamW::step(std::move(closure));
+    // Clipping's product left to this step (defer_grad_scale) is taken now, whichever way it goes.
+    Deferred scale = std::move(deferred_);
+    deferred_ = {};
+    if (closure) return hand_over(scale, std::move(closure));
     // One pass finds every parameter's state and whether all of them can be fused; the update
     // starts only when they can, so a hand-over to LibTorch never follows a partial update.
     struct Item {
@@ -42,20 +45,33 @@ class FusedAdamW final : public torch::optim::AdamW {
     std::vector<Item> items;
     for (auto& group : param_groups()) {
       const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-      if (o.amsgrad()) return torch::optim::AdamW::step();
+      if (o.amsgrad()) return hand_over(scale);
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
         if (!dense_f32_cpu(p, p.numel()) || !dense_f32_cpu(p.grad(), p.numel()) ||
             p.data_ptr() == p.grad().data_ptr())
-          return torch::optim::AdamW::step();
+          return hand_over(scale);
         auto* s = static_cast<torch::optim::AdamWParamState*>(compat::find_param_state(*this, p));
         if (s && (!dense_f32_cpu(s->exp_avg(), p.numel()) || !dense_f32_cpu(s->exp_avg_sq(), p.numel())))
-          return torch::optim::AdamW::step();
+          return hand_over(scale);
         items.push_back({p, &o, s});
       }
     }
     ++fused_steps_;
     torch::NoGradGuard no_grad;
+    // The deferred product goes into the pass for the parameters it updates; any other gradient it
+    // covers (a parameter this optimizer does not hold) gets it here.
+    std::vector<bool> scaled(items.size(), false);
+    const float scale_f = static_cast<float>(scale.coef);
+    if (scale.active) {
+      std::unordered_map<const c10::TensorImpl*, size_t> item_of;
+      for (size_t i = 0; i < items.size(); ++i) item_of.emplace(items[i].p.unsafeGetTensorImpl(), i);
+      for (const auto& p : scale.params) {
+        auto found = item_of.find(p.unsafeGetTensorImpl());
+        if (found != item_of.end()) scaled[found->second] = true;
+        else if (p.grad().defined()) p.mutable_grad().mul_(scale.coef);
+      }
+    }
     // Each parameter's update in pieces of at most kPiece floats, cut at multiples of the kernel's
     // chunk, which the two lanes take in turn (model/lanes.h) when there are enough of them:
     // elements are independent, so pieces keep the bits, and each piece's lane sums append to the
@@ -97,7 +113,7 @@ class FusedAdamW final : public torch::optim::AdamW {
         const int64_t b = piece.begin;
         adamw_update(it.p.data_ptr<float>() + b, it.p.grad().data_ptr<float>() + b, s.exp_avg().data_ptr<float>() + b,
                      s.exp_avg_sq().data_ptr<float>() + b, piece.end - b, coefficients[piece.item], true,
-                     keep ? piece.sums : nullptr);
+                     keep ? piece.sums : nullptr, scaled[piece.item] ? &scale_f : nullptr);
       }
     };
     if (floats >= model::kAfterBackwardLanesFrom) model::for_each_tile(static_cast<int64_t>(pieces.size()), 1, update);
@@ -110,6 +126,7 @@ class FusedAdamW final : public torch::optim::AdamW {
       for (; next_piece < pieces.size() && pieces[next_piece].item == i; ++next_piece)
         for (int k = 0; k < 3; ++k) sums[k].append(pieces[next_piece].sums[k]);
       // What an in-place tensor operation would do, so autograd's checks still see the writes.
+      if (scaled[i]) it.p.grad().unsafeGetTensorImpl()->bump_version();
       const torch::Tensor* written[3] = {&it.p, &s.exp_avg(), &s.exp_avg_sq()};
       for (int k = 0; k < 3; ++k) {
         c10::TensorImpl* impl = written[k]->unsafeGetTensorImpl();
@@ -122,6 +139,10 @@ class FusedAdamW final : public torch::optim::AdamW {
       }
     }
     return {};
+  }
+  void defer_grad_scale(std::vector<torch::Tensor> params, double coef) {
+    if (deferred_.active) apply(deferred_);  // two products in a row: the first one now
+    deferred_ = {std::move(params), coef, true};
   }
   int64_t fused_steps() const { return fused_steps_; }
   bool keeps_sums() const { return keep_sums_; }
@@ -147,6 +168,24 @@ class FusedAdamW final : public torch::optim::AdamW {
     const void* data = nullptr;
     uint64_t sums[16];
   };
+  // Gradients to multiply by coef before the next update.
+  struct Deferred {
+    std::vector<torch::Tensor> params;
+    double coef = 1.0;
+    bool active = false;
+  };
+  static void apply(const Deferred& d) {
+    if (!d.active) return;
+    torch::NoGradGuard no_grad;
+    for (const auto& p : d.params)
+      if (p.grad().defined()) p.mutable_grad().mul_(d.coef);
+  }
+  // LibTorch's own step, after the deferred product as its own pass (clip_grads' bits).
+  torch::Tensor hand_over(const Deferred& d, LossClosure closure = nullptr) {
+    apply(d);
+    return torch::optim::AdamW::step(std::move(closure));
+  }
+  Deferred deferred_;
   int64_t fused_steps_ = 0;
   bool keep_sums_ = false;
   std::unordered_map<const c10::TensorImpl*, Known> sums_;
@@ -179,6 +218,13 @@ bool fused_lane_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t,
 
 void keep_lane_sums(torch::optim::Optimizer& opt, bool keep) {
   if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->keep_sums(keep);
+}
+
+bool defer_grad_scale(torch::optim::Optimizer& opt, std::vector<torch::Tensor> params, double coef) {
+  auto* f = dynamic_cast<FusedAdamW*>(&opt);
+  if (!f) return false;
+  f->defer_grad_scale(std::move(params), coef);
+  return true;
 }
 
 int64_t fused_adamw_steps(const torch::optim::Optimizer& opt) {

@@ -6,6 +6,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <vector>
 
 #include "core/tensor_digest.h"
 #include "train/config.h"
@@ -15,6 +16,11 @@ namespace retrace::train {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                                         torch::nn::Module& model);
 void set_lr(torch::optim::Optimizer& opt, double lr);
+// Clipping's product, left to the optimizer's next step: true when opt is the fused AdamW, which then
+// multiplies the gradients of `params` by coef inside its own pass (adamw_kernel.h), storing the
+// product back, the bits of grad.mul_(coef) for each; a step it hands to LibTorch's code does that
+// multiplication first, as its own pass. False, and nothing deferred, for any other optimizer.
+bool defer_grad_scale(torch::optim::Optimizer& opt, std::vector<torch::Tensor> params, double coef);
 // How many steps the fused AdamW took in one pass (-1: opt is not the fused AdamW). Steps it handed
 // to LibTorch's code (tensors it does not fuse) are not counted.
 int64_t fused_adamw_steps(const torch::optim::Optimizer& opt);

@@ -15,6 +15,7 @@
 #include "train/guards.h"
 #include "train/invariant.h"
 #include "train/loss_scaler.h"
+#include "train/optimizer.h"
 #include "train/probe.h"
 #include "train/registry.h"
 
@@ -215,7 +216,10 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     return r;
   }
   if (policy.max_norm > 0 && policy.max_norm / (r.grad_norm_pre + 1e-6) < 1.0) {
-    clip_grads(params, policy.max_norm, r.grad_norm_pre);
+    // The fused AdamW multiplies in its own pass, where the product costs almost nothing; any
+    // other optimizer gets the gradients clipped here. The same bits either way.
+    if (!defer_grad_scale(optimizer, params, policy.max_norm / (r.grad_norm_pre + 1e-6)))
+      clip_grads(params, policy.max_norm, r.grad_norm_pre);
     // The norm after clipping is the norm before times the clip coefficient (every gradient is
     // scaled by it); computing it instead of measuring it saves a pass over the gradients.
     r.grad_norm_post = r.grad_norm_pre * (policy.max_norm / (r.grad_norm_pre + 1e-6));

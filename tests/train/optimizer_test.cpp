@@ -69,8 +69,11 @@ struct LanesGuard {
 // Runs both implementations side by side for `steps` steps with the same gradients and learning
 // rates; parameter k gets no gradient on steps where (step + k) % 7 == 0. The fused one updates on
 // `lanes` lanes, in pieces of 64k floats.
+// With clip > 0, every step first clips by a coefficient near it: the fused one takes the product
+// into its pass (defer_grad_scale), LibTorch's side multiplies the gradients first, as clip_grads
+// does; the clipped gradients must then be equal too.
 void run_side_by_side(const std::vector<int64_t>& sizes, torch::Dtype dtype, double weight_decay, int steps,
-                      bool extremes, int lanes = 1) {
+                      bool extremes, int lanes = 1, double clip = 0) {
   const LanesGuard guard(lanes);
   if (!compat::kFusedAdamWMatchesLibTorch)
     GTEST_SKIP() << "the fused AdamW reproduces LibTorch 1.13's roundings, not LibTorch " << compat::libtorch_version()
@@ -102,9 +105,18 @@ void run_side_by_side(const std::vector<int64_t>& sizes, torch::Dtype dtype, dou
       pa[k].mutable_grad() = g.clone();
       pb[k].mutable_grad() = g.clone();
     }
+    if (clip > 0) {
+      const double coef = clip * (1.0 + 0.01 * step);
+      EXPECT_TRUE(defer_grad_scale(*fused, ma.parameters(), coef));
+      torch::NoGradGuard no_grad;
+      for (auto& p : pb)
+        if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    }
     fused->step();
     plain->step();
     expect_same_state(*fused, ma, *plain, mb, step);
+    for (size_t k = 0; clip > 0 && k < pa.size(); ++k)
+      if (pa[k].grad().defined()) EXPECT_EQ(differing(pa[k].grad(), pb[k].grad()), 0) << "gradient " << k << " at step " << step;
     if (::testing::Test::HasFailure()) return;
   }
   // The comparison means something only if the fused loop really ran (float32) or really did not.
@@ -121,6 +133,48 @@ TEST(FusedAdamW, SameBitsAsLibTorchOnTwoLanes) {
   // than kAfterBackwardLanesFrom floats in all, so the lanes take the pieces.
   static_assert(784 * 512 + 3 * 65536 + 5 + 512 + 65536 + 1 + (1 << 19) >= model::kAfterBackwardLanesFrom);
   run_side_by_side({784 * 512, 3 * 65536 + 5, 512, 65536, 1, 1 << 19}, torch::kFloat32, 0.01, 15, false, 2);
+}
+
+TEST(FusedAdamW, ClippingInsideThePassGivesTheBitsOfClippingFirst) {
+  run_side_by_side({784 * 512, 512, 256 * 10, 10, 13, 7, 1}, torch::kFloat32, 0.01, 20, false, 1, 0.37);
+  run_side_by_side({1031, 17, 8}, torch::kFloat32, 0.01, 12, true, 1, 0.61);
+  run_side_by_side({784 * 512, 3 * 65536 + 5, 512, 65536, 1, 1 << 19}, torch::kFloat32, 0.01, 6, false, 2, 0.29);
+}
+
+TEST(FusedAdamW, ClippingLeftToAStepHandedToLibTorchComesFirst) {
+  // Float64 parameters: the fused AdamW hands the step to LibTorch's code, after the product.
+  run_side_by_side({515, 9}, torch::kFloat64, 0.01, 5, false, 1, 0.43);
+}
+
+TEST(FusedAdamW, OnlyTheFusedOneTakesClipping) {
+  Params m({10}, torch::kFloat32, 1);
+  auto plain = make_optimizer(adamw(false, 0.01), m);
+  EXPECT_FALSE(defer_grad_scale(*plain, m.parameters(), 0.5));
+  auto fused = make_optimizer(adamw(true, 0.01), m);
+  EXPECT_EQ(defer_grad_scale(*fused, m.parameters(), 0.5), compat::kFusedAdamWMatchesLibTorch);
+}
+
+TEST(FusedAdamW, TwoProductsLeftBeforeOneStepAreBothTaken) {
+  if (!compat::kFusedAdamWMatchesLibTorch) GTEST_SKIP() << "no fused AdamW on LibTorch " << compat::libtorch_version();
+  Params ma({3000, 7}, torch::kFloat32, 4), mb({3000, 7}, torch::kFloat32, 4);
+  auto fused = make_optimizer(adamw(true, 0.01), ma);
+  auto plain = make_optimizer(adamw(false, 0.01), mb);
+  const auto pa = ma.parameters(), pb = mb.parameters();
+  for (size_t k = 0; k < pa.size(); ++k) {
+    pa[k].mutable_grad() = torch::randn_like(pa[k]);
+    pb[k].mutable_grad() = pa[k].grad().clone();
+    pb[k].mutable_grad().mul_(0.7).mul_(0.3);
+  }
+  ASSERT_TRUE(defer_grad_scale(*fused, pa, 0.7));
+  ASSERT_TRUE(defer_grad_scale(*fused, pa, 0.3));
+  fused->step();
+  plain->step();
+  expect_same_state(*fused, ma, *plain, mb, 1);
+  // Taken once: the next step does not multiply again.
+  for (size_t k = 0; k < pa.size(); ++k) pb[k].mutable_grad() = pa[k].grad().clone();
+  fused->step();
+  plain->step();
+  expect_same_state(*fused, ma, *plain, mb, 2);
 }
 
 TEST(FusedAdamW, SameBitsAsLibTorchWithoutWeightDecay) {
