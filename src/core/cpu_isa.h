@@ -1,14 +1,23 @@
-// Whether this CPU runs the AVX2 + FMA builds of retrace's own vectorized loops (the fused AdamW,
-// train/adamw_kernel.h; the GELU, model/gelu_kernel.h). Each loop has one body, compiled once for
-// AVX2 + FMA and once for the x86-64 baseline, with the same bits; this picks which one runs.
-// Asked once per process (a function-local static). Torch-free.
+// Whether this CPU runs the AVX2 builds of retrace's own vectorized loops: AVX2 alone for the
+// dropout mask (rng/philox.h), AVX2 + FMA for the fused AdamW (train/adamw_kernel.h) and the GELU
+// (model/gelu_kernel.h). Each loop also has an x86-64 baseline build with the same bits; these
+// pick which one runs. Asked once per process (a function-local static). Torch-free.
 #pragma once
 
 namespace retrace {
 
+inline bool cpu_has_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 inline bool cpu_has_avx2_fma() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("fma");
   return yes;
 #else
   return false;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cpu_isa.h"
 #include "core/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -238,14 +239,7 @@ void dropout_mask(uint64_t key, uint32_t drop_threshold, float keep_scale, float
   dropout_mask_range(key, drop_threshold, keep_scale, out, 0, n);
 }
 
-bool mask_build_runs(MaskBuild build) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-#else
-  constexpr bool avx2 = false;
-#endif
-  return build != MaskBuild::kAvx2 || avx2;
-}
+bool mask_build_runs(MaskBuild build) { return build != MaskBuild::kAvx2 || cpu_has_avx2(); }
 
 void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin,
                         int64_t end, MaskBuild build) {

@@ -215,14 +215,14 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     r.optimizer_ms = ms_since(t);
     return r;
   }
-  if (policy.max_norm > 0 && policy.max_norm / (r.grad_norm_pre + 1e-6) < 1.0) {
+  const double clip_coef = policy.max_norm / (r.grad_norm_pre + 1e-6);  // clip_grads' coefficient
+  if (policy.max_norm > 0 && clip_coef < 1.0) {
     // The fused AdamW multiplies in its own pass, where the product costs almost nothing; any
     // other optimizer gets the gradients clipped here. The same bits either way.
-    if (!defer_grad_scale(optimizer, params, policy.max_norm / (r.grad_norm_pre + 1e-6)))
-      clip_grads(params, policy.max_norm, r.grad_norm_pre);
+    if (!defer_grad_scale(optimizer, params, clip_coef)) clip_grads(params, policy.max_norm, r.grad_norm_pre);
     // The norm after clipping is the norm before times the clip coefficient (every gradient is
     // scaled by it); computing it instead of measuring it saves a pass over the gradients.
-    r.grad_norm_post = r.grad_norm_pre * (policy.max_norm / (r.grad_norm_pre + 1e-6));
+    r.grad_norm_post = r.grad_norm_pre * clip_coef;
   } else {
     r.grad_norm_post = r.grad_norm_pre;
   }
