@@ -36,6 +36,7 @@ retrace_gtest(torch_test
   tests/model/dropout_test.cpp
   tests/model/torchscript_test.cpp
   tests/data/user_data_test.cpp
+  tests/data/token_shards_test.cpp
   tests/api/api_test.cpp
 )
 target_link_libraries(torch_test PRIVATE retrace_replay retrace_api)
@@ -200,3 +201,8 @@ endif()
 add_test(NAME other_torch COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/other_torch_test.sh $<TARGET_FILE:retrace>
          ${RETRACE_OTHER_BINARY})
 set_tests_properties(other_torch PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# Token shards end to end: bounded LM evaluation, a kill during evaluation, shards changed between
+# record and resume, the [eval] keys' and memory's bad input.
+add_test(NAME tokens COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/tokens_test.sh $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR})
+set_tests_properties(tokens PROPERTIES TIMEOUT 600)

@@ -57,6 +57,7 @@ retrace_torch_part(retrace_rng_torch src/rng/rng_state.cpp)
 target_link_libraries(retrace_rng_torch PUBLIC retrace_rng retrace_core_torch)
 
 retrace_torch_part(retrace_data_torch
+  src/data/dataset.cpp
   src/data/fashion_mnist.cpp
   src/data/text_corpus.cpp
   src/data/tensor_files.cpp

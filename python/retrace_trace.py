@@ -586,7 +586,9 @@ def _step_dict(b, t, outcomes, where):
 
 
 def _eval_dict(b, t):
-    return {"step": b.step, "epoch": b.epoch, "samples": b.samples, "loss": b.loss, "accuracy": b.accuracy}
+    tokens = b.tokens
+    return {"step": b.step, "epoch": b.epoch, "samples": b.samples, "loss": b.loss, "accuracy": b.accuracy,
+            "tokens": tokens, "batches": b.batches, "perplexity": math.exp(b.loss) if tokens > 0 else 0.0}
 
 
 def _event_dict(b, t):
@@ -906,8 +908,12 @@ def _print_table(trace, out):
     lines.append("")
     lines.append("evals" + ("" if evals else ": none"))
     for e in evals:
-        lines.append(f"  step {e['step']} epoch {e['epoch']}: loss {e['loss']:.6f}, accuracy {e['accuracy']:.4f} "
-                     f"over {e['samples']} samples")
+        if e["tokens"] > 0:
+            lines.append(f"  step {e['step']} epoch {e['epoch']}: loss {e['loss']:.6f}, perplexity "
+                         f"{e['perplexity']:.4f} over {e['tokens']} tokens ({e['samples']} samples)")
+        else:
+            lines.append(f"  step {e['step']} epoch {e['epoch']}: loss {e['loss']:.6f}, accuracy "
+                         f"{e['accuracy']:.4f} over {e['samples']} samples")
     lines.append("events" + ("" if events else ": none"))
     for e in events:
         lines.append(f"  step {e['step']} {e['kind']}: {e['message']}")

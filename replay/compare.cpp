@@ -140,7 +140,7 @@ std::optional<std::string> compare_evals(const std::vector<records::EvalRecord>&
   for (size_t i = 0; i < n; ++i) {
     const auto &x = a[i], &y = b[i];
     std::ostringstream o;
-    if (x.step != y.step || x.epoch != y.epoch || x.samples != y.samples)
+    if (x.step != y.step || x.epoch != y.epoch || x.samples != y.samples || x.tokens != y.tokens)
       o << "evaluation " << i + 1 << ": after step " << x.step << " (epoch " << x.epoch << ", " << x.samples
         << " samples) in one, after step " << y.step << " (epoch " << y.epoch << ", " << y.samples << ") in the other";
     else if (mode == CompareMode::kBitwise && (!same_bits(x.loss, y.loss) || !same_bits(x.accuracy, y.accuracy)))

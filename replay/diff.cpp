@@ -196,7 +196,9 @@ nlohmann::json eval_json(const std::optional<EvalRecord>& e) {
   return {{"epoch", e->epoch},
           {"samples", e->samples},
           {"loss", num_json(e->loss)},
-          {"accuracy", num_json(e->accuracy)}};
+          {"accuracy", num_json(e->accuracy)},
+          {"tokens", e->tokens},
+          {"perplexity", num_json(e->perplexity())}};
 }
 
 // StepRecord's fields in declaration order (as diff_record reports them).
@@ -245,7 +247,8 @@ const char* outcome_name(records::Outcome o) { return o == records::Outcome::kSt
 
 bool EvalRow::differs() const {
   if (!a || !b) return true;
-  return !same_double(a->loss, b->loss) || !same_double(a->accuracy, b->accuracy) || a->samples != b->samples;
+  return !same_double(a->loss, b->loss) || !same_double(a->accuracy, b->accuracy) || a->samples != b->samples ||
+         a->tokens != b->tokens;
 }
 
 bool DiffReport::identical() const {
@@ -455,7 +458,7 @@ std::string render_text(const DiffReport& r) {
   if (differing_evals > 0) {
     section("evaluation differences");
     TextTable t("  ");
-    t.row({"step", "accuracy a", "accuracy b", "loss a", "loss b"});
+    t.row({"step", "accuracy a", "accuracy b", "loss a", "loss b", "perplexity a", "perplexity b"});
     size_t shown = 0;
     for (const auto& e : r.evals) {
       if (!e.differs() || shown++ >= kTextListLimit) continue;
@@ -463,7 +466,10 @@ std::string render_text(const DiffReport& r) {
         return x ? fmt(x->accuracy, "%.4f") : std::string("-");
       };
       auto loss = [](const std::optional<EvalRecord>& x) { return x ? fmt(x->loss) : std::string("-"); };
-      t.row({std::to_string(e.step), acc(e.a), acc(e.b), loss(e.a), loss(e.b)});
+      auto ppl = [](const std::optional<EvalRecord>& x) {
+        return x && x->language_model() ? fmt(x->perplexity(), "%.4f") : std::string("-");
+      };
+      t.row({std::to_string(e.step), acc(e.a), acc(e.b), loss(e.a), loss(e.b), ppl(e.a), ppl(e.b)});
     }
     t.render(out);
     if (differing_evals > kTextListLimit) out << "  ... " << differing_evals - kTextListLimit << " more\n";

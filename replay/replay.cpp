@@ -36,20 +36,16 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   const records::TraceHeader& h = recorded.header();
   train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
   run::check_same_libtorch(h.fingerprint, res.recorded_trace, "replay", options.accept_other_torch);
-  // A replay on other inputs re-executes another run: refused unless asked for.
-  if (const auto changes = run::changed_inputs(h.data_files); !changes.empty()) {
-    RETRACE_CHECK(options.accept_changed_inputs, IntegrityError, "cannot replay ", res.recorded_trace, ": ",
-                  run::describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to replay "
-                  "with them");
-    for (const auto& c : changes) res.input_changes.push_back(c.path);
-  }
+  // A replay on other inputs re-executes another run: refused unless asked for (checked as the
+  // data set is loaded, which reads and hashes it once).
 
   res.replay_dir = options.scratch_dir.empty() ? run::replay_dir(run_dir) : options.scratch_dir;
   run::LoopControl control;
+  control.accept_changed_inputs = options.accept_changed_inputs;
   control.checkpoint_on_interrupt = false;
   // A crash fault is a process event, not a training event: the replay runs through it.
   for (const auto& f : config.faults.parsed)
-    if (f.kind == "crash") control.fired.insert("crash@" + std::to_string(f.step));
+    if (f.kind == "crash" || f.kind == "crash-in-eval") control.fired.insert(f.kind + "@" + std::to_string(f.step));
   uint64_t last_recorded = 0;
   for (const auto& e : recorded.index())
     if (e.kind == trace::FrameKind::kStep) last_recorded = std::max(last_recorded, e.step);
@@ -63,7 +59,9 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
     ro.force = options.force;
     ro.control = control;
     ro.registry = options.registry;
-    run::record(config, ro, cb);
+    ro.expected_inputs = &h.data_files;
+    ro.inputs_what = "cannot replay " + res.recorded_trace;
+    res.input_changes = run::record(config, ro, cb).input_changes;
   } else {
     // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
     // recorded trace cut at the checkpoint's position (so the hash chain continues).
@@ -96,8 +94,9 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
       std::ofstream fired(run::fired_path(res.replay_dir), std::ios::app);
       fired << id << "\n";
     }
-    run::resume(res.replay_dir, control, cb, nullptr,
-                options.registry ? *options.registry : train::builtin_registry());
+    res.input_changes = run::resume(res.replay_dir, control, cb, nullptr,
+                                    options.registry ? *options.registry : train::builtin_registry())
+                            .input_changes;
   }
 
   trace::TraceReader replayed = trace::TraceReader::open(run::trace_path(res.replay_dir));

@@ -62,7 +62,7 @@ Registry& Registry::add_model(const std::string& kind, ModelFactory factory) {
   RETRACE_CHECK(static_cast<bool>(factory), ConfigError, "cannot register model \"", kind, "\": the factory is empty");
   impl_->registry.add_model(kind, [factory, kind](const train::ModelContext& ctx) {
     const Options options(ctx.config.user);
-    const auto& in = ctx.data.train.inputs;
+    const torch::Tensor in = ctx.data.train.range(0, std::min<int64_t>(1, ctx.data.train.size())).inputs;
     ModelContext mc{options, std::vector<int64_t>(in.sizes().begin() + 1, in.sizes().end()), ctx.data.vocab_size, kind};
     Model m = factory(mc);
     RETRACE_CHECK(m.module != nullptr, ConfigError, "the factory of model.kind = \"", kind, "\" returned no module");

@@ -13,9 +13,9 @@ constexpr uint64_t kSamplerPurpose = 0x73616d706c657231ull;  // "sampler1"
 }  // namespace
 
 Sampler::Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch,
-                 uint32_t rank, uint32_t world_size)
+                 uint32_t rank, uint32_t world_size, Order order)
     : seed_(seed), num_samples_(num_samples), batch_size_(batch_size), last_batch_(last_batch),
-      rank_(rank), world_size_(world_size) {
+      rank_(rank), world_size_(world_size), order_(order) {
   RETRACE_CHECK(batch_size > 0, ConfigError, "data.batch_size must be at least 1, got 0");
   RETRACE_CHECK(world_size > 0 && rank < world_size, ConfigError, "rank ", rank,
                 " is not below world size ", world_size);

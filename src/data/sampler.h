@@ -20,6 +20,7 @@
 namespace retrace::data {
 
 enum class LastBatch : uint8_t { kDrop, kKeep };  // data.last_batch: "drop" | "keep"
+enum class Order : uint8_t { kFeistel, kShuffle };  // data.order: "feistel" | "shuffle"
 
 // The position in the data (rng/cursor.h): the sampler's whole state.
 using Cursor = rng::Cursor;
@@ -29,7 +30,7 @@ class Sampler {
   // Throws ConfigError if batch_size or world_size is 0, rank >= world_size, the data set is
   // smaller than one global batch under kDrop, or kKeep leaves a rank without samples.
   Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch,
-          uint32_t rank = 0, uint32_t world_size = 1);
+          uint32_t rank = 0, uint32_t world_size = 1, Order order = Order::kShuffle);
 
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   // The permutation of epoch `epoch` (a pure function of seed and epoch).
@@ -54,6 +55,7 @@ class Sampler {
   uint32_t rank_;
   uint32_t world_size_;
   uint64_t batches_per_epoch_;
+  Order order_ = Order::kShuffle;
   uint64_t cached_epoch_ = UINT64_MAX;
   std::vector<int64_t> cached_;
 };

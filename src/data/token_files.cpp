@@ -2,162 +2,296 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <array>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <system_error>
 #include <vector>
 
 #include "core/digest.h"
 #include "core/error.h"
+#include "core/file_util.h"
 #include "records/records.h"
 
 namespace retrace::data {
 namespace {
 
-namespace fs = std::filesystem;
+namespace stdfs = std::filesystem;
 
 constexpr uint64_t kHeaderBytes = kTokenHeaderInts * 4;
-constexpr uint64_t kReadChunkBytes = 64ull << 20;  // large reads: 64 MiB at a time
+// The hashing pass works through a shard in blocks this large: sha256 and the token check read
+// the block while it is in cache.
+constexpr uint64_t kPassBlockBytes = 1ull << 20;
 
 constexpr const char* kLayout =
-    "expected a directory holding train.bin and val.bin in llm.c's token format (a header of 256 "
-    "little-endian int32: 20240520, 1, token count; then the uint16 tokens); tools/data/write_tokens.py "
-    "writes one from a text file";
+    "expected a directory of llm.c token files: training shards named *train*.bin and validation shards "
+    "named *val*.bin (e.g. fineweb_train_000001.bin, or train.bin and val.bin), each a header of 256 "
+    "little-endian int32 (magic 20240520, version 1, token count: uint16 tokens; or 20240801, 7: uint32 "
+    "tokens) followed by the tokens; llm.c's dev/data scripts write them, tools/data/write_tokens.py writes "
+    "one from a text file";
 
-struct TokenFile {
+uint32_t le_u32(const unsigned char* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+int32_t le_i32(const unsigned char* p) { return static_cast<int32_t>(le_u32(p)); }
+
+// A read-only mapping of a whole file; unmapped when the last copy goes.
+class Mapping {
+ public:
+  Mapping(const std::string& path, uint64_t size) : size_(size) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    RETRACE_CHECK(fd >= 0, IoError, "cannot open token shard ", path, ": ", fs::errno_text(errno));
+    void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+    const int map_errno = errno;
+    ::close(fd);
+    RETRACE_CHECK(p != MAP_FAILED, IoError, "cannot map token shard ", path, " (", size, " bytes): ",
+                  fs::errno_text(map_errno));
+    data_ = static_cast<const unsigned char*>(p);
+  }
+  ~Mapping() {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  const unsigned char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  void advise(int advice) const {
+    if (data_) ::madvise(const_cast<unsigned char*>(data_), size_, advice);
+  }
+
+ private:
+  const unsigned char* data_ = nullptr;
+  uint64_t size_;
+};
+
+struct Shard {
   std::string path;
-  std::vector<uint16_t> tokens;
+  std::shared_ptr<const Mapping> map;
+  uint32_t width = 2;      // bytes per token
+  uint64_t tokens = 0;
+  uint64_t windows = 0;
+  uint64_t first_window = 0;  // windows of the shards before it
   records::FileInfo info;
 };
 
-int32_t le_i32(const unsigned char* p) {
-  return static_cast<int32_t>(uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24);
+// The largest token of tokens [0, n) at p, of width w.
+template <typename T>
+uint32_t max_token(const unsigned char* p, uint64_t n) {
+  T m = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    m = v > m ? v : m;
+  }
+  return static_cast<uint32_t>(m);
 }
 
-TokenFile read_token_file(const fs::path& dir, const char* name) {
-  TokenFile out;
-  out.path = (dir / name).string();
-  std::error_code ec;
-  RETRACE_CHECK(fs::is_regular_file(out.path, ec), IoError, "token file missing: ", out.path, "; ", kLayout);
-  const uint64_t file_size = fs::file_size(out.path, ec);
-  RETRACE_CHECK(!ec, IoError, "cannot stat token file ", out.path, ": ", ec.message());
-  std::ifstream in(out.path, std::ios::binary);
-  RETRACE_CHECK(in.good(), IoError, "cannot open token file ", out.path);
+uint32_t token_at(const unsigned char* p, uint32_t width, uint64_t i) {
+  const unsigned char* q = p + i * width;
+  return width == 2 ? uint32_t(q[0]) | uint32_t(q[1]) << 8 : le_u32(q);
+}
 
-  RETRACE_CHECK(file_size >= kHeaderBytes, FormatError, "token file ", out.path, " is ", file_size,
+// Checks the shard's header and size, maps it, then hashes its bytes and checks every token
+// against `vocab` (0: only finds the largest) in one pass. Returns the largest token.
+Shard open_shard(const std::string& path, uint32_t& largest, int64_t vocab) {
+  Shard s;
+  s.path = path;
+  std::error_code ec;
+  const auto link = stdfs::symlink_status(path, ec);
+  const auto st = stdfs::status(path, ec);
+  RETRACE_CHECK(!(stdfs::is_symlink(link) && !stdfs::exists(st)), IoError, "token shard ", path,
+                " is a symbolic link to a file that does not exist; restore the file or remove the link");
+  RETRACE_CHECK(!stdfs::is_directory(st), IoError, "token shard ", path,
+                " is a directory, not a token file; rename or move it out of the data directory");
+  RETRACE_CHECK(stdfs::is_regular_file(st), IoError, "token shard ", path, " is not a regular file");
+  const uint64_t file_size = stdfs::file_size(path, ec);
+  RETRACE_CHECK(!ec, IoError, "cannot stat token shard ", path, ": ", ec.message());
+  RETRACE_CHECK(::access(path.c_str(), R_OK) == 0, IoError, "cannot read token shard ", path, ": ",
+                fs::errno_text(errno), "; check its permissions");
+  RETRACE_CHECK(file_size >= kHeaderBytes, FormatError, "token shard ", path, " is ", file_size,
                 " bytes, shorter than the ", kHeaderBytes,
                 "-byte header of an llm.c token file; the file is truncated or not a token file (", kLayout, ")");
-  std::array<unsigned char, kHeaderBytes> header{};
-  in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(kHeaderBytes));
-  RETRACE_CHECK(static_cast<uint64_t>(in.gcount()) == kHeaderBytes, IoError, "cannot read the header of token file ",
-                out.path);
-  Sha256 sha;
-  sha.update(header.data(), header.size());
-
-  const int32_t magic = le_i32(header.data());
-  const int32_t version = le_i32(header.data() + 4);
-  const int32_t count = le_i32(header.data() + 8);
-  RETRACE_CHECK(magic == kTokenFileMagic, FormatError, "token file ", out.path, ": header[0] (magic) is ", magic,
-                ", expected ", kTokenFileMagic, "; this is not an llm.c token file (", kLayout, ")");
-  RETRACE_CHECK(version == kTokenFileVersion, FormatError, "token file ", out.path, ": header[1] (version) is ",
-                version, ", expected ", kTokenFileVersion, " (uint16 tokens)",
-                version == 2 ? "; version 2 (uint32 tokens, e.g. LLaMA 3) is not supported" : "");
-  RETRACE_CHECK(count >= 0, FormatError, "token file ", out.path, ": header[2] (token count) is ", count,
+  s.map = std::make_shared<Mapping>(path, file_size);
+  const unsigned char* h = s.map->data();
+  const int32_t magic = le_i32(h), version = le_i32(h + 4), count = le_i32(h + 8);
+  if (magic == kTokenMagicGpt2) {
+    RETRACE_CHECK(version == kTokenVersionGpt2, FormatError, "token shard ", path, ": header[1] (version) is ",
+                  version, " with the GPT-2 magic ", kTokenMagicGpt2, ", expected ", kTokenVersionGpt2,
+                  " (uint16 tokens); the header is damaged or from an unknown writer");
+    s.width = 2;
+  } else if (magic == kTokenMagicLlama3) {
+    RETRACE_CHECK(version == kTokenVersionLlama3, FormatError, "token shard ", path, ": header[1] (version) is ",
+                  version, " with the LLaMA-3 magic ", kTokenMagicLlama3, ", expected ", kTokenVersionLlama3,
+                  " (uint32 tokens); the header is damaged or from an unknown writer");
+    s.width = 4;
+  } else {
+    RETRACE_FAIL(FormatError, "token shard ", path, ": header[0] (magic) is ", magic, ", expected ", kTokenMagicGpt2,
+                 " (GPT-2, uint16 tokens) or ", kTokenMagicLlama3,
+                 " (LLaMA-3, uint32 tokens); this is not an llm.c token file (", kLayout, ")");
+  }
+  RETRACE_CHECK(count >= 0, FormatError, "token shard ", path, ": header[2] (token count) is ", count,
                 ", expected a count >= 0; the header is damaged");
-  const uint64_t expected_size = kHeaderBytes + 2 * static_cast<uint64_t>(count);
-  RETRACE_CHECK(file_size == expected_size, FormatError, "token file ", out.path, ": header[2] says ", count,
-                " tokens, which need ", expected_size, " bytes, but the file has ", file_size, " bytes (room for ",
-                (file_size - kHeaderBytes) / 2, " tokens); the file is ",
-                file_size < expected_size ? "truncated" : "longer than its header says");
+  const uint64_t expected = kHeaderBytes + uint64_t{s.width} * static_cast<uint64_t>(count);
+  RETRACE_CHECK(file_size == expected, FormatError, "token shard ", path, ": header[2] says ", count,
+                " tokens of ", s.width, " bytes, which need ", expected, " bytes, but the file has ", file_size,
+                " bytes (room for ", (file_size - kHeaderBytes) / s.width, " tokens); the file is ",
+                file_size < expected ? "truncated" : "longer than its header says");
+  RETRACE_CHECK(count > 0, FormatError, "token shard ", path,
+                " holds no tokens (header[2] is 0); remove it from the data directory or write it again");
+  s.tokens = static_cast<uint64_t>(count);
 
-  out.tokens.resize(static_cast<size_t>(count));
-  char* dst = reinterpret_cast<char*>(out.tokens.data());
-  const uint64_t total = 2 * static_cast<uint64_t>(count);
-  for (uint64_t done = 0; done < total;) {
-    const uint64_t want = std::min(kReadChunkBytes, total - done);
-    in.read(dst + done, static_cast<std::streamsize>(want));
-    const uint64_t got = static_cast<uint64_t>(in.gcount());
-    RETRACE_CHECK(got == want, IoError, "cannot read token file ", out.path, ": got ", done + got, " of ", total,
-                  " token bytes (did the file change while it was read?)");
-    sha.update(dst + done, got);
-    done += got;
-  }
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  for (uint16_t& t : out.tokens) t = static_cast<uint16_t>((t >> 8) | (t << 8));
-#endif
-  out.info.path = out.path;
-  out.info.size = file_size;
-  out.info.sha256 = sha.finish_hex();
-  return out;
-}
-
-// Non-overlapping windows of context + 1 tokens: inputs window[:-1], targets window[1:].
-Split make_windows(const TokenFile& f, int64_t context) {
-  const int64_t n = static_cast<int64_t>(f.tokens.size());
-  RETRACE_CHECK(n > context, ConfigError, "token file ", f.path, " holds ", n, " tokens; context ", context,
-                " needs at least ", context, " + 1 = ", context + 1,
-                " tokens for one window (use a smaller model.context or a longer file)");
-  const int64_t window = context + 1;
-  const int64_t windows = n / window;
-  Split s;
-  s.inputs = torch::empty({windows, context}, torch::kLong);
-  s.targets = torch::empty({windows, context}, torch::kLong);
-  int64_t* in = s.inputs.data_ptr<int64_t>();
-  int64_t* tg = s.targets.data_ptr<int64_t>();
-  const uint16_t* tok = f.tokens.data();
-  for (int64_t w = 0; w < windows; ++w) {
-    const uint16_t* src = tok + w * window;
-    int64_t* in_row = in + w * context;
-    int64_t* tg_row = tg + w * context;
-    for (int64_t j = 0; j < context; ++j) {
-      in_row[j] = src[j];
-      tg_row[j] = src[j + 1];
+  // One pass: sha256 of every byte, and the tokens' range, block by block.
+  s.map->advise(MADV_SEQUENTIAL);
+  Sha256 sha;
+  uint32_t top = 0;
+  for (uint64_t at = 0; at < file_size; at += kPassBlockBytes) {
+    const uint64_t n = std::min(kPassBlockBytes, file_size - at);
+    sha.update(h + at, n);
+    const uint64_t begin = std::max(at, kHeaderBytes);
+    if (begin >= at + n) continue;
+    const uint64_t count_here = (at + n - begin) / s.width;
+    const uint32_t m = s.width == 2 ? max_token<uint16_t>(h + begin, count_here) : max_token<uint32_t>(h + begin, count_here);
+    if (vocab > 0 && m >= static_cast<uint64_t>(vocab)) {
+      uint64_t i = (begin - kHeaderBytes) / s.width;
+      while (token_at(h + kHeaderBytes, s.width, i) < static_cast<uint64_t>(vocab)) ++i;
+      RETRACE_FAIL(ConfigError, "token shard ", path, ": token ", token_at(h + kHeaderBytes, s.width, i),
+                   " at position ", i, " (byte offset ", kHeaderBytes + s.width * i, ") is >= data.vocab_size ",
+                   vocab, "; give the vocabulary the tokenizer used (50257 for GPT-2), or 0 to take the largest "
+                   "token + 1");
     }
+    top = std::max(top, m);
   }
+  s.map->advise(MADV_RANDOM);  // from now on only windows are read
+  largest = std::max(largest, top);
+  s.info.path = path;
+  s.info.size = file_size;
+  s.info.sha256 = sha.finish_hex();
   return s;
 }
+
+// A split's windows over its shards.
+class TokenWindows : public SampleSource {
+ public:
+  TokenWindows(std::vector<Shard> shards, int64_t context) : shards_(std::move(shards)), context_(context) {
+    uint64_t total = 0;
+    for (Shard& s : shards_) {
+      s.windows = s.tokens / static_cast<uint64_t>(context + 1);
+      s.first_window = total;
+      total += s.windows;
+    }
+    windows_ = static_cast<int64_t>(total);
+  }
+  int64_t size() const override { return windows_; }
+
+  Samples gather(const std::vector<int64_t>& indices) const override {
+    Samples out = allocate(static_cast<int64_t>(indices.size()));
+    for (size_t row = 0; row < indices.size(); ++row) copy_window(indices[row], static_cast<int64_t>(row), out);
+    return out;
+  }
+  Samples range(int64_t begin, int64_t end) const override {
+    RETRACE_CHECK(0 <= begin && begin <= end && end <= windows_, InvariantError, "token windows [", begin, ", ", end,
+                  ") outside [0, ", windows_, ")");
+    Samples out = allocate(end - begin);
+    for (int64_t i = begin; i < end; ++i) copy_window(i, i - begin, out);
+    return out;
+  }
+
+ private:
+  Samples allocate(int64_t rows) const {
+    return {torch::empty({rows, context_}, torch::kLong), torch::empty({rows, context_}, torch::kLong)};
+  }
+  void copy_window(int64_t index, int64_t row, Samples& out) const {
+    RETRACE_CHECK(index >= 0 && index < windows_, InvariantError, "token window ", index, " outside [0, ", windows_, ")");
+    const uint64_t w = static_cast<uint64_t>(index);
+    // The last shard whose first window is <= w.
+    const auto it = std::upper_bound(shards_.begin(), shards_.end(), w,
+                                     [](uint64_t v, const Shard& s) { return v < s.first_window; }) - 1;
+    const uint64_t first = (w - it->first_window) * static_cast<uint64_t>(context_ + 1);
+    const unsigned char* tokens = it->map->data() + kHeaderBytes;
+    int64_t* in = out.inputs.data_ptr<int64_t>() + row * context_;
+    int64_t* tg = out.targets.data_ptr<int64_t>() + row * context_;
+    uint32_t prev = token_at(tokens, it->width, first);
+    for (int64_t j = 0; j < context_; ++j) {
+      const uint32_t next = token_at(tokens, it->width, first + static_cast<uint64_t>(j) + 1);
+      in[j] = prev;
+      tg[j] = next;
+      prev = next;
+    }
+  }
+
+  std::vector<Shard> shards_;
+  int64_t context_;
+  int64_t windows_ = 0;
+};
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
 Dataset load_token_files(const std::string& dir, int64_t context, int64_t vocab_size) {
-  RETRACE_CHECK(context >= 1, ConfigError, "bad value for model.context: ", context, " (need >= 1)");
-  RETRACE_CHECK(vocab_size >= 0, ConfigError, "bad vocab_size for token files: ", vocab_size,
+  RETRACE_CHECK(context >= 1, ConfigError, "bad value for data.context: ", context, " (need >= 1)");
+  RETRACE_CHECK(vocab_size >= 0, ConfigError, "bad value for data.vocab_size: ", vocab_size,
                 " (need >= 0; 0 takes the largest token + 1)");
   std::error_code ec;
-  RETRACE_CHECK(fs::exists(dir, ec), IoError, "token file directory not found: ", dir, "; ", kLayout);
-  RETRACE_CHECK(fs::is_directory(dir, ec), IoError, "token file path ", dir, " is not a directory; ", kLayout);
+  RETRACE_CHECK(stdfs::exists(dir, ec), IoError, "token data directory not found: ", dir, "; ", kLayout);
+  RETRACE_CHECK(stdfs::is_directory(dir, ec), IoError, "token data path ", dir, " is not a directory; ", kLayout);
 
-  const TokenFile train = read_token_file(dir, kTokenTrainFile);
-  const TokenFile val = read_token_file(dir, kTokenValFile);
+  std::vector<std::string> train_paths, val_paths;
+  for (stdfs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0) continue;
+    const bool train = contains(name, "train"), val = contains(name, "val");
+    RETRACE_CHECK(!(train && val), ConfigError, "token shard ", it->path().string(), " has both \"train\" and \"val\" "
+                  "in its name, so it is unclear which split it belongs to; rename it");
+    if (train) train_paths.push_back(it->path().string());
+    if (val) val_paths.push_back(it->path().string());
+  }
+  RETRACE_CHECK(!ec, IoError, "cannot list token data directory ", dir, ": ", ec.message());
+  RETRACE_CHECK(!train_paths.empty(), IoError, "no training shard in ", dir, " (no file named *train*.bin); ", kLayout);
+  RETRACE_CHECK(!val_paths.empty(), IoError, "no validation shard in ", dir, " (no file named *val*.bin); ", kLayout);
+  std::sort(train_paths.begin(), train_paths.end());
+  std::sort(val_paths.begin(), val_paths.end());
 
-  int64_t vocab = vocab_size;
-  if (vocab == 0) {
-    for (const TokenFile* f : {&train, &val}) {
-      if (!f->tokens.empty()) vocab = std::max<int64_t>(vocab, *std::max_element(f->tokens.begin(), f->tokens.end()) + 1);
-    }
-  } else {
-    for (const TokenFile* f : {&train, &val}) {
-      const auto bad = std::find_if(f->tokens.begin(), f->tokens.end(), [&](uint16_t t) { return t >= vocab; });
-      if (bad == f->tokens.end()) continue;
-      const int64_t pos = bad - f->tokens.begin();
-      RETRACE_FAIL(ConfigError, "token file ", f->path, ": token ", *bad, " at position ", pos, " (byte offset ",
-                   kHeaderBytes + 2 * static_cast<uint64_t>(pos), ") is >= vocab_size ", vocab,
-                   "; give the vocabulary the tokenizer used, or 0 to take the largest token + 1");
+  uint32_t largest = 0;
+  std::vector<Shard> train, val;
+  Dataset d;
+  for (const auto& [paths, out] : {std::pair{&train_paths, &train}, std::pair{&val_paths, &val}}) {
+    for (const std::string& p : *paths) {
+      out->push_back(open_shard(p, largest, vocab_size));
+      const Shard& s = out->back();
+      const Shard& first = train.empty() ? s : train.front();
+      RETRACE_CHECK(s.width == first.width, ConfigError, "token shards of two formats in ", dir, ": ", first.path,
+                    " holds ", first.width == 2 ? "uint16 (GPT-2)" : "uint32 (LLaMA-3)", " tokens but ", s.path,
+                    " holds ", s.width == 2 ? "uint16 (GPT-2)" : "uint32 (LLaMA-3)",
+                    " tokens; one data set takes one tokenizer's shards: move the others out");
+      RETRACE_CHECK(s.tokens > static_cast<uint64_t>(context), ConfigError, "token shard ", s.path, " holds ",
+                    s.tokens, " tokens, fewer than one window of data.context ", context, " + 1 = ", context + 1,
+                    " tokens; use a smaller data.context, or remove the shard");
+      d.files.push_back(s.info);
     }
   }
-
-  Dataset d;
-  d.train = make_windows(train, context);
-  d.test = make_windows(val, context);
-  d.vocab_size = vocab;
-  d.files = {train.info, val.info};
+  const uint32_t width = train.front().width;
+  uint64_t train_tokens = 0, val_tokens = 0;
+  for (const Shard& s : train) train_tokens += s.tokens;
+  for (const Shard& s : val) val_tokens += s.tokens;
+  const size_t train_shards = train.size(), val_shards = val.size();
+  auto train_windows = std::make_shared<TokenWindows>(std::move(train), context);
+  auto val_windows = std::make_shared<TokenWindows>(std::move(val), context);
+  d.train.source = train_windows;
+  d.test.source = val_windows;
+  d.vocab_size = vocab_size > 0 ? vocab_size : static_cast<int64_t>(largest) + 1;
   std::ostringstream desc;
-  desc << "llm.c token files " << dir << ": " << d.train.size() << " train / " << d.test.size()
-       << " test windows of context " << context << " (" << train.tokens.size() << " + " << val.tokens.size()
-       << " tokens), vocabulary " << vocab;
+  desc << "llm.c token shards " << dir << ": " << train_windows->size() << " train / " << val_windows->size()
+       << " validation windows of context " << context << " (" << train_tokens << " tokens in " << train_shards
+       << " shard" << (train_shards == 1 ? "" : "s") << " + " << val_tokens << " in " << val_shards << "), "
+       << (width == 2 ? "uint16" : "uint32") << " tokens, vocabulary " << d.vocab_size;
   d.description = desc.str();
   return d;
 }

@@ -205,7 +205,8 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
     blocks_->push_back(block);
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, options_.vocab_size)));
+  if (!options_.tie_embeddings)
+    head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, options_.vocab_size)));
 
   // GPT-2 style initialization, in named_parameters() order (a fixed order of draws).
   torch::NoGradGuard no_grad;
@@ -249,7 +250,8 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   } else {
     x = run_blocks(x, 0, n, /*checkpoint_attention=*/active && options_.checkpoint == CheckpointPolicy::kSelective);
   }
-  return head_->forward(ln_f_->forward(x));
+  x = ln_f_->forward(x);
+  return options_.tie_embeddings ? torch::matmul(x, wte_->weight.t()) : head_->forward(x);
 }
 
 std::string GptImpl::describe() const {
@@ -257,6 +259,7 @@ std::string GptImpl::describe() const {
   out << "gpt vocab=" << options_.vocab_size << " context=" << options_.context << " d_model=" << options_.d_model
       << " n_layers=" << options_.n_layers << " n_heads=" << options_.n_heads << " dropout=" << options_.dropout
       << " checkpoint=" << option_name(options_.checkpoint);
+  if (options_.tie_embeddings) out << " tied";
   if (options_.checkpoint == CheckpointPolicy::kFull) out << "(every " << options_.checkpoint_every << ")";
   if (options_.checkpoint == CheckpointPolicy::kSqrt) out << "(every " << sqrt_segment_length(options_.n_layers) << ")";
   out << " params=" << count_parameters(*this);

@@ -53,6 +53,9 @@ struct GptOptions {
   AttentionMatmul attention_matmul = AttentionMatmul::kLanes;  // model/fused.h's lanes_bmm
   CheckpointPolicy checkpoint = CheckpointPolicy::kNone;
   int64_t checkpoint_every = 4;     // layers per segment with "full"
+  // The output layer is the token embedding's weight (logits = x wte^T, no bias), as GPT-2: no
+  // "head" parameters. Off: a Linear head of its own with a bias.
+  bool tie_embeddings = false;
 };
 
 // Throws ConfigError naming the key ("model.n_heads", ...) for an invalid option.

@@ -15,6 +15,14 @@
 //       block's activations, from the per-layer model s*b*d*(34 + 5*h*T/d) bytes of Korthikanti
 //       et al., "Reducing Activation Recomputation in Large Transformer Models" (2022). It keeps
 //       the selective figure positive and grows with T/d as the T*T scores do.
+//   logits_bytes       = 4 * B * T * V * 4        (a language model's output layer in float32: the
+//                                                  logits, their log-softmax, and in backward the
+//                                                  gradients of both; at GPT-2's V = 50257 these
+//                                                  outweigh a small model's blocks)
+//   eval_bytes         = param_bytes + 2 * B_eval * T * V * 4 + 2 * B_eval * T * 4d * s
+//                                                 (no gradients, no optimizer state, no activations
+//                                                  kept: the weights, the logits and their
+//                                                  log-softmax, and one block's widest tensors)
 //   activation_bytes_total by policy:
 //     none       L * per_layer
 //     full (k)   ceil(L/k) * B*T*d*s  +  min(k, L) * per_layer
@@ -41,13 +49,27 @@ struct MemoryEstimate {
   double zero1_optimizer_bytes_per_rank = 0;
   double attention_core_fraction = 0;     // f above
   int64_t segment_length = 0;             // k used by full / sqrt, 0 otherwise
-  double total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes_total; }
+  double logits_bytes = 0;                // 0 unless a vocabulary is given (estimate_lm_memory)
+  double eval_bytes = 0;                  // an evaluation batch (estimate_lm_memory)
+  double total_bytes() const {
+    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes_total + logits_bytes;
+  }
 };
+
+// The parameters of model/gpt.h's GPT: embeddings V*d + T*d; per block 12 d^2 + 13 d (two
+// LayerNorms, the qkv, projection and MLP layers with biases); the final LayerNorm 2 d; and,
+// without tied embeddings, a head of V*d + V.
+int64_t gpt_parameter_count(int64_t vocab, int64_t context, int64_t d_model, int64_t n_layers, bool tied);
 
 // Throws ConfigError naming the argument for non-positive sizes, an unknown policy, k < 1 with
 // "full", or d_model not divisible by n_heads.
 MemoryEstimate estimate_memory(int64_t params, int64_t batch, int64_t seq, int64_t d_model, int64_t n_layers,
                                int64_t n_heads, int64_t dtype_bytes, const std::string& policy, int64_t k,
                                int64_t world_size);
+// estimate_memory plus a language model's output layer of `vocab` classes (logits_bytes) and an
+// evaluation at `eval_batch` sequences (eval_bytes).
+MemoryEstimate estimate_lm_memory(int64_t params, int64_t batch, int64_t seq, int64_t d_model, int64_t n_layers,
+                                  int64_t n_heads, int64_t dtype_bytes, const std::string& policy, int64_t k,
+                                  int64_t world_size, int64_t vocab, int64_t eval_batch);
 
 }  // namespace retrace::model

@@ -123,8 +123,13 @@ struct EvalRecord {
   uint64_t step = 0;
   uint64_t epoch = 0;
   uint64_t samples = 0;
-  double loss = 0;
-  double accuracy = 0;
+  double loss = 0;      // mean over the target elements (tokens, for a language model)
+  double accuracy = 0;  // classifiers; -1: none (a language model)
+  uint64_t tokens = 0;  // language models: target tokens evaluated (0: a classifier, or an older trace)
+  uint64_t batches = 0; // batches evaluated (0 in older traces)
+  bool language_model() const { return tokens > 0; }
+  // Validation perplexity exp(loss) of a language model; 0 for a classifier.
+  double perplexity() const { return language_model() ? std::exp(loss) : 0; }
 };
 
 // Anything that is not a step but must not be silent: warnings, resumes, rollbacks, faults.

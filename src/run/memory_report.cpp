@@ -1,5 +1,8 @@
 #include "run/memory_report.h"
 
+#include <cstdio>
+#include <fstream>
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -37,14 +40,16 @@ model::GptOptions gpt_options_with(const Config& c, int64_t vocab, const std::st
   return o;
 }
 
-ChildResult measure_child(Config c, const data::Dataset& data, const std::string& policy, int64_t k, int steps) {
+ChildResult measure_child(Config c, int64_t vocab, const std::string& policy, int64_t k, int steps) {
   resolve_threads(c.runtime);
   apply_environment(c.runtime);
   rng::seed_cpu_and_device(static_cast<uint64_t>(c.seed), cuda_index(c.runtime));
-  model::Gpt gpt(gpt_options_with(c, data.vocab_size, policy, k));
+  model::Gpt gpt(gpt_options_with(c, vocab, policy, k));
   gpt->train();
-  const int64_t b = std::min<int64_t>(c.data.batch_size, data.train.size());
-  torch::Tensor x = data.train.inputs.slice(0, 0, b), y = data.train.targets.slice(0, 0, b);
+  // Memory and time depend on the shapes only: a batch of tokens drawn from the seeded generator.
+  const int64_t b = c.data.batch_size;
+  torch::Tensor x = torch::randint(vocab, {b, c.data.context}, torch::kLong);
+  torch::Tensor y = torch::randint(vocab, {b, c.data.context}, torch::kLong);
   std::vector<double> times;
   // Peak RSS only grows: its rise from before the first (warm-up) step is what one step needs.
   const double before = peak_rss_mib();
@@ -64,27 +69,86 @@ ChildResult measure_child(Config c, const data::Dataset& data, const std::string
 }
 }  // namespace
 
+uint64_t available_memory_bytes() {
+  uint64_t available = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit)
+      if (key == "MemAvailable:") available = kib * 1024;
+  }
+  std::ifstream max_in("/sys/fs/cgroup/memory.max"), current_in("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  uint64_t current = 0;
+  if (max_in >> max_text && max_text != "max" && current_in >> current) {
+    const uint64_t limit = std::stoull(max_text);
+    const uint64_t left = limit > current ? limit - current : 0;
+    if (available == 0 || left < available) available = left;
+  }
+  return available;
+}
+
+model::MemoryEstimate gpt_memory_estimate(const Config& c, int64_t vocab) {
+  const int64_t params = model::gpt_parameter_count(vocab, c.data.context, c.model.d_model, c.model.n_layers,
+                                                    c.model.tie_embeddings);
+  const int64_t dtype_bytes = c.amp.mode == AmpMode::kOff ? 4 : 2;
+  return model::estimate_lm_memory(params, c.data.batch_size, c.data.context, c.model.d_model, c.model.n_layers,
+                                   c.model.n_heads, dtype_bytes, model::option_name(c.model.checkpoint),
+                                   c.model.checkpoint_every, 1, vocab, eval_batch_size(c));
+}
+
+void check_memory_fits(const Config& c, int64_t vocab) {
+  if (c.model.kind != "gpt" || vocab <= 0) return;
+  const uint64_t available = available_memory_bytes();
+  if (available == 0) return;
+  const model::MemoryEstimate e = gpt_memory_estimate(c, vocab);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  auto fixed = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+    return std::string(buf);
+  };
+  RETRACE_CHECK(e.total_bytes() <= static_cast<double>(available), ConfigError, "a training step of this GPT needs "
+                "about ", fixed(e.total_bytes() / gib), " GiB (", static_cast<uint64_t>(e.total_bytes()), " bytes: ",
+                e.params, " parameters with gradients and AdamW state ", fixed((e.param_bytes + e.grad_bytes +
+                e.optimizer_bytes) / gib), " GiB, activations ", fixed(e.activation_bytes_total / gib),
+                " GiB, logits of data.batch_size ", c.data.batch_size, " x data.context ", c.data.context, " x ", vocab,
+                " classes ", fixed(e.logits_bytes / gib), " GiB), but ", fixed(static_cast<double>(available) / gib),
+                " GiB are available. Lower data.batch_size (raise train.accum_steps to keep the global batch) or "
+                "data.context, use model.checkpoint = \"full\" for the activations, or a smaller model "
+                "(`retrace memory` prints the plan)");
+  RETRACE_CHECK(e.eval_bytes <= static_cast<double>(available), ConfigError, "an evaluation batch of eval.batch_size ",
+                eval_batch_size(c), " sequences of ", c.data.context, " tokens over ", vocab, " classes needs about ",
+                fixed(e.eval_bytes / gib), " GiB (", static_cast<uint64_t>(e.eval_bytes), " bytes), but ",
+                fixed(static_cast<double>(available) / gib), " GiB are available. Lower eval.batch_size (0 takes "
+                "data.batch_size, which a training step already fits)");
+}
+
 std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_size, int rounds, int steps,
                                            const std::function<void(uint64_t done, uint64_t total)>& progress) {
   RETRACE_CHECK(config.model.kind == "gpt", ConfigError,
                 "retrace memory plans a GPT config (model.kind = \"gpt\"); try --config configs/char-gpt.toml");
-  data::Dataset data = builtin_registry().load_data(config);
+  // The vocabulary the config names; else the data set's (a text corpus's bytes).
+  const int64_t vocab = config.data.vocab_size > 0 ? config.data.vocab_size : builtin_registry().load_data(config).vocab_size;
   std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
                                         {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
   rng::seed_cpu_and_device(static_cast<uint64_t>(config.seed), cuda_index(config.runtime));
-  const int64_t params = model::count_parameters(*model::Gpt(gpt_options_with(config, data.vocab_size, "none", 4)));
+  const int64_t params = model::gpt_parameter_count(vocab, config.data.context, config.model.d_model,
+                                                    config.model.n_layers, config.model.tie_embeddings);
   const int64_t dtype_bytes = config.amp.mode == AmpMode::kOff ? 4 : 2;
   for (auto& m : out)
-    m.estimate = model::estimate_memory(params, config.data.batch_size, config.data.context, config.model.d_model,
-                                        config.model.n_layers, config.model.n_heads, dtype_bytes, m.policy, m.k,
-                                        world_size);
+    m.estimate = model::estimate_lm_memory(params, config.data.batch_size, config.data.context, config.model.d_model,
+                                           config.model.n_layers, config.model.n_heads, dtype_bytes, m.policy, m.k,
+                                           world_size, vocab, eval_batch_size(config));
   if (rounds <= 0) return out;
 
   std::vector<std::vector<ChildResult>> results(out.size());
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < out.size(); ++i) {
       auto r = run_in_child<ChildResult>(
-          [&] { return measure_child(config, data, out[i].policy, out[i].k, steps); });
+          [&] { return measure_child(config, vocab, out[i].policy, out[i].k, steps); });
       RETRACE_CHECK(r.has_value(), InvariantError, "measuring policy ", out[i].name,
                     " failed in its child process (see its message above)");
       results[i].push_back(*r);

@@ -30,6 +30,20 @@ struct PolicyMeasurement {
   bool measured = false;
 };
 
+// The memory this process can still allocate: /proc/meminfo's MemAvailable, or less where a
+// cgroup v2 limit (memory.max - memory.current) is lower. 0 when neither can be read.
+uint64_t available_memory_bytes();
+
+// The memory plan of config's GPT for vocabulary `vocab` (model/memory_plan.h's estimate_lm_memory
+// under the configured policy, per rank), with the parameters counted from the shape.
+model::MemoryEstimate gpt_memory_estimate(const train::Config& config, int64_t vocab);
+
+// Before a GPT run allocates its model: when its training step (the plan's total) or its
+// evaluation batch would need more than available_memory_bytes(), a ConfigError that names what
+// it needs and the setting to lower (data.batch_size, eval.batch_size, data.context, the model's
+// shape). Other model kinds are not estimated.
+void check_memory_fits(const train::Config& config, int64_t vocab);
+
 // Estimates (and, when rounds > 0, measures) every policy for config's GPT shape.
 // `progress` (when set) hears of each measurement as it finishes: done of total child processes.
 std::vector<PolicyMeasurement> plan_memory(const train::Config& config, int64_t world_size, int rounds, int steps,

@@ -32,6 +32,7 @@
 #include "run/data_parallel.h"
 #include "run/inputs.h"
 #include "run/layout.h"
+#include "run/memory_report.h"
 #include "run/run_dir.h"
 
 namespace retrace::run {
@@ -118,10 +119,89 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
   return rolled;
 }
 
-// The loop shared by record and resume: step, trace, evaluate at epoch ends, checkpoint.
+// The bytes of the files in `dir` (not recursive).
+uint64_t directory_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (stdfs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
+
+// "1503.2 MB in 2.10 s, 716 MB/s" (MB = 10^6 bytes), for messages.
+std::string bytes_and_speed(uint64_t bytes, Clock::time_point start) {
+  const double s = std::chrono::duration<double>(Clock::now() - start).count();
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.1f MB in %.2f s, %.0f MB/s", static_cast<double>(bytes) / 1e6, s,
+                s > 0 ? static_cast<double>(bytes) / 1e6 / s : 0.0);
+  return buf;
+}
+
+// The data set of `config`, and when `recorded` (a trace header's inputs) is given, what changed
+// since: the data files' sha256 come from the load itself (one read of the data), other recorded
+// files (a TorchScript model) are hashed here. A data set that no longer loads is first checked
+// against the header by hashing, so that an edited file is reported as such (IntegrityError)
+// rather than as whatever the edit broke. Changes are an IntegrityError unless `accept`.
+data::Dataset load_checked_data(const Registry& registry, const Config& config,
+                                const std::vector<records::FileInfo>* recorded, const std::string& what, bool accept,
+                                const std::string& accept_note, std::vector<InputChange>& changes,
+                                const std::function<void(const std::string&)>& on_message) {
+  auto refuse = [&]() {
+    RETRACE_FAIL(IntegrityError, what, ": ", describe_changes(changes),
+                 ". Restore the files, or pass --accept-changed-inputs to go on with them", accept_note);
+  };
+  data::Dataset data;
+  const auto start = Clock::now();
+  try {
+    data = registry.load_data(config);
+  } catch (const Error&) {
+    if (recorded && !(changes = changed_inputs(*recorded)).empty()) refuse();
+    throw;
+  }
+  if (recorded) {
+    changes = changed_inputs(*recorded, data.files);
+    if (!changes.empty() && !accept) refuse();
+  }
+  uint64_t bytes = 0;
+  for (const auto& f : data.files) bytes += f.size;
+  if (on_message) on_message("data: " + data.description + " (" + bytes_and_speed(bytes, start) + ", hashed as read)");
+  return data;
+}
+
+// The checkpoint metadata key that says an evaluation was due at its step (run after it).
+constexpr const char* kEvalDueKey = "eval_due";
+
+// Whether an evaluation follows step `step`: at an epoch's end (eval.each_epoch), every
+// eval.every_steps steps, and after the last step.
+bool evaluation_due(const Config& config, uint64_t step, bool epoch_done, bool last) {
+  const int64_t every = config.eval.every_steps;
+  return last || (epoch_done && config.eval.each_epoch) || (every > 0 && step % static_cast<uint64_t>(every) == 0);
+}
+
+void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallbacks& cb, RunSummary& summary,
+                    const std::string& run_dir) {
+  std::function<void(int64_t)> after_batch;
+  if (trainer.crash_in_eval_due(trainer.step())) {
+    const std::string id = "crash-in-eval@" + std::to_string(trainer.step());
+    after_batch = [run_dir, id, writer, &cb, step = trainer.step()](int64_t) {
+      mark_fired_on_disk(run_dir, id);
+      emit(writer, cb, step, "crash", "injected crash in the evaluation after step " + std::to_string(step) + ": SIGKILL");
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    };
+  }
+  records::EvalRecord e = trainer.evaluate(after_batch);
+  if (writer) writer->append_eval(e);
+  summary.test_accuracy = e.accuracy;
+  summary.eval_loss = e.loss;
+  summary.eval_perplexity = e.perplexity();
+  if (cb.on_eval) cb.on_eval(e);
+}
+
+// The loop shared by record and resume: step, trace, checkpoint, evaluate.
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
               const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-              RunSummary& summary, dist::ProcessGroup* pg, Anchor anchor) {
+              RunSummary& summary, dist::ProcessGroup* pg, Anchor anchor, bool redo_evaluation = false) {
   // Data parallelism (data_parallel.h): gradient and loss sums, every rank's digests, sharded saves.
   std::optional<DataParallel> dp;
   if (pg) dp.emplace(trainer, *pg, config);
@@ -138,6 +218,9 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   // Every rank's RNG digest in the trace (its dropout masks are its own).
   const bool rank_rng = pg && digests && config.trace.digest_version >= 2;
   for (const auto& id : control.fired) trainer.mark_fired(id);
+  // A resume from a checkpoint whose step's evaluation was due redoes it first (killed during it,
+  // or it ran and was set aside with the trace bytes after the checkpoint).
+  if (redo_evaluation) run_evaluation(trainer, writer, cb, summary, run_dir);
 
   while (trainer.step() < trainer.total_steps()) {
     const uint64_t epoch_before = trainer.cursor().epoch;
@@ -192,15 +275,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     const bool last = s == trainer.total_steps();
     const bool interrupt = control.interrupt_at != 0 && s == control.interrupt_at;
     const bool epoch_done = trainer.cursor().epoch != epoch_before;
-    // An interrupt stops after the step's evaluation and checkpoint: an interrupted run's
-    // evaluations are the uninterrupted run's.
-    if ((epoch_done && config.train.eval_each_epoch) || last) {
-      records::EvalRecord e = trainer.evaluate();
-      if (writer) writer->append_eval(e);
-      summary.test_accuracy = e.accuracy;
-      if (cb.on_eval) cb.on_eval(e);
-    }
-
+    const bool eval_due = evaluation_due(config, s, epoch_done, last);
     if (anchor_due(config, s)) anchor = ckpt::snapshot_of(trainer, /*copy=*/true);
 
     const auto& ck = config.checkpoint;
@@ -223,12 +298,18 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
         pos.chain = writer->last_chain();
       }
       ckpt::RotationReport rotation;
+      // An evaluation due at this step runs after the checkpoint: a kill or an error during it
+      // loses no step, and the resume redoes it (the checkpoint says it is due).
+      std::map<std::string, std::string> extra;
+      if (eval_due) extra[kEvalDueKey] = "1";
+      const auto save_start = Clock::now();
       std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
-                                              static_cast<uint32_t>(ck.keep_last), {}, dp ? &dp->sync() : nullptr,
+                                              static_cast<uint32_t>(ck.keep_last), extra, dp ? &dp->sync() : nullptr,
                                               &rotation, anchor ? &*anchor : nullptr);
       summary.checkpoints += 1;
       last_ckpt = Clock::now();
-      if (cb.on_message && trainer.rank() == 0) cb.on_message("checkpoint " + dir);
+      if (cb.on_message && trainer.rank() == 0)
+        cb.on_message("checkpoint " + dir + " (" + bytes_and_speed(directory_bytes(dir), save_start) + ")");
       for (const auto& [path, why] : rotation.left) {
         if (!left_reported.insert(path).second) continue;  // once per run, not at every save
         const std::string warn = "checkpoint rotation left " + path + " in place: " + why;
@@ -236,6 +317,9 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
         if (cb.on_message) cb.on_message("warning: " + warn);
       }
     }
+    // An interrupt stops after the step's checkpoint and evaluation: an interrupted run's
+    // evaluations are the uninterrupted run's.
+    if (eval_due) run_evaluation(trainer, writer, cb, summary, run_dir);
     if (interrupt) {
       summary.interrupted = true;
       break;
@@ -343,7 +427,11 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   // Everything that can fail on bad input happens before the run directory is touched.
   const Registry& registry = options.registry ? *options.registry : builtin_registry();
   registry.check(config);
-  data::Dataset data = registry.load_data(config);
+  std::vector<InputChange> changes;
+  data::Dataset data = load_checked_data(registry, config, options.expected_inputs, options.inputs_what,
+                                         options.control.accept_changed_inputs, "", changes,
+                                         lead ? cb.on_message : nullptr);
+  check_memory_fits(config, data.vocab_size);
   dist::ProcessGroup* pg = options.process_group;
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   Trainer trainer(config, data, registry, rank, world);
@@ -353,6 +441,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   if (pg) pg->barrier();
 
   RunSummary summary;
+  for (const auto& c : changes) summary.input_changes.push_back(c.path);
   summary.run_dir = options.out_dir;
   summary.trace_path = trace_path(options.out_dir);
 
@@ -392,16 +481,14 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   apply_environment(config.runtime);
   if (cb.on_message && rank == 0) cb.on_message(numerics_summary(config.runtime));
 
-  // Before anything is read into a trainer or changed on disk: the inputs (data and model files)
-  // must be the ones the trace was recorded with.
+  // Before anything is changed on disk: the inputs (data and model files) must be the ones the
+  // trace was recorded with (checked as the data set is loaded, below).
   std::vector<InputChange> changes;
+  std::optional<std::vector<records::FileInfo>> recorded_inputs;
   if (stdfs::exists(trace_path(run_dir))) {
     const trace::TraceReader before = trace::TraceReader::open(trace_path(run_dir));
     check_same_libtorch(before.header().fingerprint, trace_path(run_dir), "resume", control.accept_other_torch);
-    changes = changed_inputs(before.header().data_files);
-    RETRACE_CHECK(changes.empty() || control.accept_changed_inputs, IntegrityError, "cannot resume ", run_dir, ": ",
-                  describe_changes(changes), ". Restore the files, or pass --accept-changed-inputs to resume "
-                  "with them (the change is recorded in the trace)");
+    recorded_inputs = before.header().data_files;
   }
   std::optional<ckpt::Reshard> reshard;
   std::string reshard_note;
@@ -413,13 +500,21 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                     "the uninterrupted one, not bitwise (record with --set runtime.invariance=batch for equal bits)");
   }
   registry.check(config);
-  data::Dataset data = registry.load_data(config);
+  data::Dataset data = load_checked_data(registry, config, recorded_inputs ? &*recorded_inputs : nullptr,
+                                         "cannot resume " + run_dir, control.accept_changed_inputs,
+                                         " (the change is recorded in the trace)", changes,
+                                         rank == 0 ? cb.on_message : nullptr);
+  check_memory_fits(config, data.vocab_size);
   Trainer trainer(config, data, registry, rank, world);
   const rng::RngState fresh = trainer.rng_state();
   // The newest checkpoint that verifies and parses; this rank's shard is read and hashed once.
   std::vector<std::pair<std::string, std::string>> skipped;
+  const auto load_start = Clock::now();
   std::optional<ckpt::RestoredState> loaded =
       ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr);
+  if (loaded && cb.on_message && rank == 0)
+    cb.on_message("loaded " + loaded->dir + " (" + bytes_and_speed(directory_bytes(loaded->dir), load_start) +
+                  ", verified while read)");
   for (const auto& [dir, why] : skipped)
     if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);
   RETRACE_CHECK(loaded.has_value(), IntegrityError, "no complete checkpoint in ",
@@ -441,6 +536,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   summary.run_dir = run_dir;
   summary.trace_path = trace_path(run_dir);
   summary.resumed_from = restored.dir;
+  for (const auto& c : changes) summary.input_changes.push_back(c.path);
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
     const std::string side = set_aside_path(run_dir);
@@ -503,8 +599,9 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
       if (cb.on_message) cb.on_message("warning: " + warn);
     }
   }
+  const bool redo_evaluation = restored.extra.count(kEvalDueKey) > 0;
   run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg,
-           std::move(restored.anchor));
+           std::move(restored.anchor), redo_evaluation);
   return summary;
 }
 

@@ -81,6 +81,11 @@ struct RecordOptions {
   dist::ProcessGroup* process_group = nullptr;  // data parallelism: this process is one rank
   // What model.kind, data.kind and train.loss may name; nullptr: the built-ins.
   const train::Registry* registry = nullptr;
+  // Replay: the inputs the recorded trace's header lists. The data set and model files must be
+  // those (checked as they are loaded: one read), else IntegrityError "<inputs_what>: ..." unless
+  // control.accept_changed_inputs; the changes accepted are in RunSummary::input_changes.
+  const std::vector<records::FileInfo>* expected_inputs = nullptr;
+  std::string inputs_what;
 };
 
 struct RunSummary {
@@ -93,12 +98,15 @@ struct RunSummary {
   uint64_t skipped = 0;
   bool interrupted = false;
   double final_loss = 0;
-  double test_accuracy = -1;  // -1 when no evaluation ran
+  double test_accuracy = -1;  // -1 when no evaluation ran, or a language model's
+  double eval_loss = -1;      // the last evaluation's loss; -1 when none ran
+  double eval_perplexity = 0; // the last evaluation's perplexity (language models), else 0
   double wall_seconds = 0;
   double steps_per_second = 0;
   uint64_t trace_bytes = 0;
   uint64_t checkpoints = 0;
   std::string resumed_from;  // checkpoint directory, for resume
+  std::vector<std::string> input_changes;  // inputs accepted although changed (RecordOptions)
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;  // totals
 };
 

@@ -107,6 +107,14 @@ json step_json(const records::StepRecord& r) {
   return j;
 }
 
+// An evaluation as JSON: tokens, batches and perplexity are 0 for a classifier and in traces
+// from before they were recorded.
+json eval_json(const records::EvalRecord& e) {
+  return {{"step", e.step},     {"epoch", e.epoch},       {"samples", e.samples},
+          {"loss", e.loss},     {"accuracy", e.accuracy}, {"tokens", e.tokens},
+          {"batches", e.batches}, {"perplexity", e.perplexity()}};
+}
+
 void print_json(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
   json j;
   j["header"] = header_json(reader.header());
@@ -115,8 +123,7 @@ void print_json(const TraceReader& reader, uint64_t first, uint64_t last, std::o
   j["steps"] = steps;
   json evals = json::array();
   for (const records::EvalRecord& e : reader.evals()) {
-    evals.push_back({{"step", e.step}, {"epoch", e.epoch}, {"samples", e.samples},
-                     {"loss", e.loss}, {"accuracy", e.accuracy}});
+    evals.push_back(eval_json(e));
   }
   j["evals"] = evals;
   json events = json::array();
@@ -144,9 +151,11 @@ void print_jsonl(const TraceReader& reader, uint64_t first, uint64_t last, std::
       if (s > step) return;
       if (take_eval) {
         const auto& e = evals[ev++];
-        if (e.step >= first && e.step <= last)
-          line({{"type", "eval"}, {"step", e.step}, {"epoch", e.epoch}, {"samples", e.samples}, {"loss", e.loss},
-                {"accuracy", e.accuracy}});
+        if (e.step >= first && e.step <= last) {
+          json j = eval_json(e);
+          j["type"] = "eval";
+          line(j);
+        }
       } else {
         const auto& e = events[en++];
         if (e.step >= first && e.step <= last)
@@ -275,8 +284,12 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
   out << "\nevals\n";
   if (evals.empty()) out << "  none\n";
   for (const records::EvalRecord& e : evals) {
-    out << "  step " << e.step << " epoch " << e.epoch << ": loss " << fixed("%.6f", e.loss)
-        << ", accuracy " << fixed("%.4f", e.accuracy) << " over " << e.samples << " samples\n";
+    out << "  step " << e.step << " epoch " << e.epoch << ": loss " << fixed("%.6f", e.loss);
+    if (e.language_model())
+      out << ", perplexity " << fixed("%.4f", e.perplexity()) << " over " << e.tokens << " tokens (" << e.samples
+          << " samples, " << e.batches << " batches)\n";
+    else
+      out << ", accuracy " << fixed("%.4f", e.accuracy) << " over " << e.samples << " samples\n";
   }
   std::vector<records::EventRecord> events = reader.events();
   out << "\nevents\n";

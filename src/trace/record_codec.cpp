@@ -197,6 +197,9 @@ void serialize_eval(const records::EvalRecord& r, std::string& out) {
   b.setSamples(r.samples);
   b.setLoss(r.loss);
   b.setAccuracy(r.accuracy);
+  b.setTokens(r.tokens);
+  b.setBatches(r.batches);
+  b.setPerplexity(r.perplexity());
   flatten(builder, out);
 }
 
@@ -301,6 +304,8 @@ records::EvalRecord parse_eval(const uint64_t* words, size_t n_words, const std:
     r.samples = b.getSamples();
     r.loss = b.getLoss();
     r.accuracy = b.getAccuracy();
+    r.tokens = b.getTokens();
+    r.batches = b.getBatches();
     return r;
   });
 }

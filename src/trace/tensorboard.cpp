@@ -92,7 +92,8 @@ class EventEncoder {
   void eval(const records::EvalRecord& e, double wall, std::string& out) {
     Batch b(*this, e.step, wall);
     b.scalar("eval/loss", e.loss);
-    b.scalar("eval/accuracy", e.accuracy);
+    if (e.accuracy >= 0) b.scalar("eval/accuracy", e.accuracy);  // none for a language model
+    if (e.language_model()) b.scalar("eval/perplexity", e.perplexity());
     b.write(out);
   }
   void event(const records::EventRecord& e, double wall, std::string& out) {
@@ -217,7 +218,7 @@ std::vector<std::string> tensorboard_tags() {
           "train/loss_scale",  "train/skipped",       "train/skip_reason",        "time/step_ms",
           "time/data_ms",      "time/forward_ms",     "time/backward_ms",         "time/optimizer_ms",
           "time/trace_ms",     "time/allreduce_ms",   "eval/loss",                "eval/accuracy",
-          "run/config",        "run/fingerprint",     "markers/KIND",             "events/KIND"};
+          "eval/perplexity",   "run/config",        "run/fingerprint",     "markers/KIND",             "events/KIND"};
 }
 
 void check_tensorboard_dir(const std::string& dir, bool fresh, bool force) {

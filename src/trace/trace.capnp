@@ -119,6 +119,11 @@ struct Eval {
   samples @2 :UInt64;
   loss @3 :Float64;
   accuracy @4 :Float64;
+  # Language models (traces from before these fields read 0): the target tokens evaluated, the
+  # batches, and the perplexity exp(loss). A classifier has tokens 0 and no perplexity.
+  tokens @5 :UInt64;
+  batches @6 :UInt64;
+  perplexity @7 :Float64;
 }
 
 struct Event {

@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -13,6 +14,9 @@
 
 namespace retrace::train {
 namespace {
+
+// eval.max_batches for token data when the config does not say: llm.c's val_max_steps.
+constexpr int64_t kTokenEvalMaxBatches = 20;
 
 enum class Kind { kInt, kFloat, kBool, kString, kChoice, kIntList };
 
@@ -30,6 +34,12 @@ struct Field {
   // recorded config without the key reads as this value, and to_toml leaves the key out while it
   // holds it, so older runs keep their text and config hash.
   std::string legacy = {};
+  // A key that another replaced: kRetired (the old name) is read from any text and written back
+  // only while the config keeps the old names (EvalConfig::legacy_keys); kSuccessor (the new name)
+  // is written only while it does not. Both name the same value.
+  enum class Era : uint8_t { kCurrent, kRetired, kSuccessor };
+  Era era = Era::kCurrent;
+  std::string counterpart = {};  // kRetired, kSuccessor: the other name
 };
 
 template <typename S, typename M>
@@ -55,8 +65,12 @@ std::vector<Field> fields() {
                at(&C::data, &DataConfig::batch_size)});
   f.push_back({"data.last_batch", Kind::kChoice, "the last partial batch of an epoch", {"drop", "keep"},
                0, 0, false, false, at(&C::data, &DataConfig::last_batch)});
-  f.push_back({"data.eval_batch_size", Kind::kInt, "batch size of the evaluation pass", {}, 1, 1 << 20,
-               false, false, at(&C::data, &DataConfig::eval_batch_size)});
+  f.push_back({"data.order", Kind::kChoice,
+               "the epoch's order: feistel (a keyed bijection computed per position, no permutation held, O(1) "
+               "state at any data size) or shuffle (a Fisher-Yates shuffle of every index each epoch)",
+               {"feistel", "shuffle"}, 0, 0, false, false, at(&C::data, &DataConfig::order), "'shuffle'"});
+  f.push_back({"data.eval_batch_size", Kind::kInt, "replaced by eval.batch_size (still read)", {}, 0, 1 << 20,
+               false, false, at(&C::eval, &EvalConfig::batch_size), {}, Field::Era::kRetired, "eval.batch_size"});
   f.push_back({"data.context", Kind::kInt, "gpt: tokens per sample", {}, 1, 1 << 16, false, false,
                at(&C::data, &DataConfig::context)});
   f.push_back({"data.vocab_size", Kind::kInt, "tokens: vocabulary size (0: the largest token + 1)", {}, 0,
@@ -98,6 +112,9 @@ std::vector<Field> fields() {
                {"none", "full", "sqrt", "selective"}, 0, 0, false, false, at(&C::model, &ModelConfig::checkpoint)});
   f.push_back({"model.checkpoint_every", Kind::kInt, "gpt: layers per segment with checkpoint = \"full\"", {}, 1,
                1024, false, false, at(&C::model, &ModelConfig::checkpoint_every)});
+  f.push_back({"model.tie_embeddings", Kind::kBool,
+               "gpt: the output layer is the token embedding's weight, without a bias (as GPT-2; off: a Linear "
+               "layer of its own)", {}, 0, 0, false, false, at(&C::model, &ModelConfig::tie_embeddings), "false"});
   f.push_back({"optim.name", Kind::kChoice, "optimizer", {"adamw", "sgd"}, 0, 0, false, false,
                at(&C::optim, &OptimConfig::name)});
   f.push_back({"optim.lr", Kind::kFloat, "peak learning rate", {}, 0, 1e3, true, false,
@@ -131,8 +148,8 @@ std::vector<Field> fields() {
                1 << 16, false, false, at(&C::train, &TrainConfig::accum_steps)});
   f.push_back({"train.max_norm", Kind::kFloat, "clip the global gradient L2 norm to this (0: off)", {}, 0,
                1e12, false, false, at(&C::train, &TrainConfig::max_norm)});
-  f.push_back({"train.eval_each_epoch", Kind::kBool, "evaluate on the test split after every epoch", {},
-               0, 0, false, false, at(&C::train, &TrainConfig::eval_each_epoch)});
+  f.push_back({"train.eval_each_epoch", Kind::kBool, "replaced by eval.each_epoch (still read)", {}, 0, 0, false,
+               false, at(&C::eval, &EvalConfig::each_epoch), {}, Field::Era::kRetired, "eval.each_epoch"});
   f.push_back({"train.loss", Kind::kString, "loss: cross_entropy, or a loss your binary registers", {}, 0, 0,
                false, false, at(&C::train, &TrainConfig::loss), "'cross_entropy'"});
   f.push_back({"amp.mode", Kind::kChoice, "autocast: off, bf16 (CPU or CUDA), fp16 (CUDA only)",
@@ -214,6 +231,19 @@ std::vector<Field> fields() {
                false, false, at(&C::checkpoint, &CheckpointConfig::keep_last)});
   f.push_back({"checkpoint.at_end", Kind::kBool, "save a checkpoint when the run ends", {}, 0, 0, false,
                false, at(&C::checkpoint, &CheckpointConfig::at_end)});
+  f.push_back({"eval.every_steps", Kind::kInt,
+               "evaluate after every N steps (0: only at epoch ends, when eval.each_epoch, and at the end)", {}, 0,
+               1e12, false, false, at(&C::eval, &EvalConfig::every_steps), "0"});
+  f.push_back({"eval.each_epoch", Kind::kBool, "evaluate at the end of every epoch", {}, 0, 0, false, false,
+               at(&C::eval, &EvalConfig::each_epoch), {}, Field::Era::kSuccessor, "train.eval_each_epoch"});
+  f.push_back({"eval.max_batches", Kind::kInt,
+               "batches of the validation split evaluated, always the first ones in its order (0: all; default "
+               "20 for data.kind \"tokens\", as llm.c's val_max_steps, else 0)", {}, 0, 1e9, false, false,
+               at(&C::eval, &EvalConfig::max_batches), "0"});
+  f.push_back({"eval.batch_size", Kind::kInt,
+               "samples per evaluation batch (0: data.batch_size, the training micro-batch, so an evaluation needs "
+               "no more memory than a step)", {}, 0, 1 << 20, false, false, at(&C::eval, &EvalConfig::batch_size), {},
+               Field::Era::kSuccessor, "data.eval_batch_size"});
   return f;
 }
 
@@ -368,7 +398,13 @@ void walk(const toml::table& t, const std::string& prefix, const std::vector<Fie
   }
 }
 
+// The defaults that depend on other keys, resolved once, so that the recorded text holds values.
+void resolve_defaults(Config& c) {
+  if (c.eval.max_batches < 0) c.eval.max_batches = c.data.kind == "tokens" ? kTokenEvalMaxBatches : 0;
+}
+
 void validate(Config& c) {
+  resolve_defaults(c);
   RETRACE_CHECK(!c.model.hidden.empty(), ConfigError,
                 "bad value for model.hidden: at least one hidden layer is needed");
   RETRACE_CHECK(!(c.amp.mode == AmpMode::kFp16 && c.runtime.device == DeviceKind::kCpu), ConfigError,
@@ -413,6 +449,17 @@ std::string number(double v) {
 
 }  // namespace
 
+int64_t eval_batch_size(const Config& c) { return c.eval.batch_size > 0 ? c.eval.batch_size : c.data.batch_size; }
+
+EvalPlan eval_plan(const Config& c, int64_t split_samples) {
+  EvalPlan p;
+  p.batch_size = eval_batch_size(c);
+  p.batches = (split_samples + p.batch_size - 1) / p.batch_size;
+  if (c.eval.max_batches > 0) p.batches = std::min(p.batches, c.eval.max_batches);
+  p.samples = std::min(split_samples, p.batches * p.batch_size);
+  return p;
+}
+
 const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::kSgd ? "sgd" : "adamw"; }
 const char* amp_name(AmpMode m) { return m == AmpMode::kBf16 ? "bf16" : m == AmpMode::kFp16 ? "fp16" : "off"; }
 
@@ -433,6 +480,13 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     throw ConfigError(msg.str());
   }
   walk(root, "", fs, c, origin);
+  // A text that names a key by its old name keeps the old names when written back (Field::Era).
+  for (const auto& f : fs) {
+    if (f.era != Field::Era::kRetired || !root.at_path(f.key)) continue;
+    RETRACE_CHECK(!root.at_path(f.counterpart), ConfigError, origin, " sets both ", f.key, " and ", f.counterpart,
+                  ", which name the same value (", f.counterpart, " replaced ", f.key, "); keep only ", f.counterpart);
+    c.eval.legacy_keys = true;
+  }
   for (const auto& ov : overrides) {
     auto eq = ov.find('=');
     RETRACE_CHECK(eq != std::string::npos && eq > 0, ConfigError, "--set expects key=value, got '", ov,
@@ -474,16 +528,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 std::string to_toml(const Config& cfg, TomlForm form) {
   Config c = cfg;
+  resolve_defaults(c);
   std::ostringstream out;
   std::string section;
   for (const auto& f : fields()) {
+    if (f.era == Field::Era::kRetired && !c.eval.legacy_keys) continue;
+    if (f.era == Field::Era::kSuccessor && c.eval.legacy_keys) continue;
     auto dot = f.key.find('.');
     std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
     std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
-    if (sec != section) {
-      out << "\n[" << sec << "]\n";
-      section = sec;
-    }
     std::ostringstream value;
     void* p = f.ref(c);
     switch (f.kind) {
@@ -501,6 +554,12 @@ std::string to_toml(const Config& cfg, TomlForm form) {
       }
     }
     if (form == TomlForm::kCanonical && !f.legacy.empty() && value.str() == f.legacy) continue;
+    // A section's header comes with its first key written: a section whose keys all hold their
+    // legacy values ([eval] of an older run) adds nothing to the text.
+    if (sec != section) {
+      out << "\n[" << sec << "]\n";
+      section = sec;
+    }
     out << name << " = " << value.str() << "\n";
   }
   // Users' keys last, sorted; a config without any writes no [user] section (older hashes stay).

@@ -36,7 +36,9 @@ struct DataConfig {
   std::string dir = "/usr/share/datasets/fashion-mnist";
   int64_t batch_size = 128;
   data::LastBatch last_batch = data::LastBatch::kDrop;
-  int64_t eval_batch_size = 1000;
+  // The epoch's order (data/sampler.h): a keyed bijection computed per position (feistel), or a
+  // Fisher-Yates shuffle of every index (shuffle: what runs recorded before the key used).
+  data::Order order = data::Order::kFeistel;
   int64_t context = 128;        // gpt, tokens: tokens per sample
   int64_t vocab_size = 0;       // tokens: vocabulary (0: largest token + 1)
   double test_fraction = 0.1;   // gpt: share of the corpus held out for evaluation
@@ -57,6 +59,7 @@ struct ModelConfig {
   int64_t n_heads = 4;       // gpt
   model::CheckpointPolicy checkpoint = model::CheckpointPolicy::kNone;  // gpt activation checkpointing
   int64_t checkpoint_every = 4;     // gpt: layers per segment with "full"
+  bool tie_embeddings = false;      // gpt: the output layer is the token embedding (no bias), as GPT-2
 };
 
 struct OptimConfig {
@@ -82,10 +85,24 @@ struct TrainConfig {
   int64_t steps = 0;  // 0: epochs * batches per epoch
   int64_t accum_steps = 1;  // micro-batches per optimizer step (data.batch_size each)
   double max_norm = 1.0;  // 0 disables clipping
-  bool eval_each_epoch = true;
   // A registered loss: outputs and targets of a batch -> the sum of per-item losses (retrace
   // divides by the item count of the effective batch). Built in: cross_entropy.
   std::string loss = "cross_entropy";
+};
+
+// Evaluation on the validation (test) split. The batches evaluated are the first max_batches
+// batches of eval_batch_size(c) samples in the split's own order, so every evaluation of a run,
+// and of every run on the same data, sees the same samples.
+struct EvalConfig {
+  int64_t every_steps = 0;   // evaluate after every N steps (0: only at epoch ends and at the end)
+  bool each_epoch = true;    // evaluate at the end of every epoch
+  // Batches evaluated (0: the whole split). -1 until the config is validated, which resolves it:
+  // 20 for data.kind "tokens" (llm.c's val_max_steps), else 0.
+  int64_t max_batches = -1;
+  int64_t batch_size = 0;    // samples per batch (0: data.batch_size, the training micro-batch)
+  // The text named the keys these replaced, data.eval_batch_size and train.eval_each_epoch (a run
+  // recorded before [eval] existed): to_toml writes those again, so its config hash stays.
+  bool legacy_keys = false;
 };
 
 struct AmpConfig {
@@ -161,10 +178,23 @@ struct Config {
   RuntimeConfig runtime;
   TraceConfig trace;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   // [user]: keys for users' own models, data sets and losses, free-form. Values are kept as TOML
   // text ("64", "'relu'", "[1, 2]"), written back sorted by key, and part of the config hash.
   std::map<std::string, std::string> user;
 };
+
+// The evaluation batch in samples: eval.batch_size, or data.batch_size for 0.
+int64_t eval_batch_size(const Config& c);
+
+// What one evaluation reads: the first `batches` batches of `batch_size` samples of the split
+// (the last one may be shorter), `samples` in all.
+struct EvalPlan {
+  int64_t batch_size = 0;
+  int64_t batches = 0;
+  int64_t samples = 0;
+};
+EvalPlan eval_plan(const Config& c, int64_t split_samples);
 
 // Where a config's text comes from. kUser: a file or text a person wrote; a missing key takes the
 // current default. kRecorded: text retrace wrote (RUN/config.toml, a trace header, a golden run);

@@ -10,7 +10,7 @@ std::vector<records::Fault> parse_faults(const std::string& spec) {
   std::vector<records::Fault> out;
   std::stringstream in(spec);
   std::string item;
-  const char* kinds = "nan-loss, inf-grad, spike, crash, perturb-param";
+  const char* kinds = "nan-loss, inf-grad, spike, crash, crash-in-eval, perturb-param";
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
     auto at = item.find('@');
@@ -23,7 +23,7 @@ std::vector<records::Fault> parse_faults(const std::string& spec) {
     std::string step = rest.substr(0, colon);
     if (colon != std::string::npos) f.arg = rest.substr(colon + 1);
     RETRACE_CHECK(f.kind == "nan-loss" || f.kind == "inf-grad" || f.kind == "spike" || f.kind == "crash" ||
-                      f.kind == "perturb-param",
+                      f.kind == "crash-in-eval" || f.kind == "perturb-param",
                   ConfigError, "bad fault \"", item, "\": unknown kind \"", f.kind, "\"; valid kinds: ", kinds);
     try {
       size_t used = 0;

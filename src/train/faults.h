@@ -7,6 +7,9 @@
 //   crash@S               the process kills itself (SIGKILL) right after step S is traced, once per
 //                         run directory: resume does not crash again
 //   perturb-param@S:PARAM the lowest bit of element 0 of PARAM is flipped before step S
+//   crash-in-eval@S       the process kills itself (SIGKILL) during the evaluation after step S,
+//                         after its first batch, once per run directory (an evaluation must be due
+//                         after step S: eval.every_steps, an epoch's end or the last step)
 #pragma once
 
 #include <cstdint>

@@ -9,6 +9,7 @@ FaultKind kind_of(const std::string& kind) {
   if (kind == "inf-grad") return FaultKind::kInfGrad;
   if (kind == "spike") return FaultKind::kSpike;
   if (kind == "crash") return FaultKind::kCrash;
+  if (kind == "crash-in-eval") return FaultKind::kCrashInEval;
   if (kind == "perturb-param") return FaultKind::kPerturbParam;
   RETRACE_FAIL(InvariantError, "fault kind \"", kind, "\" passed parse_faults but has no FaultKind");
 }
@@ -21,7 +22,8 @@ FaultPlan::FaultPlan(const std::vector<records::Fault>& faults) {
 std::optional<const PlannedFault*> FaultPlan::due(FaultKind kind, uint64_t step, const std::set<std::string>& fired) const {
   for (const auto& f : faults_) {
     if (f.kind != kind || f.step != step) continue;
-    if ((kind == FaultKind::kSpike || kind == FaultKind::kCrash) && fired.count(f.id)) continue;
+    if ((kind == FaultKind::kSpike || kind == FaultKind::kCrash || kind == FaultKind::kCrashInEval) && fired.count(f.id))
+      continue;
     return &f;
   }
   return std::nullopt;

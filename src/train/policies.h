@@ -19,7 +19,7 @@
 
 namespace retrace::train {
 
-enum class FaultKind : uint8_t { kNanLoss, kInfGrad, kSpike, kCrash, kPerturbParam };
+enum class FaultKind : uint8_t { kNanLoss, kInfGrad, kSpike, kCrash, kPerturbParam, kCrashInEval };
 
 struct PlannedFault {
   FaultKind kind;

@@ -74,6 +74,7 @@ model::GptOptions gpt_options(const Config& c, int64_t vocab_size) {
   o.attention_matmul = c.model.attention_matmul;
   o.checkpoint = c.model.checkpoint;
   o.checkpoint_every = c.model.checkpoint_every;
+  o.tie_embeddings = c.model.tie_embeddings;
   return o;
 }
 
@@ -81,11 +82,12 @@ namespace {
 
 model::ModelHandle make_mlp(const ModelContext& ctx) {
   const Config& c = ctx.config;
-  RETRACE_CHECK(ctx.data.train.inputs.dim() == 2, ConfigError, "model.kind = \"mlp\" takes samples that are vectors, but ",
-                ctx.data.description, " has inputs ", shape_text(ctx.data.train.inputs),
-                "; flatten them, or choose another model.kind");
+  const torch::Tensor sample = ctx.data.train.range(0, 1).inputs;
+  RETRACE_CHECK(sample.dim() == 2 && c10::isFloatingType(sample.scalar_type()), ConfigError,
+                "model.kind = \"mlp\" takes samples that are vectors of numbers, but ", ctx.data.description,
+                " has inputs ", shape_text(sample), "; flatten them, or choose another model.kind (gpt for tokens)");
   model::MlpOptions o;
-  o.inputs = ctx.data.train.inputs.size(1);
+  o.inputs = sample.size(1);
   o.outputs = ctx.data.vocab_size > 0 ? ctx.data.vocab_size : 10;
   o.hidden = c.model.hidden;
   o.activation = c.model.activation;
@@ -171,10 +173,12 @@ data::Dataset Registry::load_data(const Config& config) const {
   data::Dataset d = data(data_kind(config))(config);
   RETRACE_CHECK(d.train.size() > 0, ConfigError, "data set ", data_kind(config), " (", config.data.dir,
                 ") has no training samples");
-  RETRACE_CHECK(d.train.inputs.defined() && d.train.inputs.size(0) == d.train.size(), ConfigError, "data set ",
-                data_kind(config), " (", config.data.dir, "): ", d.train.inputs.defined() ? d.train.inputs.size(0) : 0,
-                " training inputs but ", d.train.size(), " targets; every sample needs both");
-  RETRACE_CHECK(!d.test.targets.defined() || (d.test.inputs.defined() && d.test.inputs.size(0) == d.test.size()),
+  RETRACE_CHECK(d.train.source || (d.train.inputs.defined() && d.train.inputs.size(0) == d.train.size()), ConfigError,
+                "data set ", data_kind(config), " (", config.data.dir, "): ",
+                d.train.inputs.defined() ? d.train.inputs.size(0) : 0, " training inputs but ", d.train.size(),
+                " targets; every sample needs both");
+  RETRACE_CHECK(d.test.source || !d.test.targets.defined() ||
+                    (d.test.inputs.defined() && d.test.inputs.size(0) == d.test.size()),
                 ConfigError, "data set ", data_kind(config), " (", config.data.dir, "): test inputs and targets ",
                 "have different sample counts");
   return d;
@@ -183,8 +187,9 @@ data::Dataset Registry::load_data(const Config& config) const {
 void check_model_fits(const Config& config, const model::ModelHandle& model, const LossFn& loss,
                       const data::Dataset& data) {
   const int64_t n = std::min<int64_t>(2, data.train.size());
-  const torch::Tensor x = data.train.inputs.slice(0, 0, n);
-  const torch::Tensor y = data.train.targets.slice(0, 0, n);
+  const data::Samples first = data.train.range(0, n);
+  const torch::Tensor& x = first.inputs;
+  const torch::Tensor& y = first.targets;
   const rng::RngState saved = rng::capture_torch(static_cast<uint64_t>(config.seed), cuda_index(config.runtime));
   const bool was_training = model.module->is_training();
   model.module->eval();

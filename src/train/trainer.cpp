@@ -47,7 +47,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       world_size_(world_size),
       sampler_(static_cast<uint64_t>(config.seed), static_cast<uint64_t>(data.train.size()),
                static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), config.data.last_batch,
-               rank, world_size),
+               rank, world_size, config.data.order),
       total_steps_(total_steps_for(config, sampler_.batches_per_epoch())),
       policies_(make_policies(config, registry, total_steps_)),
       state_(initial_state(config, data, registry)) {
@@ -87,9 +87,9 @@ Batch Trainer::next_batch() {
   b.at = state_.cursor;
   while (state_.set_aside.count({b.at.epoch, b.at.batch_in_epoch})) b.at = sampler_.next(b.at);
   b.indices = sampler_.batch(b.at);
-  torch::Tensor index = torch::from_blob(b.indices.data(), {static_cast<int64_t>(b.indices.size())}, torch::kInt64);
-  b.inputs = data_.train.inputs.index_select(0, index).to(device());
-  b.targets = data_.train.targets.index_select(0, index).to(device());
+  data::Samples s = data_.train.gather(b.indices);
+  b.inputs = s.inputs.to(device());
+  b.targets = s.targets.to(device());
   b.next = sampler_.next(b.at);
   if (world_size_ > 1) {
     b.global_samples = sampler_.global_batch_samples(b.at);
@@ -111,36 +111,43 @@ std::vector<std::pair<std::string, std::string>> Trainer::take_events() {
   return out;
 }
 
-records::EvalRecord Trainer::evaluate() {
+records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_batch) {
   torch::NoGradGuard no_grad;
   state_.model.module->eval();
-  const auto& test = data_.test;
-  const int64_t n = test.size();
-  const int64_t bs = config_.data.eval_batch_size;
-  const bool classification = !c10::isFloatingType(test.targets.scalar_type());
+  const data::Split& test = data_.test;
+  const EvalPlan plan = eval_plan(config_, test.size());
   double loss_sum = 0;
   int64_t correct = 0, items = 0;
-  for (int64_t start = 0; start < n; start += bs) {
-    int64_t end = std::min(n, start + bs);
-    torch::Tensor x = test.inputs.slice(0, start, end).to(device());
-    torch::Tensor y = test.targets.slice(0, start, end).to(device());
+  bool classification = true;
+  for (int64_t start = 0; start < plan.samples; start += plan.batch_size) {
+    const int64_t end = std::min(plan.samples, start + plan.batch_size);
+    data::Samples batch = test.range(start, end);
+    torch::Tensor x = batch.inputs.to(device());
+    torch::Tensor y = batch.targets.to(device());
+    // Accuracy where it has a meaning: class indices against one score per class. Runs recorded
+    // before [eval] existed also counted a language model's next-token hits, and replay so.
+    classification = !c10::isFloatingType(y.scalar_type()) && (y.dim() == 1 || config_.eval.legacy_keys);
     torch::Tensor outputs = state_.model.forward(x);
     loss_sum += policies_.loss(outputs, y).item<double>();
-    // Accuracy where it has a meaning: class indices against one score per class.
     if (classification) {
       torch::Tensor flat = outputs.reshape({-1, outputs.size(-1)});
       correct += flat.argmax(1).eq(y.reshape({-1})).sum().item<int64_t>();
     }
     items += y.numel();
+    if (after_batch) after_batch(start / plan.batch_size);
   }
   state_.model.module->train();
   records::EvalRecord e;
   e.step = state_.step;
   e.epoch = state_.cursor.batch_in_epoch == 0 && state_.cursor.epoch > 0 ? state_.cursor.epoch - 1 : state_.cursor.epoch;
-  e.samples = static_cast<uint64_t>(n);
+  e.samples = static_cast<uint64_t>(plan.samples);
   e.loss = items ? loss_sum / static_cast<double>(items) : 0;
   e.accuracy = items ? static_cast<double>(correct) / static_cast<double>(items) : 0;
-  if (!classification) e.accuracy = -1;  // none: the targets are not classes
+  if (!classification) {
+    e.accuracy = -1;  // none: the targets are not one class per sample
+    e.tokens = static_cast<uint64_t>(items);
+  }
+  e.batches = static_cast<uint64_t>(plan.batches);
   return e;
 }
 

@@ -50,8 +50,10 @@ class Trainer {
   // step_state() on next_batch(). Fills every StepRecord field except the trace writer's
   // digests and timings.trace_ms; the step's events wait in take_events().
   records::StepRecord run_step(bool with_digests);
-  // Evaluates on the test split (eval mode, no gradients, no RNG draws).
-  records::EvalRecord evaluate();
+  // Evaluates the first eval.max_batches batches of the test split (config.h's eval_plan; eval
+  // mode, no gradients, no RNG draws). after_batch, when set, is called after each batch with its
+  // number (fault injection).
+  records::EvalRecord evaluate(const std::function<void(int64_t)>& after_batch = {});
   // Messages for the trace (kind, text) produced since the last call: guard warnings, faults.
   std::vector<std::pair<std::string, std::string>> take_events();
 
@@ -97,6 +99,10 @@ class Trainer {
   void mark_fired(const std::string& fault_id) { state_.fired.insert(fault_id); }
   // The crash fault due after `step` (its argument: the rank, or empty for every rank).
   std::optional<std::string> crash_due(uint64_t step) const;
+  // Whether a crash-in-eval fault is due in the evaluation after `step`.
+  bool crash_in_eval_due(uint64_t step) const {
+    return policies_.faults.due(FaultKind::kCrashInEval, step, state_.fired).has_value();
+  }
 
   // The hook run after the last micro-batch's backward (data-parallel all-reduce).
   void set_after_last_backward(std::function<void()> hook) { hooks_.after_last_backward = std::move(hook); }

@@ -16,6 +16,7 @@
 #include "core/torch_compat.h"
 #include "model/activation_checkpoint.h"
 #include "model/gpt.h"
+#include "model/memory_plan.h"
 
 namespace retrace::model {
 namespace {
@@ -99,6 +100,34 @@ TEST(Gpt, NamesAndParameterCount) {
   const int64_t d = 32;
   const int64_t block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d);
   EXPECT_EQ(count_parameters(*model), kVocab * d + kContext * d + 4 * block + 2 * d + (d * kVocab + kVocab));
+}
+
+TEST(Gpt, TiedEmbeddingsShareTheTokenEmbeddingAsOutputLayer) {
+  seed(1);
+  GptOptions o = tiny();
+  o.tie_embeddings = true;
+  Gpt model(o);
+  auto params = model->named_parameters();
+  EXPECT_FALSE(params.contains("head.weight"));
+  EXPECT_FALSE(params.contains("head.bias"));
+  Gpt untied(tiny());
+  EXPECT_EQ(count_parameters(*untied) - count_parameters(*model), kVocab * 32 + kVocab);
+  for (bool tied : {false, true})
+    EXPECT_EQ(gpt_parameter_count(kVocab, kContext, 32, 4, tied), count_parameters(*(tied ? model : untied)));
+  // The logits are the final hidden states times the embedding: its gradient gets both uses.
+  model->eval();
+  torch::Tensor idx = torch::randint(0, kVocab, {kBatch, kContext}, torch::kLong);
+  torch::Tensor logits = model->forward(idx);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kContext, kVocab}));
+  logits.sum().backward();
+  const torch::Tensor g = params["wte.weight"].grad();
+  ASSERT_TRUE(g.defined());
+  // Every row gets the output layer's gradient, also tokens that never occur in idx.
+  EXPECT_GT(g.abs().sum(1).min().item<float>(), 0.0f);
+  EXPECT_NE(model->describe().find("tied"), std::string::npos);
+  // GPT-2 small, as configs/gpt2-124m.toml: 124,439,808 parameters tied, 163,087,441 untied.
+  EXPECT_EQ(gpt_parameter_count(50257, 1024, 768, 12, true), 124439808);
+  EXPECT_EQ(gpt_parameter_count(50257, 1024, 768, 12, false), 124439808 + 50257 * 768 + 50257);
 }
 
 TEST(Gpt, CausalMaskHidesTheFuture) {

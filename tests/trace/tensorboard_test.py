@@ -76,7 +76,10 @@ def expected_series(doc):
             add("time/" + k, s["step"], t[k])
     for e in doc["evals"]:
         add("eval/loss", e["step"], e["loss"])
-        add("eval/accuracy", e["step"], e["accuracy"])
+        if e["accuracy"] >= 0:
+            add("eval/accuracy", e["step"], e["accuracy"])
+        if e["tokens"] > 0:
+            add("eval/perplexity", e["step"], e["perplexity"])
     for e in doc["events"]:
         add("markers/" + e["kind"], e["step"], 1.0)
     return exp

@@ -70,6 +70,57 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
             model::AttentionMatmul::kLanes);
 }
 
+TEST(Config, EvalSectionReplacesTheOldEvalKeysWhichStillRead) {
+  // A run recorded before [eval]: its keys read into [eval], and write back under their old names
+  // with nothing added, so its config hash stays (its evaluations: the whole split, each epoch).
+  const std::string old_text = fs::read_file(RETRACE_SOURCE_DIR "/golden/char-gpt-tiny/config.toml", 1 << 20);
+  ASSERT_NE(old_text.find("eval_batch_size = 64"), std::string::npos);
+  Config recorded = parse_config(old_text, "old run", {}, ConfigSource::kRecorded);
+  EXPECT_TRUE(recorded.eval.legacy_keys);
+  EXPECT_EQ(recorded.eval.batch_size, 64);
+  EXPECT_EQ(recorded.eval.max_batches, 0);
+  EXPECT_EQ(recorded.eval.every_steps, 0);
+  EXPECT_TRUE(recorded.eval.each_epoch);
+  EXPECT_EQ(recorded.data.order, data::Order::kShuffle);
+  EXPECT_EQ(to_toml(recorded), old_text);
+  EXPECT_EQ(to_toml(recorded, TomlForm::kComplete).find("\n[eval]\nevery_steps = 0\nmax_batches = 0\n") != std::string::npos,
+            true)
+      << to_toml(recorded, TomlForm::kComplete);
+  Config complete = parse_config(to_toml(recorded, TomlForm::kComplete), "complete", {}, ConfigSource::kRecorded);
+  EXPECT_EQ(to_toml(complete), old_text);
+  // Overrides by either name reach the same value, and keep the text's names.
+  EXPECT_EQ(parse_config(old_text, "old run", {"eval.batch_size=7"}, ConfigSource::kRecorded).eval.batch_size, 7);
+  Config fresh = parse_config("", "x", {"data.eval_batch_size=9", "train.eval_each_epoch=false"});
+  EXPECT_FALSE(fresh.eval.legacy_keys);
+  EXPECT_EQ(fresh.eval.batch_size, 9);
+  EXPECT_FALSE(fresh.eval.each_epoch);
+  const std::string text = to_toml(fresh);
+  EXPECT_EQ(text.find("eval_batch_size"), std::string::npos) << text;
+  EXPECT_NE(text.find("[eval]\neach_epoch = false\nbatch_size = 9\n"), std::string::npos) << text;
+  // Defaults: the training micro-batch, 20 batches for token data, else the whole split.
+  Config d = parse_config("", "x", {});
+  EXPECT_EQ(eval_batch_size(d), d.data.batch_size);
+  EXPECT_EQ(d.eval.max_batches, 0);
+  EXPECT_EQ(d.data.order, data::Order::kFeistel);
+  EXPECT_EQ(parse_config("", "x", {"data.kind=tokens"}).eval.max_batches, 20);
+  EXPECT_EQ(parse_config("", "x", {"data.kind=tokens", "eval.max_batches=0"}).eval.max_batches, 0);
+  // Both names in one text; bad values.
+  std::string e = error_of("[data]\neval_batch_size = 8\n[eval]\nbatch_size = 8\n");
+  EXPECT_NE(e.find("sets both data.eval_batch_size and eval.batch_size"), std::string::npos) << e;
+  e = error_of("[eval]\nmax_batches = -1\n");
+  EXPECT_NE(e.find("eval.max_batches"), std::string::npos) << e;
+  e = error_of("[eval]\nbatch_size = 99999999\n");
+  EXPECT_NE(e.find("eval.batch_size"), std::string::npos) << e;
+  // The plan: at most max_batches batches of the batch size, the last one shorter.
+  d.eval.batch_size = 30;
+  d.eval.max_batches = 3;
+  EXPECT_EQ(eval_plan(d, 1000).samples, 90);
+  EXPECT_EQ(eval_plan(d, 70).batches, 3);
+  EXPECT_EQ(eval_plan(d, 70).samples, 70);
+  d.eval.max_batches = 0;
+  EXPECT_EQ(eval_plan(d, 1000).batches, 34);
+}
+
 TEST(Config, UnknownKeyNamesKeyAndValidChoices) {
   std::string e = error_of("[optim]\nlearning_rate = 0.1\n");
   EXPECT_NE(e.find("unknown config key 'optim.learning_rate'"), std::string::npos) << e;

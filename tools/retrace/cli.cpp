@@ -4,11 +4,20 @@
 
 #include <cstdio>
 #include <iostream>
+#include <new>
+#include <string>
 
 #include "core/error.h"
 #include "train/environment.h"
 
 namespace retrace::cli {
+namespace {
+constexpr const char* kOutOfMemoryAdvice =
+    "The step or the evaluation needs more memory than the machine has: lower data.batch_size (and "
+    "train.accum_steps to keep the global batch) or eval.batch_size, or use model.checkpoint = \"full\"; "
+    "`retrace memory --config ...` estimates what a GPT needs. The run directory keeps every checkpoint "
+    "written so far: `retrace resume` continues from the newest";
+}  // namespace
 namespace {
 
 // A live progress line (a terminal only) has no newline yet: end it before the error, so that the
@@ -77,8 +86,19 @@ int run_cli(int argc, char** argv, const train::Registry& registry) {
     std::fflush(stdout);
     std::cerr << end_progress_line() << "retrace: " << e.kind() << ": " << e.what() << "\n";
     return static_cast<int>(e.exit_code());
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::cerr << end_progress_line() << "retrace: environment error: out of memory. " << kOutOfMemoryAdvice << "\n";
+    return static_cast<int>(ExitCode::kEnvironment);
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    // LibTorch's allocators say so in their message (c10::Error, no type of its own in 1.13).
+    const std::string what = e.what();
+    if (what.find("can't allocate memory") != std::string::npos || what.find("out of memory") != std::string::npos) {
+      std::cerr << end_progress_line() << "retrace: environment error: out of memory: "
+                << what.substr(0, what.find('\n')) << ". " << kOutOfMemoryAdvice << "\n";
+      return static_cast<int>(ExitCode::kEnvironment);
+    }
     std::cerr << end_progress_line() << "retrace: internal error: " << e.what()
               << "\n(this is a bug in retrace or LibTorch; please report it with the command line)\n";
     return static_cast<int>(ExitCode::kInternal);

@@ -50,7 +50,15 @@ int run_memory(const MemoryArgs& a, const Context&) {
               "bytes per rank at world size %lld: %.1f MB (12 P / N)\n",
               static_cast<long long>(e0.params), e0.param_bytes / 1e6, e0.grad_bytes / 1e6, e0.optimizer_bytes / 1e6,
               static_cast<long long>(a.world_size), e0.zero1_optimizer_bytes_per_rank / 1e6);
-  std::printf("activation estimate 12*B*L*d per layer: %.1f MB per layer\n\n", e0.activation_bytes_per_layer / 1e6);
+  std::printf("activation estimate 12*B*L*d per layer: %.1f MB per layer\n", e0.activation_bytes_per_layer / 1e6);
+  std::printf("output layer: logits, log-softmax and their gradients %.1f MB (4 B T V floats); an evaluation batch of "
+              "%lld: %.1f MB\n", e0.logits_bytes / 1e6, static_cast<long long>(train::eval_batch_size(c)),
+              e0.eval_bytes / 1e6);
+  for (const auto& m : plan)
+    if (m.policy == model::option_name(c.model.checkpoint))
+      std::printf("training step estimate under model.checkpoint = \"%s\": %.1f MB (weights, gradients, AdamW "
+                  "state, activations, output layer)\n", m.policy.c_str(), m.estimate.total_bytes() / 1e6);
+  std::printf("\n");
   std::printf("%-12s %16s %12s %12s %14s %12s\n", "policy", "activations MB", "x none", "step ms", "x none (time)",
               "growth MiB");
   const auto& base = plan.front();

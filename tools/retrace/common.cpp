@@ -70,7 +70,10 @@ void print_summary(const run::RunSummary& s) {
               s.resumed_from.empty() ? "recorded" : "resumed and recorded", static_cast<ull>(s.steps),
               static_cast<ull>(s.first_step), static_cast<ull>(s.last_step), static_cast<ull>(s.total_steps),
               static_cast<ull>(s.skipped), s.wall_seconds, s.steps_per_second, s.final_loss);
-  if (s.test_accuracy >= 0) std::printf("; test accuracy %.4f", s.test_accuracy);
+  if (s.eval_perplexity > 0)
+    std::printf("; val loss %.6f, perplexity %.4f", s.eval_loss, s.eval_perplexity);
+  else if (s.test_accuracy >= 0)
+    std::printf("; test accuracy %.4f", s.test_accuracy);
   std::printf("\nrun directory: %s  (trace %llu bytes, %.0f bytes/step, %llu checkpoints written)\n",
               s.run_dir.c_str(), static_cast<ull>(s.trace_bytes),
               s.last_step ? static_cast<double>(s.trace_bytes) / static_cast<double>(s.last_step) : 0.0,

@@ -49,8 +49,13 @@ class StepPrinter {
   }
   void eval(const records::EvalRecord& e) {
     clear();
-    std::printf("EVAL  step %6llu  epoch %llu  test loss %.6f  test accuracy %.4f\n", static_cast<ull>(e.step),
-                static_cast<ull>(e.epoch), e.loss, e.accuracy);
+    if (e.language_model())
+      std::printf("EVAL  step %6llu  epoch %llu  val loss %.6f  perplexity %.4f  (%llu tokens)\n",
+                  static_cast<ull>(e.step), static_cast<ull>(e.epoch), e.loss, e.perplexity(),
+                  static_cast<ull>(e.tokens));
+    else
+      std::printf("EVAL  step %6llu  epoch %llu  test loss %.6f  test accuracy %.4f\n", static_cast<ull>(e.step),
+                  static_cast<ull>(e.epoch), e.loss, e.accuracy);
     std::fflush(stdout);
   }
   void message(const std::string& m) {
