@@ -15,7 +15,7 @@ find_package(Torch REQUIRED)
 message(STATUS "retrace builds against LibTorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX} (Caffe2 from ${Caffe2_DIR}, CUDA: ${CAFFE2_USE_CUDA})")
 
 # The torch-free pieces of rng, data and train: their tests do not pay for torch.
-add_library(retrace_rng STATIC src/rng/philox.cpp src/rng/shuffle.cpp)
+add_library(retrace_rng STATIC src/rng/philox.cpp src/rng/shuffle.cpp src/rng/feistel.cpp)
 target_link_libraries(retrace_rng PUBLIC retrace_core)
 add_library(retrace_data STATIC src/data/sampler.cpp src/data/idx.cpp)
 target_link_libraries(retrace_data PUBLIC retrace_rng retrace_records ZLIB::ZLIB)

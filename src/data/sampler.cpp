@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "rng/feistel.h"
 #include "rng/shuffle.h"
 
 namespace retrace::data {
@@ -34,22 +35,32 @@ Sampler::Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastB
   }
 }
 
+uint64_t Sampler::epoch_key(uint64_t epoch) const { return rng::mix_key(rng::mix_key(seed_, kSamplerPurpose), epoch); }
+
 std::vector<int64_t> Sampler::permutation(uint64_t epoch) const {
   std::vector<int64_t> order(num_samples_);
+  if (order_ == Order::kFeistel) {
+    const rng::FeistelPermutation f(num_samples_, epoch_key(epoch));
+    for (uint64_t p = 0; p < num_samples_; ++p) order[p] = static_cast<int64_t>(f(p));
+    return order;
+  }
   std::iota(order.begin(), order.end(), int64_t{0});
-  rng::PhiloxStream stream(rng::mix_key(rng::mix_key(seed_, kSamplerPurpose), epoch));
+  rng::PhiloxStream stream(epoch_key(epoch));
   rng::fisher_yates(order, stream);
   return order;
+}
+
+uint64_t Sampler::sample_at(uint64_t epoch, uint64_t position) const {
+  RETRACE_CHECK(position < num_samples_, InvariantError, "position ", position, " outside the epoch's ",
+                num_samples_, " samples");
+  if (order_ == Order::kFeistel) return rng::FeistelPermutation(num_samples_, epoch_key(epoch))(position);
+  return static_cast<uint64_t>(permutation(epoch)[position]);
 }
 
 std::vector<int64_t> Sampler::batch(const Cursor& cursor) {
   RETRACE_CHECK(cursor.batch_in_epoch < batches_per_epoch_, InvariantError, "batch ",
                 cursor.batch_in_epoch, " is past the end of the epoch (", batches_per_epoch_,
                 " batches)");
-  if (cached_epoch_ != cursor.epoch) {
-    cached_ = permutation(cursor.epoch);
-    cached_epoch_ = cursor.epoch;
-  }
   const uint64_t global = batch_size_ * world_size_;
   const uint64_t begin = cursor.batch_in_epoch * global;
   const uint64_t size = std::min<uint64_t>(global, num_samples_ - begin);
@@ -60,6 +71,17 @@ std::vector<int64_t> Sampler::batch(const Cursor& cursor) {
   } else {
     lo = begin + rank_ * size / world_size_;
     hi = begin + (rank_ + 1) * size / world_size_;
+  }
+  if (order_ == Order::kFeistel) {
+    const rng::FeistelPermutation f(num_samples_, epoch_key(cursor.epoch));
+    std::vector<int64_t> out;
+    out.reserve(hi - lo);
+    for (uint64_t p = lo; p < hi; ++p) out.push_back(static_cast<int64_t>(f(p)));
+    return out;
+  }
+  if (cached_epoch_ != cursor.epoch) {
+    cached_ = permutation(cursor.epoch);
+    cached_epoch_ = cursor.epoch;
   }
   return std::vector<int64_t>(cached_.begin() + static_cast<std::ptrdiff_t>(lo),
                               cached_.begin() + static_cast<std::ptrdiff_t>(hi));

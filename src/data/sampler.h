@@ -1,6 +1,12 @@
-// The deterministic sampler. The order of epoch e is a pure function of
-// (seed, e): a Fisher-Yates shuffle of [0, n) driven by a Philox stream keyed by (seed, e). A
-// position in the data is a Cursor (epoch, batch_in_epoch); resuming needs nothing else.
+// The deterministic sampler. The order of epoch e is a pure function of (seed, e), by Order:
+//   kFeistel  position p of epoch e holds sample FeistelPermutation(n, key)(p) (rng/feistel.h),
+//             computed for the batch's positions only: no permutation is held, so memory and the
+//             cost of a batch or a resume do not grow with n;
+//   kShuffle  a Fisher-Yates shuffle of [0, n) driven by a Philox stream (rng/shuffle.h), held
+//             for the cursor's epoch (8 bytes per sample): the order of runs recorded before
+//             data.order existed.
+// Both key the epoch by key = mix_key(mix_key(seed, "sampler1"), epoch). A position in the data
+// is a Cursor (epoch, batch_in_epoch); resuming needs nothing else.
 //
 // Batches: the global batch is batch_size * world_size samples; rank r takes the r-th contiguous
 // slice of batch_size samples, so the ranks' shards are disjoint and together cover the batch.
@@ -33,9 +39,14 @@ class Sampler {
           uint32_t rank = 0, uint32_t world_size = 1, Order order = Order::kShuffle);
 
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
-  // The permutation of epoch `epoch` (a pure function of seed and epoch).
+  // The permutation of epoch `epoch` (a pure function of seed and epoch), whole: for tests and
+  // small data sets; batch() never builds it under kFeistel.
   std::vector<int64_t> permutation(uint64_t epoch) const;
-  // This rank's sample indices at `cursor`. Uses a cached permutation of the cursor's epoch.
+  // The sample at `position` (< num_samples, InvariantError otherwise) of epoch `epoch`: O(1)
+  // under kFeistel; kShuffle builds the epoch's permutation (O(n), for tests).
+  uint64_t sample_at(uint64_t epoch, uint64_t position) const;
+  // This rank's sample indices at `cursor` (kShuffle: from a cached permutation of its epoch;
+  // kFeistel: only the batch's positions are computed).
   std::vector<int64_t> batch(const Cursor& cursor);
   // Samples of the whole global batch at `cursor` over all ranks.
   uint64_t global_batch_samples(const Cursor& cursor) const;
@@ -45,9 +56,15 @@ class Sampler {
   Cursor next(const Cursor& cursor) const;
 
   uint64_t seed() const { return seed_; }
+  Order order() const { return order_; }
   uint64_t num_samples() const { return num_samples_; }
+  // Heap bytes the sampler holds besides its own sizeof: 0 under kFeistel whatever n is; under
+  // kShuffle the cached permutation of the last batch's epoch (8 bytes per sample) once batch() ran.
+  uint64_t held_bytes() const { return cached_.capacity() * sizeof(int64_t); }
 
  private:
+  uint64_t epoch_key(uint64_t epoch) const;
+
   uint64_t seed_;
   uint64_t num_samples_;
   uint64_t batch_size_;

@@ -369,6 +369,8 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
                 " ranks of whole micro-batches of train.accum_steps = ", source.train.accum_steps,
                 "; choose a world size that divides ", per_rank);
   config.data.batch_size = per_rank / static_cast<int64_t>(world);
+  // An evaluation at "the micro-batch" keeps the batch it had: its sums are grouped by it.
+  if (config.eval.batch_size == 0) config.eval.batch_size = source.data.batch_size;
   if (config.runtime.invariance == Invariance::kBatch)
     RETRACE_CHECK(config.data.batch_size % config.runtime.invariance_chunk == 0, ConfigError,
                   "resume --reshard onto ", world, " ranks: micro-batches of data.batch_size = ", config.data.batch_size,
