@@ -113,6 +113,9 @@ std::vector<std::pair<std::string, std::string>> Trainer::take_events() {
 
 records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_batch) {
   torch::NoGradGuard no_grad;
+  // The last step's gradients are dead (the next step starts from none): freed, an evaluation
+  // between steps holds the weights and optimizer state but not a gradient of every parameter.
+  for (auto& p : state_.model.module->parameters()) p.mutable_grad() = torch::Tensor();
   state_.model.module->eval();
   const data::Split& test = data_.test;
   const EvalPlan plan = eval_plan(config_, test.size());
