@@ -45,7 +45,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   control.checkpoint_on_interrupt = false;
   // A crash fault is a process event, not a training event: the replay runs through it.
   for (const auto& f : config.faults.parsed)
-    if (f.kind == "crash" || f.kind == "crash-in-eval") control.fired.insert(f.kind + "@" + std::to_string(f.step));
+    if (train::is_process_fault(f.kind)) control.fired.insert(f.kind + "@" + std::to_string(f.step));
   uint64_t last_recorded = 0;
   for (const auto& e : recorded.index())
     if (e.kind == trace::FrameKind::kStep) last_recorded = std::max(last_recorded, e.step);

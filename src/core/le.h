@@ -1,5 +1,5 @@
 // Little-endian loads and stores of fixed-width integers, independent of the host's byte order.
-// Internal to src/trace.
+// Used by the trace's framing, its records and the token shards' headers.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // over every target element, so samples and tokens are counted alike.
 //
 // A split either holds its samples as two tensors (small data sets, users' own) or reads them on
-// demand from a SampleSource (memory-mapped token shards, data/token_shards.h), so that nothing
+// demand from a SampleSource (memory-mapped token shards, data/token_files.h), so that nothing
 // proportional to the data's size is held in memory. Either way the trainer only asks for batches:
 // gather(indices) and range(begin, end).
 #pragma once

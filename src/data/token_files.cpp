@@ -18,6 +18,7 @@
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/le.h"
 #include "records/records.h"
 
 namespace retrace::data {
@@ -37,10 +38,7 @@ constexpr const char* kLayout =
     "tokens) followed by the tokens; llm.c's dev/data scripts write them, tools/data/write_tokens.py writes "
     "one from a text file";
 
-uint32_t le_u32(const unsigned char* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
-int32_t le_i32(const unsigned char* p) { return static_cast<int32_t>(le_u32(p)); }
+int32_t le_i32(const unsigned char* p) { return static_cast<int32_t>(get_u32(p)); }
 
 // A read-only mapping of a whole file; unmapped when the last copy goes.
 class Mapping {
@@ -82,7 +80,9 @@ struct Shard {
 };
 
 // The largest of n tokens at p. The tokens start 1024 bytes into a page-aligned mapping, so p is
-// aligned for T; a plain loop over T vectorizes (the pass must keep up with sha256).
+// aligned for T; a plain loop over T in the host's order vectorizes (the pass must keep up with
+// sha256), and the host's order is the files' (little-endian; token_at is order-independent).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "max_token reads little-endian tokens natively");
 template <typename T>
 uint32_t max_token(const unsigned char* p, uint64_t n) {
   const T* t = reinterpret_cast<const T*>(p);
@@ -93,11 +93,11 @@ uint32_t max_token(const unsigned char* p, uint64_t n) {
 
 uint32_t token_at(const unsigned char* p, uint32_t width, uint64_t i) {
   const unsigned char* q = p + i * width;
-  return width == 2 ? uint32_t(q[0]) | uint32_t(q[1]) << 8 : le_u32(q);
+  return width == 2 ? get_u16(q) : get_u32(q);
 }
 
 // Checks the shard's header and size, maps it, then hashes its bytes and checks every token
-// against `vocab` (0: only finds the largest) in one pass. Returns the largest token.
+// against `vocab` (0: no check) in one pass, raising `largest` to the shard's largest token.
 Shard open_shard(const std::string& path, uint32_t& largest, int64_t vocab) {
   Shard s;
   s.path = path;

@@ -90,20 +90,21 @@ uint64_t available_memory_bytes() {
   return available;
 }
 
-model::MemoryEstimate gpt_memory_estimate(const Config& c, int64_t vocab) {
+model::MemoryEstimate gpt_memory_estimate(const Config& c, int64_t vocab, const std::string& policy, int64_t k,
+                                          int64_t world_size) {
   const int64_t params = model::gpt_parameter_count(vocab, c.data.context, c.model.d_model, c.model.n_layers,
                                                     c.model.tie_embeddings);
   const int64_t dtype_bytes = c.amp.mode == AmpMode::kOff ? 4 : 2;
   return model::estimate_lm_memory(params, c.data.batch_size, c.data.context, c.model.d_model, c.model.n_layers,
-                                   c.model.n_heads, dtype_bytes, model::option_name(c.model.checkpoint),
-                                   c.model.checkpoint_every, 1, vocab, eval_batch_size(c));
+                                   c.model.n_heads, dtype_bytes, policy, k, world_size, vocab, eval_batch_size(c));
 }
 
 void check_memory_fits(const Config& c, int64_t vocab) {
   if (c.model.kind != "gpt" || vocab <= 0) return;
   const uint64_t available = available_memory_bytes();
   if (available == 0) return;
-  const model::MemoryEstimate e = gpt_memory_estimate(c, vocab);
+  const model::MemoryEstimate e =
+      gpt_memory_estimate(c, vocab, model::option_name(c.model.checkpoint), c.model.checkpoint_every, 1);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   auto fixed = [](double v) {
     char buf[32];
@@ -135,13 +136,7 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
                                         {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
   rng::seed_cpu_and_device(static_cast<uint64_t>(config.seed), cuda_index(config.runtime));
-  const int64_t params = model::gpt_parameter_count(vocab, config.data.context, config.model.d_model,
-                                                    config.model.n_layers, config.model.tie_embeddings);
-  const int64_t dtype_bytes = config.amp.mode == AmpMode::kOff ? 4 : 2;
-  for (auto& m : out)
-    m.estimate = model::estimate_lm_memory(params, config.data.batch_size, config.data.context, config.model.d_model,
-                                           config.model.n_layers, config.model.n_heads, dtype_bytes, m.policy, m.k,
-                                           world_size, vocab, eval_batch_size(config));
+  for (auto& m : out) m.estimate = gpt_memory_estimate(config, vocab, m.policy, m.k, world_size);
   if (rounds <= 0) return out;
 
   std::vector<std::vector<ChildResult>> results(out.size());

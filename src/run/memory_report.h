@@ -34,9 +34,11 @@ struct PolicyMeasurement {
 // cgroup v2 limit (memory.max - memory.current) is lower. 0 when neither can be read.
 uint64_t available_memory_bytes();
 
-// The memory plan of config's GPT for vocabulary `vocab` (model/memory_plan.h's estimate_lm_memory
-// under the configured policy, per rank), with the parameters counted from the shape.
-model::MemoryEstimate gpt_memory_estimate(const train::Config& config, int64_t vocab);
+// The memory plan of config's GPT for vocabulary `vocab` (model/memory_plan.h's estimate_lm_memory)
+// under checkpoint `policy` with segment length k, ZeRO-1 figures for `world_size`; the
+// parameters are counted from the shape.
+model::MemoryEstimate gpt_memory_estimate(const train::Config& config, int64_t vocab, const std::string& policy,
+                                          int64_t k, int64_t world_size);
 
 // Before a GPT run allocates its model: when its training step (the plan's total) or its
 // evaluation batch would need more than available_memory_bytes(), a ConfigError that names what

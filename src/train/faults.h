@@ -23,4 +23,11 @@ namespace retrace::train {
 // Parses a comma-separated list; ConfigError naming the bad item and the valid kinds.
 std::vector<records::Fault> parse_faults(const std::string& spec);
 
+// Whether a fault of this kind ("crash", "crash-in-eval") is a process event: whether it fired
+// says which process runs, not what the run computes, so it stays out of the state digest and a
+// replay runs through it.
+inline bool is_process_fault(const std::string& kind) { return kind == "crash" || kind == "crash-in-eval"; }
+// The kind of a fired fault's id ("crash@17" -> "crash").
+inline std::string fault_kind_of(const std::string& id) { return id.substr(0, id.find('@')); }
+
 }  // namespace retrace::train

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "train/faults.h"
 
 namespace retrace::train {
 
@@ -61,7 +62,7 @@ Digest128 policy_digest(const TrainState& st) {
   // A crash is a process event: whether it fired says which process runs, not what it computes.
   std::string fired;
   for (const auto& f : st.fired)
-    if (f.rfind("crash@", 0) != 0 && f.rfind("crash-in-eval@", 0) != 0) fired += (fired.empty() ? "" : ",") + f;
+    if (!is_process_fault(fault_kind_of(f))) fired += (fired.empty() ? "" : ",") + f;
   state["faults.fired"] = fired;
   for (const auto& [k, v] : state) {  // a std::map: sorted by key
     h.update_u64(k.size());
