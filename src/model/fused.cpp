@@ -432,9 +432,15 @@ at::Tensor bmm_on_lanes(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor out = at::empty({n, a.size(1), b.size(2)}, a.options());
   const OneBlasThread one_thread;
   // Slices of about n / 16 matrices: enough of them that a lane sharing its core with OpenBLAS's
-  // spinning worker takes fewer, few enough that ATen's per-call cost stays small.
-  const int64_t slice = std::max<int64_t>(1, n / 16);
-  for_each_tile(n, slice, [&](int64_t b0, int64_t b1, int) {
+  // spinning worker takes fewer, few enough that ATen's per-call cost stays small. Never a slice
+  // of one matrix out of several: MKL (the 2.x wheels' BLAS) computes a batch of one with its
+  // single GEMM and a larger batch with its batched one, whose bits differ for a transposed left
+  // operand (LibTorch 2.11: [14, 10, 24] through a transpose, slices of one against the whole
+  // batch), while batches of two or more give the whole batch's bits. ATen's loop over OpenBLAS
+  // gives the same bits at any slicing. So `slices` slices of n / slices or one more matrices.
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(16, n / 2));
+  for_each_tile(slices, 1, [&](int64_t s0, int64_t s1, int) {
+    const int64_t b0 = s0 * n / slices, b1 = s1 * n / slices;
     at::Tensor o = out.narrow(0, b0, b1 - b0);
     at::bmm_out(o, a.narrow(0, b0, b1 - b0), b.narrow(0, b0, b1 - b0));
   });

@@ -53,7 +53,9 @@ at::Tensor lanes_bmm(const at::Tensor& a, const at::Tensor& b);
 // a [n, M, K] @ b [n, K, N] (any strides, as at::bmm takes them), no autograd: at::bmm_out on
 // slices of the batch, taken in turn by the two lanes, with OpenBLAS on one thread. Each matrix is
 // the one BLAS call ATen's bmm makes for it (it loops over the batch), so any split and either
-// lane give the same bits. lanes_bmm's forward and backward run on it; limit_bench times it.
+// lane give the same bits; under MKL, whose batched GEMM ATen calls instead, no slice is a single
+// matrix of several (a batch of one takes MKL's other GEMM: fused.cpp). lanes_bmm's forward and
+// backward run on it; limit_bench times it.
 at::Tensor bmm_on_lanes(const at::Tensor& a, const at::Tensor& b);
 
 // scores [..., T, T] (query rows, key columns) -> dropout(softmax(masked_fill(scores * scale,

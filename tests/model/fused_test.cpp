@@ -356,7 +356,10 @@ TEST(Fused, LanesBmmSameBitsAsMatmulOnOneBlasThread) {
                                    {{3, 5, 37, 12}, {3, 5, 12, 29}, false},
                                    {{2, 3, 5, 4}, {2, 3, 4, 6}, false},
                                    {{17, 33, 9}, {17, 9, 40}, false},
-                                   {{2, 7, 24, 10}, {2, 7, 24, 19}, true}};
+                                   {{2, 7, 24, 10}, {2, 7, 24, 19}, true},
+                                   {{3, 5, 24, 10}, {3, 5, 24, 19}, true},
+                                   {{1, 1, 24, 10}, {1, 1, 24, 19}, true},
+                                   {{3, 1, 24, 10}, {3, 1, 24, 19}, true}};
   for (const Case& c : cases) {
     seed(17 + c.a.back());
     torch::Tensor a = torch::randn(c.a), b = torch::randn(c.b);
