@@ -26,6 +26,7 @@ retrace_gtest(base_test LABEL torchfree
 target_link_libraries(base_test PRIVATE retrace_base)
 
 retrace_gtest(torch_test
+  tests/core/tensor_digest_test.cpp
   tests/rng/rng_state_test.cpp
   tests/run/record_test.cpp
   tests/replay/replay_test.cpp
@@ -184,6 +185,12 @@ set_tests_properties(torchrun PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
 add_test(NAME two_hosts COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist/two_hosts_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR})
 set_tests_properties(two_hosts PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
+
+# `retrace weights` read by Python's own safetensors into the model's PyTorch twin (.venv-torch,
+# made by `tools/setup.sh --torch2`; skipped, 77, without it), and its bad input.
+add_test(NAME weights COMMAND bash ${CMAKE_SOURCE_DIR}/tests/ckpt/weights_test.sh $<TARGET_FILE:retrace>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(weights PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 
 # The torchfree label is a claim: those programs do not load LibTorch (so CI runs them once).
 add_test(NAME torchfree_programs_do_not_link_torch

@@ -169,6 +169,7 @@ set(RETRACE_CLI_SOURCES
   tools/retrace/cmd_export.cpp
   tools/retrace/cmd_probe.cpp
   tools/retrace/cmd_verify.cpp
+  tools/retrace/cmd_weights.cpp
   tools/retrace/cmd_replay.cpp
   tools/retrace/cmd_diff.cpp
   tools/retrace/cmd_bisect.cpp

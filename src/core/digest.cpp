@@ -177,6 +177,30 @@ void lane_sums(const void* data, size_t size, uint64_t out[16]) {
   s.finish(out);
 }
 
+uint64_t mixed_sum(const void* data, size_t element_size, uint64_t count, uint64_t first_position) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t sum = 0;
+  // Each element size its own loop, so the compiler sees fixed-width loads (and vectorizes them
+  // where the machine has 64-bit multiplies in its vectors).
+  auto run = [&](auto tag) {
+    using Word = decltype(tag);
+    for (uint64_t i = 0; i < count; ++i) {
+      Word w;
+      std::memcpy(&w, p + i * sizeof(Word), sizeof(Word));
+      sum += mix_position_word(first_position + i, static_cast<uint64_t>(w));
+    }
+  };
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "mixed_sum reads little-endian elements natively");
+  switch (element_size) {
+    case 1: run(uint8_t{}); break;
+    case 2: run(uint16_t{}); break;
+    case 4: run(uint32_t{}); break;
+    case 8: run(uint64_t{}); break;
+    default: RETRACE_FAIL(InvariantError, "mixed_sum: element size ", element_size, " is not 1, 2, 4 or 8");
+  }
+  return sum;
+}
+
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
   RETRACE_CHECK(ctx_ != nullptr, InvariantError, "EVP_MD_CTX_new failed (out of memory)");
   RETRACE_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1,

@@ -52,6 +52,29 @@ Digest128 parse_digest_hex(const std::string& hex, const std::string& where, con
 // checksum of large state: any one changed word, and any two, change the sums).
 void lane_sums(const void* data, size_t size, uint64_t out[16]);
 
+// Position-mixed sums, the digest of a tensor that adds up over slices (sharded state: each rank
+// sums its ranges, the sums of all ranks add to the whole tensor's). Element p (its global flat
+// position in the tensor) with bytes zero-extended to the 64-bit word w contributes
+// mix_position_word(p, w) = fmix64(w + (p + 1) * 0x9E3779B97F4A7C15), murmur3's finalizer, a
+// bijection of 64-bit words; the digest is the sum of the contributions modulo 2^64. Integer
+// arithmetic: exact, the same in any summation order, on any machine and device (torch's int64
+// ops compute the same, tensor_digest.h). Unlike a plain sum or XOR of the words it sees a swap
+// of two unequal elements and a pair of changes that cancel in the words' sum, since each
+// contribution is a non-linear function of both the position and the word.
+inline uint64_t mix_position_word(uint64_t position, uint64_t word) {
+  uint64_t z = word + (position + 1) * 0x9E3779B97F4A7C15ull;
+  z ^= z >> 33;
+  z *= 0xFF51AFD7ED558CCDull;
+  z ^= z >> 33;
+  z *= 0xC4CEB9FE1A85EC53ull;
+  z ^= z >> 33;
+  return z;
+}
+// The sum of mix_position_word over `count` elements of `element_size` bytes (1, 2, 4 or 8,
+// little-endian) at `data`, the first at global position `first_position`. InvariantError for
+// another element size.
+uint64_t mixed_sum(const void* data, size_t element_size, uint64_t count, uint64_t first_position);
+
 // lane_sums of consecutive pieces of one byte string, fed piece by piece (the fused AdamW sums
 // what it writes, chunk by chunk): every piece but the last must be a multiple of 64 bytes.
 class LaneSums {

@@ -1,6 +1,9 @@
 #include "core/tensor_digest.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
 
 namespace retrace {
 
@@ -33,6 +36,58 @@ Digest128 digest_named(NamedTensors tensors, DigestKind kind, const KnownSums* k
     digest_tensor_into(h, t, kind, known);
   }
   return h.digest();
+}
+
+namespace {
+
+// The 64-bit constants of mix_position_word as the int64 values of the same bits.
+int64_t as_signed(uint64_t v) {
+  int64_t s;
+  std::memcpy(&s, &v, sizeof s);
+  return s;
+}
+
+// z >> s as an unsigned shift: torch's right shift of int64 is arithmetic.
+torch::Tensor shift_right_logical(const torch::Tensor& z, int s) {
+  return z.__rshift__(s).bitwise_and_(as_signed((uint64_t{1} << (64 - s)) - 1));
+}
+
+}  // namespace
+
+uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position) {
+  if (!t.defined() || t.numel() == 0) return 0;
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  torch::ScalarType word_type;
+  switch (size) {
+    case 1: word_type = torch::kUInt8; break;
+    case 2: word_type = torch::kInt16; break;
+    case 4: word_type = torch::kInt32; break;
+    case 8: word_type = torch::kInt64; break;
+    default: RETRACE_FAIL(InvariantError, "mixed_sum_on_device: element size ", size, " is not 1, 2, 4 or 8");
+  }
+  const torch::Tensor flat = t.contiguous().view({-1});
+  const torch::Tensor words_all = t.scalar_type() == word_type ? flat : flat.view(word_type);
+  const auto long_options = torch::TensorOptions().dtype(torch::kInt64).device(t.device());
+  // Zero-extension of the signed 16- and 32-bit views.
+  const int64_t mask = size == 8 ? -1 : as_signed((uint64_t{1} << (8 * size)) - 1);
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const torch::NoGradGuard no_grad;
+  torch::Tensor total = torch::zeros({}, long_options);
+  for (int64_t begin = 0; begin < flat.numel(); begin += kChunk) {
+    const int64_t n = std::min(kChunk, flat.numel() - begin);
+    torch::Tensor z = words_all.narrow(0, begin, n).to(torch::kInt64);
+    if (size < 8) z.bitwise_and_(mask);
+    const int64_t first = as_signed(first_position + static_cast<uint64_t>(begin) + 1);
+    z.add_(torch::arange(n, long_options).add_(first).mul_(as_signed(0x9E3779B97F4A7C15ull)));
+    z.bitwise_xor_(shift_right_logical(z, 33)).mul_(as_signed(0xFF51AFD7ED558CCDull));
+    z.bitwise_xor_(shift_right_logical(z, 33)).mul_(as_signed(0xC4CEB9FE1A85EC53ull));
+    z.bitwise_xor_(shift_right_logical(z, 33));
+    total.add_(z.sum(torch::kInt64));
+  }
+  const int64_t sum = total.item<int64_t>();
+  uint64_t out;
+  std::memcpy(&out, &sum, sizeof out);
+  return out;
 }
 
 Digest128 digest_indices(const std::vector<int64_t>& indices) {

@@ -101,6 +101,44 @@ void lane_sums_reference(const std::vector<unsigned char>& bytes, uint64_t out[1
 }
 }  // namespace
 
+TEST(Digest, MixedSumsAreTheirDefinition) {
+  // Values from an independent Python implementation of the definition (digest.h).
+  const float xs[3] = {1.0f, -2.5f, 3.25f};
+  EXPECT_EQ(mixed_sum(xs, 4, 3, 0), 0xc1bb586406036382ull);
+  EXPECT_EQ(mixed_sum(xs, 4, 3, 10), 0x905f4ec69eb54aa6ull);  // the same words at other positions
+  EXPECT_EQ(mix_position_word(0, 0), 0x9ca066f1a4ab2eeaull);
+  EXPECT_EQ(mix_position_word(~uint64_t{0}, 5), 0xd66ad737d54c5575ull);  // position + 1 wraps to 0
+  EXPECT_EQ(mixed_sum(xs, 4, 0, 7), 0u);
+  EXPECT_THROW(mixed_sum(xs, 3, 1, 0), InvariantError);
+}
+
+TEST(Digest, MixedSumsOfSlicesAddUpAndSeeSwapsAndPairsOfChanges) {
+  std::vector<uint16_t> a(1000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i * 7919u);
+  const uint64_t whole = mixed_sum(a.data(), 2, a.size(), 0);
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{333}, size_t{999}, size_t{1000}})
+    EXPECT_EQ(mixed_sum(a.data(), 2, cut, 0) + mixed_sum(a.data() + cut, 2, a.size() - cut, cut), whole) << cut;
+  // A swap of two unequal elements, and +d / -d on two of them: a plain sum (and XOR, for the
+  // swap) of the words stays, the mixed sum does not.
+  std::vector<uint16_t> swapped = a, pair = a;
+  std::swap(swapped[10], swapped[500]);
+  pair[10] = static_cast<uint16_t>(pair[10] + 3);
+  pair[500] = static_cast<uint16_t>(pair[500] - 3);
+  auto plain = [](const std::vector<uint16_t>& v) {
+    uint64_t s = 0;
+    for (uint16_t w : v) s += w;
+    return s;
+  };
+  ASSERT_EQ(plain(swapped), plain(a));
+  ASSERT_EQ(plain(pair), plain(a));
+  EXPECT_NE(mixed_sum(swapped.data(), 2, swapped.size(), 0), whole);
+  EXPECT_NE(mixed_sum(pair.data(), 2, pair.size(), 0), whole);
+  // Every element size reads its own width: 8 bytes as one word or two.
+  const uint64_t w[2] = {0x0123456789abcdefull, 42};
+  EXPECT_NE(mixed_sum(w, 8, 2, 0), mixed_sum(w, 4, 4, 0));
+  EXPECT_EQ(mixed_sum(w, 8, 2, 0), mix_position_word(0, w[0]) + mix_position_word(1, w[1]));
+}
+
 TEST(Digest, LaneSumsFollowTheirDefinitionAtEverySize) {
   // Whole 64-byte blocks, odd tails and large sizes: the vectorized loop must give the
   // word-by-word definition exactly.

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "core/digest.h"
 #include "core/error.h"
+#include "core/tensor_digest.h"
 #include "core/torch_compat.h"
 #include "dist/process_group.h"
 #include "model/activation_checkpoint.h"
@@ -44,6 +46,23 @@ TEST(GpuRng, PhiloxSeedAndOffsetRoundTrip) {
   EXPECT_FALSE(torch::equal(torch::rand({4096}, kCuda), b));  // and without the restore they differ
   // A CPU run's state has no CUDA generator: a CUDA run refuses it with a message.
   EXPECT_THROW(rng::restore_torch(rng::capture_torch(1, -1), 0), ConfigError);
+}
+
+// The position-mixed sums of tensors on the GPU, computed there with torch's int64 ops, equal the
+// C++ loop's over the same bytes copied to the host (digest.h), for every element size, across
+// chunks and for slices that add up.
+TEST(GpuDigest, MixedSumsOnTheDeviceEqualTheHostLoops) {
+  REQUIRE_CUDA();
+  torch::manual_seed(8);
+  const torch::Tensor f = torch::randn({(1 << 20) + 999}, kCuda);
+  for (const torch::Tensor& t : {f, f.to(torch::kDouble), f.to(torch::kBFloat16), f > 0, -f.abs()}) {
+    const torch::Tensor host = t.cpu().contiguous();
+    EXPECT_EQ(mixed_sum_on_device(t, 77), mixed_sum(host.data_ptr(), host.element_size(), host.numel(), 77))
+        << t.scalar_type();
+  }
+  const int64_t cut = 12345;
+  EXPECT_EQ(mixed_sum_on_device(f.narrow(0, 0, cut), 0) + mixed_sum_on_device(f.narrow(0, cut, f.numel() - cut), cut),
+            mixed_sum_on_device(f, 0));
 }
 
 // Activation checkpointing recomputes a segment with the CUDA generator as it was in the forward.

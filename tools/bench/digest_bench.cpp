@@ -1,9 +1,12 @@
 // Benchmark: what the per-step digests cost. Trains the default config (or --set overrides) twice
 // in one process, at trace.digest_version 1 and 2, alternating blocks of steps A B A B, and prints
 // the share of the step the digests take in each, as the median of the rounds with their range.
+// First, the digest kernels alone on 16M floats (64 MB), A B C A B C: lane_sums (version 2), the
+// position-mixed sum's C++ loop and its torch-ops path on the CPU (digest.h, tensor_digest.h; the
+// slice-additive digest sharded state needs), in ns per element and GB/s.
 // Prints figures only: it never fails on speed.
 //
-//   build/digest_bench [--rounds R] [--steps N] [--set key=value]...
+//   build/digest_bench [--rounds R] [--steps N] [--kernels-only] [--set key=value]...
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "bench_stats.h"
+#include "core/digest.h"
 #include "core/error.h"
 #include "core/tensor_digest.h"
 #include "train/config.h"
@@ -26,21 +30,62 @@ using bench::ms_since;
 using bench::Spread;
 using bench::spread;
 
+namespace {
+
+void kernel_rates(int64_t rounds) {
+  const int64_t n = int64_t{1} << 24;
+  torch::manual_seed(1);
+  const torch::Tensor t = torch::randn({n});
+  const void* p = t.data_ptr();
+  uint64_t sink = 0;
+  std::vector<double> lanes, loop, ops;
+  for (int64_t r = 0; r < std::max<int64_t>(rounds, 3); ++r) {
+    auto c = Clock::now();
+    uint64_t out[16];
+    lane_sums(p, static_cast<size_t>(n) * 4, out);
+    lanes.push_back(ms_since(c));
+    sink += out[0];
+    c = Clock::now();
+    sink += mixed_sum(p, 4, static_cast<uint64_t>(n), 0);
+    loop.push_back(ms_since(c));
+    c = Clock::now();
+    sink += mixed_sum_on_device(t, 0);
+    ops.push_back(ms_since(c));
+  }
+  const double elems = static_cast<double>(n);
+  auto row = [&](const char* what, const std::vector<double>& ms) {
+    const Spread s = spread(ms);
+    std::printf("  %-44s %6.2f ns/element [%.2f, %.2f]  %5.2f GB/s\n", what, s.median * 1e6 / elems,
+                s.lo * 1e6 / elems, s.hi * 1e6 / elems, 4 * elems / (s.median * 1e6));
+  };
+  std::printf("digest kernels on %lld floats (median [min, max] over %zu rounds, A B C A B C; checksum %llx):\n",
+              static_cast<long long>(n), lanes.size(), static_cast<unsigned long long>(sink));
+  row("lane_sums (trace.digest_version 2)", lanes);
+  row("mixed_sum, C++ loop", loop);
+  row("mixed_sum_on_device, torch int64 ops (CPU)", ops);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   train::prepare_process(train::Numerics::kPortable, argv);  // the default profile (--set may change it: the bench then measures native)
   int64_t rounds = 9, steps = 40;
   std::vector<std::string> sets;
+  bool kernels_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) rounds = std::stoll(argv[++i]);
+    else if (a == "--kernels-only") kernels_only = true;
     else if (a == "--steps" && i + 1 < argc) steps = std::stoll(argv[++i]);
     else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: digest_bench [--rounds R] [--steps N] [--set key=value]...\n");
+      std::fprintf(stderr, "usage: digest_bench [--rounds R] [--steps N] [--kernels-only] [--set key=value]...\n");
       return 2;
     }
   }
   try {
+    kernel_rates(rounds);
+    if (kernels_only) return 0;
     // A and B: the same config at trace.digest_version 1 (xxh3 of the bytes, optimizer every
     // step here too) and 2 (lane checksums plus the state digest). Each step's digests are timed
     // where the trace takes them, right after the step (Timings::trace_ms of run_step; the frame

@@ -29,6 +29,7 @@ struct CliArgs {
   ResumeArgs resume;
   InspectArgs inspect;
   VerifyArgs verify;
+  WeightsArgs weights;
   ReplayArgs replay;
   DiffArgs diff;
   BisectArgs bisect;
@@ -46,6 +47,7 @@ void for_each_command(CliArgs& a, F&& fn) {
   fn("inspect", a.inspect, add_inspect, numerics_inspect, run_inspect);
   fn("export", a.exported, add_export, numerics_export, run_export);
   fn("verify", a.verify, add_verify, numerics_verify, run_verify);
+  fn("weights", a.weights, add_weights, numerics_weights, run_weights);
   fn("replay", a.replay, add_replay, numerics_replay, run_replay);
   fn("diff", a.diff, add_diff, numerics_diff, run_diff);
   fn("bisect", a.bisect, add_bisect, numerics_bisect, run_bisect);

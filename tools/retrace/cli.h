@@ -62,6 +62,12 @@ struct VerifyArgs {
   int64_t world_size = 0;
 };
 
+struct WeightsArgs {
+  std::string ckpt;  // a step directory, a run directory or a checkpoints root
+  std::string out;
+  bool force = false;
+};
+
 struct ReplayArgs {
   std::string run;
   bool accept_changed_inputs = false;
@@ -141,6 +147,7 @@ RETRACE_COMMAND(record, RecordArgs);
 RETRACE_COMMAND(resume, ResumeArgs);
 RETRACE_COMMAND(inspect, InspectArgs);
 RETRACE_COMMAND(verify, VerifyArgs);
+RETRACE_COMMAND(weights, WeightsArgs);
 RETRACE_COMMAND(replay, ReplayArgs);
 RETRACE_COMMAND(diff, DiffArgs);
 RETRACE_COMMAND(bisect, BisectArgs);

@@ -1,0 +1,106 @@
+#include "cli.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "common.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/verify.h"
+#include "core/error.h"
+
+namespace retrace::cli {
+namespace {
+
+namespace sfs = std::filesystem;
+
+constexpr const char* kModelPrefix = "model/";
+
+// CKPT as the user named it: a step directory (it holds manifest.json, which must verify), or a
+// run directory or checkpoints root, whose newest checkpoint that verifies is taken.
+std::pair<std::string, ckpt::Manifest> pick_checkpoint(const std::string& path) {
+  std::error_code ec;
+  RETRACE_CHECK(sfs::is_directory(path, ec), IoError, "retrace weights: ", path,
+                " is not a directory; name a checkpoint (run/checkpoints/step-00000010), a run directory or its "
+                "checkpoints directory");
+  if (sfs::exists(sfs::path(path) / ckpt::kManifestFile, ec) || ckpt::parse_step_dir_name(sfs::path(path).filename().string()))
+    return {path, ckpt::verify_checkpoint(path, std::nullopt)};
+  const sfs::path root = sfs::is_directory(sfs::path(path) / "checkpoints", ec) ? sfs::path(path) / "checkpoints" : sfs::path(path);
+  std::vector<std::pair<std::string, std::string>> skipped;
+  auto pick = ckpt::find_newest_valid(root.string(), std::nullopt, &skipped);
+  if (!pick) {
+    std::string why;
+    for (const auto& [dir, reason] : skipped) why += "\n  " + dir + ": " + reason;
+    if (skipped.empty())
+      RETRACE_FAIL(IoError, "retrace weights: no checkpoint in ", root.string(),
+                   " (a run writes them with checkpoint.every_steps or --checkpoint-every)");
+    RETRACE_FAIL(IntegrityError, "retrace weights: no checkpoint in ", root.string(), " verifies:", why);
+  }
+  for (const auto& [dir, reason] : skipped)
+    std::fprintf(stderr, "retrace weights: skipped %s: %s\n", dir.c_str(), reason.c_str());
+  return {pick->dir, pick->manifest};
+}
+
+}  // namespace
+
+void add_weights(CLI::App& app, WeightsArgs& args) {
+  auto* w = app.add_subcommand("weights", "write a checkpoint's model as one safetensors file for PyTorch");
+  w->add_option("ckpt", args.ckpt,
+                "checkpoint directory (run/checkpoints/step-00000010), or a run directory or checkpoints "
+                "directory, whose newest checkpoint that verifies is taken")
+      ->required();
+  w->add_option("--out", args.out, "the safetensors file to write (atomically)")->required();
+  w->add_flag("--force", args.force, "replace an existing --out file");
+  w->footer(
+      "The tensors keep the model's own names (blocks.0.attn_qkv.weight, ...), dtypes and shapes: the\n"
+      "names of the model's PyTorch twin, so safetensors.torch.load_file() feeds load_state_dict().\n"
+      "Every shard is checked against the manifest's sha256 first. Exit 0; 2 for bad usage (an existing\n"
+      "--out without --force); 3 for a checkpoint that does not verify or holds no model; 4 for a path\n"
+      "that is not there or cannot be written.\n"
+      "Example:\n  retrace weights run --out model.safetensors\n"
+      "  python3 -c \"from safetensors.torch import load_file; print(list(load_file('model.safetensors')))\"");
+}
+
+std::optional<train::Numerics> numerics_weights(const WeightsArgs&) { return std::nullopt; }
+
+int run_weights(const WeightsArgs& a, const Context&) {
+  std::error_code ec;
+  RETRACE_CHECK(a.force || !sfs::exists(a.out, ec), ConfigError, "retrace weights: ", a.out,
+                " exists; pass --force to replace it");
+  RETRACE_CHECK(!sfs::is_directory(a.out, ec), ConfigError, "retrace weights: --out ", a.out,
+                " is a directory; name the file to write");
+  const auto [dir, manifest] = pick_checkpoint(a.ckpt);
+  // Data parallelism keeps every rank's parameters equal, and each shard of this format holds the
+  // whole model: rank 0's is the model. load_shard hashes the bytes it parses.
+  const ckpt::ShardData shard = ckpt::load_shard(dir, manifest, 0, /*check_digest=*/true);
+  std::vector<safetensors::TensorView> views;
+  uint64_t elements = 0, bytes = 0;
+  for (const auto& e : shard.tensors) {
+    if (e.name.rfind(kModelPrefix, 0) != 0) continue;
+    safetensors::TensorView v;
+    v.name = e.name.substr(std::char_traits<char>::length(kModelPrefix));
+    v.dtype = e.dtype;
+    v.shape = e.shape;
+    v.data = shard.data(e);
+    v.nbytes = e.nbytes;
+    uint64_t n = 1;
+    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+    elements += n;
+    bytes += e.nbytes;
+    views.push_back(std::move(v));
+  }
+  RETRACE_CHECK(!views.empty(), FormatError, "retrace weights: ", shard.source, " holds no model tensors (no \"",
+                kModelPrefix, "\" entries); is it a retrace checkpoint?");
+  std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                 {"retrace.step", std::to_string(manifest.step)},
+                                                 {"retrace.config_hash", manifest.config_hash}};
+  if (auto it = manifest.versions.find("libtorch"); it != manifest.versions.end()) metadata["retrace.libtorch"] = it->second;
+  const safetensors::ShardFileInfo info = safetensors::write_shard(a.out, metadata, views);
+  std::printf("wrote %s: %zu tensors, %llu elements, %llu bytes of tensor data (file %llu bytes, sha256 %s)\n",
+              a.out.c_str(), views.size(), static_cast<ull>(elements), static_cast<ull>(bytes),
+              static_cast<ull>(info.size), info.sha256.c_str());
+  std::printf("from checkpoint %s (step %llu, world size %u, sha256 verified)\n", dir.c_str(),
+              static_cast<ull>(manifest.step), manifest.world_size);
+  return 0;
+}
+
+}  // namespace retrace::cli
