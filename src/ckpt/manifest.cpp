@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/schema.h"
+#include "ckpt/shard.h"
 #include "ckpt/strict_json.h"
 #include "core/digest.h"
 #include "core/error.h"
@@ -77,7 +78,14 @@ json to_json(const Manifest& m) {
   json shards = json::array();
   for (const ShardEntry& s : sorted)
     shards.push_back({{"rank", s.rank}, {"file", s.file}, {"size", s.size}, {"sha256", s.sha256}});
+  json tensors = json::array();
+  for (const TensorLayout& t : m.tensors) {
+    json pieces = json::array();
+    for (const TensorPiece& p : t.pieces) pieces.push_back({{"rank", p.rank}, {"begin", p.begin}, {"end", p.end}});
+    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"pieces", pieces}});
+  }
   return json{{"schema", kSchemaCurrent},
+              {"tensors", tensors},
               {"step", m.step},
               {"world_size", m.world_size},
               {"config_hash", m.config_hash},
@@ -94,10 +102,82 @@ std::string canonical_sha256(const json& j) {
   return sha256_hex(text.data(), text.size());
 }
 
+// The "tensors" table, checked: known dtypes, shapes within the limits, names unique, and each
+// tensor's pieces (in order) a partition of [0, numel) among ranks < world.
+std::vector<TensorLayout> tensor_table(const json& v, uint32_t world, const std::string& path) {
+  RETRACE_CHECK(v.is_array(), FormatError, "manifest ", path, ": \"tensors\" must be an array, found ",
+                json_type_text(v));
+  RETRACE_CHECK(v.size() <= kMaxManifestTensors, FormatError, "manifest ", path, ": \"tensors\" lists ", v.size(),
+                " tensors, the limit is ", kMaxManifestTensors);
+  std::vector<TensorLayout> out;
+  std::set<std::string> names;
+  size_t pieces_total = 0;
+  for (const json& t : v) {
+    RETRACE_CHECK(t.is_object(), FormatError, "manifest ", path, ": a \"tensors\" entry must be an object, found ",
+                  json_type_text(t));
+    for (const auto& [k, unused] : t.items()) {
+      (void)unused;
+      RETRACE_CHECK(k == "name" || k == "dtype" || k == "shape" || k == "pieces", FormatError, "manifest ", path,
+                    ": unexpected key \"", k, "\" in a \"tensors\" entry; expected name, dtype, shape, pieces");
+    }
+    Reader tr(t, path);
+    TensorLayout L;
+    L.name = tr.str(tr.field("name"), "tensors[].name");
+    RETRACE_CHECK(!L.name.empty() && names.insert(L.name).second, FormatError, "manifest ", path, ": tensor \"",
+                  L.name, "\" is listed twice in \"tensors\" (or has no name)");
+    const std::string where = "tensor \"" + L.name + "\"";
+    L.dtype = tr.str(tr.field("dtype"), where + ".dtype");
+    RETRACE_CHECK(dtype_size(L.dtype).has_value(), FormatError, "manifest ", path, ": ", where, " has dtype \"",
+                  L.dtype, "\", which is not a safetensors dtype");
+    const json& shape = tr.field("shape");
+    RETRACE_CHECK(shape.is_array() && shape.size() <= kMaxTensorRank, FormatError, "manifest ", path, ": ", where,
+                  ": \"shape\" must be an array of at most ", kMaxTensorRank, " sizes");
+    uint64_t numel = 1;
+    for (const json& d : shape) {
+      const uint64_t n = tr.u64(d, where + ".shape[]", uint64_t{1} << 48);
+      RETRACE_CHECK(n == 0 || numel <= (uint64_t{1} << 56) / n, FormatError, "manifest ", path, ": ", where,
+                    ": its shape has more than 2^56 elements");
+      numel *= n;
+      L.shape.push_back(static_cast<int64_t>(n));
+    }
+    const json& pieces = tr.field("pieces");
+    RETRACE_CHECK(pieces.is_array(), FormatError, "manifest ", path, ": ", where, ": \"pieces\" must be an array");
+    pieces_total += pieces.size();
+    RETRACE_CHECK(pieces_total <= kMaxManifestPieces, FormatError, "manifest ", path, ": more than ",
+                  kMaxManifestPieces, " pieces in \"tensors\"");
+    uint64_t next = 0;
+    for (const json& p : pieces) {
+      RETRACE_CHECK(p.is_object() && p.size() == 3, FormatError, "manifest ", path, ": ", where,
+                    ": a piece must be an object of rank, begin, end");
+      Reader pr(p, path);
+      TensorPiece piece;
+      piece.rank = uint32_t(pr.u64(pr.field("rank"), where + ".pieces[].rank", world - 1));
+      piece.begin = pr.u64(pr.field("begin"), where + ".pieces[].begin");
+      piece.end = pr.u64(pr.field("end"), where + ".pieces[].end");
+      RETRACE_CHECK(piece.begin < piece.end && piece.end <= numel, FormatError, "manifest ", path, ": ", where,
+                    ": piece of rank ", piece.rank, " holds elements [", piece.begin, ", ", piece.end,
+                    "), beyond the tensor's ", numel, " elements or empty");
+      RETRACE_CHECK(piece.begin == next, FormatError, "manifest ", path, ": ", where, ": ",
+                    piece.begin > next ? "elements [" + std::to_string(next) + ", " + std::to_string(piece.begin) +
+                                             ") are in no shard (a range missing from every file)"
+                                       : "the piece of rank " + std::to_string(piece.rank) + " at [" +
+                                             std::to_string(piece.begin) + ", " + std::to_string(piece.end) +
+                                             ") overlaps the one before it",
+                    "; the manifest is not one retrace wrote");
+      next = piece.end;
+      L.pieces.push_back(piece);
+    }
+    RETRACE_CHECK(next == numel, FormatError, "manifest ", path, ": ", where, ": elements [", next, ", ", numel,
+                  ") are in no shard (a range missing from every file); the manifest is not one retrace wrote");
+    out.push_back(std::move(L));
+  }
+  return out;
+}
+
 Manifest from_json(const json& j, const std::string& path) {
   static const std::set<std::string> kKeys = {"schema", "step", "world_size", "config_hash", "versions",
                                               "rng_format_version", "trace_position", "trace_chain_hex",
-                                              "shards", "extra"};
+                                              "shards", "extra", "tensors"};
   for (const auto& [k, unused] : j.items()) {
     (void)unused;
     RETRACE_CHECK(kKeys.count(k) == 1, FormatError, "manifest ", path, ": unexpected key \"", k,
@@ -152,6 +232,7 @@ Manifest from_json(const json& j, const std::string& path) {
   }
   std::sort(m.shards.begin(), m.shards.end(),
             [](const ShardEntry& a, const ShardEntry& b) { return a.rank < b.rank; });
+  m.tensors = tensor_table(r.field("tensors"), m.world_size, path);
   return m;
 }
 
@@ -184,7 +265,7 @@ Manifest parse_manifest(const std::string& bytes, const std::string& path) {
   // A foreign file has no checksum: report its schema first, that is the more useful message.
   if (!j.contains(kChecksumKey) || !j[kChecksumKey].is_string()) {
     RETRACE_CHECK(j.contains("schema") && j["schema"].is_string(), FormatError, "unknown schema \"\" in ", path,
-                  ": the manifest has no \"schema\" string; this binary reads ckpt.v0 and ckpt.v1. Point "
+                  ": the manifest has no \"schema\" string; this binary reads ckpt.v0, ckpt.v1 and ckpt.v2. Point "
                   "retrace at a checkpoint directory written by retrace");
     (void)schema_version(j["schema"].get<std::string>(), path);
     RETRACE_FAIL(IntegrityError, "manifest checksum mismatch in ", path, ": \"", kChecksumKey,
@@ -199,13 +280,57 @@ Manifest parse_manifest(const std::string& bytes, const std::string& path) {
                 "; the manifest was damaged or edited, so this checkpoint cannot be trusted; resume "
                 "from an older checkpoint");
   RETRACE_CHECK(j.contains("schema") && j["schema"].is_string(), FormatError, "unknown schema \"\" in ", path,
-                ": the manifest has no \"schema\" string; this binary reads ckpt.v0 and ckpt.v1");
+                ": the manifest has no \"schema\" string; this binary reads ckpt.v0, ckpt.v1 and ckpt.v2");
   const std::string schema_on_disk = j["schema"].get<std::string>();
   int version = schema_version(schema_on_disk, path);
   migrate_manifest_json(j, version, "manifest " + path);
   Manifest m = from_json(j, path);
   m.schema = schema_on_disk;
   return m;
+}
+
+uint64_t TensorLayout::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+std::vector<TensorLayout> split_among_ranks(std::vector<TensorLayout> tensors, uint32_t world) {
+  RETRACE_CHECK(world >= 1, InvariantError, "split_among_ranks: world size 0");
+  uint64_t total = 0;
+  std::vector<uint64_t> size(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto bytes = dtype_size(tensors[i].dtype);
+    RETRACE_CHECK(bytes.has_value(), InvariantError, "split_among_ranks: unknown dtype ", tensors[i].dtype);
+    size[i] = *bytes;
+    total += tensors[i].numel() * size[i];
+  }
+  // Rank r's range is bytes [cut(r), cut(r + 1)) of the flat space; each tensor gets, from each
+  // rank, the elements whose first byte lies in its range.
+  auto cut = [&](uint32_t r) -> uint64_t {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(total) * r) / world);
+  };
+  uint64_t start = 0;  // the tensor's first byte in the flat space
+  uint32_t rank = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorLayout& t = tensors[i];
+    t.pieces.clear();
+    const uint64_t n = t.numel();
+    uint64_t e = 0;
+    while (e < n) {
+      while (rank + 1 < world && cut(rank + 1) <= start + e * size[i]) ++rank;
+      // Elements of this tensor whose first byte is before the next cut.
+      uint64_t stop = n;
+      if (rank + 1 < world) {
+        const uint64_t limit = cut(rank + 1);
+        stop = std::min<uint64_t>(n, (limit - start + size[i] - 1) / size[i]);
+      }
+      t.pieces.push_back({rank, e, stop});
+      e = stop;
+    }
+    start += n * size[i];
+  }
+  return tensors;
 }
 
 std::string shard_file_name(uint32_t rank) {

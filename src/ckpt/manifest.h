@@ -7,10 +7,13 @@
 // nlohmann::json::dump() (compact, keys sorted) of the object without "manifest_sha256". The digest
 // covers the content, not the whitespace.
 //
-//   {"schema": "ckpt.v1", "step": 10, "world_size": 4, "config_hash": "...",
+//   {"schema": "ckpt.v2", "step": 10, "world_size": 4, "config_hash": "...",
 //    "versions": {"libtorch": "1.13.1", ...}, "rng_format_version": 1, "trace_position": 123,
 //    "trace_chain_hex": "...", "shards": [{"rank": 0, "file": "shard-rank00000.safetensors",
-//    "size": 1234, "sha256": "..."}, ...], "extra": {...}, "manifest_sha256": "..."}
+//    "size": 1234, "sha256": "..."}, ...], "extra": {...},
+//    "tensors": [{"name": "model/w", "dtype": "F32", "shape": [4, 8],
+//                 "pieces": [{"rank": 0, "begin": 0, "end": 20}, {"rank": 1, "begin": 20, "end": 32}]}],
+//    "manifest_sha256": "..."}
 //
 // Older schemas are migrated on parse (schema.h).
 #pragma once
@@ -36,8 +39,36 @@ struct ShardEntry {
   std::string sha256;  // 64 lowercase hex digits
 };
 
+// One copy of the replicated state on disk (schema ckpt.v2): the tensors every rank holds alike
+// (under data parallelism the parameters and optimizer state, and a rollback anchor's) are viewed
+// as one flat byte space in a fixed order and split into world_size contiguous ranges, cut at
+// element boundaries; rank r's shard holds the pieces of range r, each under the tensor's own
+// name, with the tensor's shape when the piece is the whole tensor and as a 1-D run of elements
+// otherwise. A TensorLayout says where the elements of one tensor are: its pieces, in order of
+// `begin`, partition [0, numel) (elements of the row-major flattened tensor).
+struct TensorPiece {
+  uint32_t rank = 0;
+  uint64_t begin = 0, end = 0;  // elements [begin, end), begin < end
+};
+struct TensorLayout {
+  std::string name;  // as in the shards: "model/<name>", "optim/<name>", "anchor/model/<name>", ...
+  std::string dtype;  // a safetensors dtype (shard.h)
+  std::vector<int64_t> shape;
+  std::vector<TensorPiece> pieces;
+  uint64_t numel() const;
+};
+// Hostile-input limits of the table.
+constexpr size_t kMaxManifestTensors = 1u << 20;
+constexpr size_t kMaxManifestPieces = 1u << 22;
+
+// The pieces of `tensors` (name, dtype and shape set, pieces ignored) for `world` ranks: the flat
+// byte space of all of them in the given order cut into `world` ranges of total / world bytes, each
+// cut moved down to an element boundary of the tensor it falls in. Deterministic: every rank
+// computes the same table. InvariantError for an unknown dtype or world 0.
+std::vector<TensorLayout> split_among_ranks(std::vector<TensorLayout> tensors, uint32_t world);
+
 struct Manifest {
-  std::string schema = "ckpt.v1";  // as found on disk (content is migrated); written as current
+  std::string schema = "ckpt.v2";  // as found on disk (content is migrated); written as current
   uint64_t step = 0;
   uint32_t world_size = 0;
   std::string config_hash;
@@ -47,6 +78,9 @@ struct Manifest {
   std::string trace_chain_hex;
   std::vector<ShardEntry> shards;  // exactly one per rank, sorted by rank
   std::map<std::string, std::string> extra;
+  // ckpt.v2: where each replicated tensor's elements are. Empty: every shard holds its rank's whole
+  // state (checkpoints of ckpt.v1 and older, migrated).
+  std::vector<TensorLayout> tensors;
 };
 
 // Serializes (schema is always written as the current one). Throws InvariantError if `m` would not

@@ -10,7 +10,7 @@ namespace {
 
 using nlohmann::json;
 
-const char* kReadable = "ckpt.v0 (migrated on load) and ckpt.v1";
+const char* kReadable = "ckpt.v0 and ckpt.v1 (migrated on load) and ckpt.v2";
 
 void rename_key(json& j, const char* from, const char* to, const std::string& where) {
   RETRACE_CHECK(j.contains(from), FormatError, where, ": schema ckpt.v0 requires key \"", from,
@@ -28,6 +28,12 @@ const std::vector<std::function<void(json&, const std::string&)>>& manifest_migr
         if (!j.contains("rng_format_version")) j["rng_format_version"] = uint64_t{1};
         if (!j.contains("trace_chain_hex")) j["trace_chain_hex"] = "";
         j["schema"] = "ckpt.v1";
+      },
+      // v1 -> v2: every shard held its rank's whole state; an empty "tensors" table says so.
+      [](json& j, const std::string& where) {
+        RETRACE_CHECK(!j.contains("tensors"), FormatError, where, ": schema ckpt.v1 must not have key \"tensors\"");
+        j["tensors"] = json::array();
+        j["schema"] = "ckpt.v2";
       },
   };
   return kChain;
@@ -47,6 +53,7 @@ shard_migrations() {
             m.erase(it);
             m["schema"] = "ckpt.v1";
           },
+          [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v2"; },
       };
   return kChain;
 }

@@ -1,10 +1,12 @@
 // Checkpoint schema strings and the migration chain.
 //
 // Every manifest and every shard's metadata carries "schema": "ckpt.vN". Loading dispatches on it:
-//   ckpt.v1  current, read as is
+//   ckpt.v2  current, read as is: the manifest's "tensors" table maps the replicated state's
+//            element ranges to the ranks' shards (manifest.h)
+//   ckpt.v1  migrated to v2: "tensors" is empty (each shard holds its rank's whole state)
 //   ckpt.v0  migrated to v1 (manifest: "global_step" becomes "step", "rng_format_version"
 //            defaults to 1, "trace_chain_hex" defaults to ""; shard metadata: "global_step"
-//            becomes "step")
+//            becomes "step"), then to v2
 //   ckpt.vN, N > 1        FormatError: the file is newer than this binary
 //   anything else         FormatError starting with `unknown schema`
 // Migrations run one version at a time (v0 -> v1 -> ...), so adding v2 means adding one function.
@@ -18,8 +20,8 @@
 
 namespace retrace::ckpt {
 
-constexpr const char* kSchemaCurrent = "ckpt.v1";
-constexpr int kSchemaVersionCurrent = 1;
+constexpr const char* kSchemaCurrent = "ckpt.v2";
+constexpr int kSchemaVersionCurrent = 2;
 constexpr int kSchemaVersionOldest = 0;
 
 // The N of "ckpt.vN" if this binary reads it; throws FormatError otherwise (see above). `where`

@@ -68,27 +68,42 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   if (rank == 0) dir = prepare_checkpoint_dir(root, step);
   if (sync) sync->barrier();
 
-  // Keep contiguous CPU copies alive while the writer reads them.
-  std::vector<torch::Tensor> keep;
   std::vector<TensorView> views;
+  // The replicated state (data parallelism keeps parameters, optimizer state and the rollback
+  // anchor equal on every rank) is written once among the ranks: every rank computes the same
+  // split (split_among_ranks) and writes its pieces; the RNG state is each rank's own.
+  std::vector<TensorLayout> layouts;
+  std::vector<torch::Tensor> replicated;
   auto add = [&](const std::string& name, const torch::Tensor& t) {
     torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-    keep.push_back(c);
-    views.push_back({name, dtype_name(c.scalar_type()),
-                     std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), c.data_ptr(), c.nbytes()});
+    replicated.push_back(c);
+    layouts.push_back({name, dtype_name(c.scalar_type()), std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), {}});
   };
   for (const auto& [name, t] : snap.model) add("model/" + name, t);
   for (const auto& [name, t] : snap.optim) add("optim/" + name, t);
-  views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
   const bool anchor_apart = anchor && anchor->step != step;
   if (anchor_apart) {
     RETRACE_CHECK(anchor->step < step, InvariantError, "rollback anchor at step ", anchor->step,
                   " is after the checkpoint's step ", step);
     for (const auto& [name, t] : anchor->model) add("anchor/model/" + name, t);
     for (const auto& [name, t] : anchor->optim) add("anchor/optim/" + name, t);
+  }
+  layouts = split_among_ranks(std::move(layouts), world);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const TensorLayout& t = layouts[i];
+    const torch::Tensor& c = replicated[i];
+    for (const TensorPiece& p : t.pieces) {
+      if (p.rank != rank) continue;
+      const uint64_t size = c.element_size(), count = p.end - p.begin;
+      const bool whole = p.begin == 0 && p.end == t.numel();
+      views.push_back({t.name, t.dtype, whole ? t.shape : std::vector<int64_t>{static_cast<int64_t>(count)},
+                       static_cast<const char*>(c.data_ptr()) + p.begin * size, count * size});
+    }
+  }
+  views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
+  if (anchor_apart)
     views.push_back({"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(),
                      anchor->rng.size()});
-  }
 
   auto meta = shard_metadata(step, rank, world);
   for (const auto& [k, v] : snap.metadata) meta[k] = v;
@@ -132,6 +147,7 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   m.trace_position = pos.bytes;
   m.trace_chain_hex = pos.chain.hex();
   m.shards = shards;
+  m.tensors = std::move(layouts);
   // Phase two: the manifest is the commit point.
   std::string committed = commit_checkpoint(root, m, keep_last, rotation);
   if (sync) sync->barrier();
@@ -178,46 +194,84 @@ std::string save_checkpoint(train::Trainer& trainer, const std::string& root, co
   return save_snapshot(snap, root, pos, keep_last, sync, rotation, anchor);
 }
 
+namespace {
+
+// The replicated tensors of a ckpt.v2 checkpoint gathered from every shard (read_pieces), and the
+// rest of `rank`'s shard (its RNG states and metadata), into `out`.
+void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, StateSnapshot& anchor) {
+  const Manifest& m = out.manifest;
+  std::vector<torch::Tensor> tensors;
+  for (const TensorLayout& t : m.tensors)
+    tensors.push_back(torch::empty(t.shape, torch::TensorOptions().dtype(scalar_type(t.dtype, dir))));
+  read_pieces(
+      dir, m, [](const TensorLayout&) { return true; }, [&](size_t i) { return tensors[i].data_ptr(); }, rank,
+      [&](const ShardData& shard) {
+        out.where = shard.source;
+        out.metadata = shard.metadata;
+        for (const auto& e : shard.tensors) {
+          if (e.name == "rng/state") out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+          else if (e.name == "anchor/rng/state") anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+        }
+      });
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const std::string& name = m.tensors[i].name;
+    if (name.rfind("model/", 0) == 0) out.model.emplace_back(name.substr(6), tensors[i]);
+    else if (name.rfind("optim/", 0) == 0) out.optim.emplace_back(name.substr(6), tensors[i]);
+    else if (name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(name.substr(13), tensors[i]);
+    else if (name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(name.substr(13), tensors[i]);
+    else RETRACE_FAIL(FormatError, dir, "/", kManifestFile, ": unexpected tensor ", name, " in \"tensors\"");
+  }
+}
+
+}  // namespace
+
 LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank) {
   LoadedSnapshot out;
-  // This rank's shard is hashed from the bytes that are parsed (load_shard below), the others here.
-  out.manifest = verify_checkpoint(dir, world_size, rank);
+  // The shards this process parses are hashed from the bytes that are parsed (load_shard, or every
+  // shard in read_pieces), the others here.
+  const bool pieces = !read_checked_manifest(dir, world_size).tensors.empty();
+  out.manifest = verify_checkpoint(dir, world_size, pieces ? kEveryShard : rank);
   const Manifest& m = out.manifest;
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ",
                 rng::kRngFormatVersion);
-  // The tensors are views of the shard's bytes where their alignment allows (every tensor of a
-  // shard retrace wrote): the state is read once, into memory it keeps, not copied a second time.
-  auto owner = std::make_shared<ShardData>(load_shard(dir, m, rank, /*check_digest=*/true));
-  const ShardData& shard = *owner;
-  out.where = shard.source;
-  const std::string& where = shard.source;
   StateSnapshot anchor;
-  for (const auto& e : shard.tensors) {
-    if (e.name == "rng/state") {
-      out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
-      continue;
+  if (pieces) {
+    load_pieces(dir, rank, out, anchor);
+  } else {
+    // The tensors are views of the shard's bytes where their alignment allows (every tensor of a
+    // shard retrace wrote): the state is read once, into memory it keeps, not copied a second time.
+    auto owner = std::make_shared<ShardData>(load_shard(dir, m, rank, /*check_digest=*/true));
+    const ShardData& shard = *owner;
+    out.where = shard.source;
+    out.metadata = shard.metadata;
+    for (const auto& e : shard.tensors) {
+      if (e.name == "rng/state") {
+        out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+        continue;
+      }
+      if (e.name == "anchor/rng/state") {
+        anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+        continue;
+      }
+      const torch::ScalarType type = scalar_type(e.dtype, out.where);
+      void* bytes = const_cast<void*>(shard.data(e));
+      torch::Tensor t = torch::from_blob(bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
+      RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, out.where, ": tensor ",
+                    e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
+      if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
+      if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
+      else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
+      else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
+      else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
+      else RETRACE_FAIL(FormatError, out.where, ": unexpected tensor ", e.name);
     }
-    if (e.name == "anchor/rng/state") {
-      anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
-      continue;
-    }
-    const torch::ScalarType type = scalar_type(e.dtype, where);
-    void* bytes = const_cast<void*>(shard.data(e));
-    torch::Tensor t = torch::from_blob(bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
-    RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, where, ": tensor ",
-                  e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
-    if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
-    if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
-    else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
-    else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
-    else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
-    else RETRACE_FAIL(FormatError, where, ": unexpected tensor ", e.name);
   }
+  const std::string& where = out.where;
+  const std::map<std::string, std::string>& metadata = out.metadata;
   RETRACE_CHECK(!out.rng.empty(), FormatError, where, ": no rng/state tensor");
-  out.metadata = shard.metadata;
-  if (shard.metadata.count("anchor.step")) {
-    anchor.step = parse_u64(shard.metadata, "anchor.step", where);
+  if (metadata.count("anchor.step")) {
+    anchor.step = parse_u64(metadata, "anchor.step", where);
     RETRACE_CHECK(anchor.step <= m.step, FormatError, where, ": rollback anchor at step ", anchor.step,
                   " is after the checkpoint's step ", m.step);
     out.anchor_is_self = anchor.step == m.step;
@@ -227,7 +281,7 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
       anchor.rank = rank;
       anchor.world_size = world_size;
       anchor.config_hash = m.config_hash;
-      for (const auto& [k, v] : shard.metadata)
+      for (const auto& [k, v] : metadata)
         if (k.rfind("anchor.m.", 0) == 0) anchor.metadata[k.substr(9)] = v;
       out.anchor = std::move(anchor);
     }
@@ -235,9 +289,9 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
     RETRACE_CHECK(anchor.rng.empty() && anchor.model.empty() && anchor.optim.empty(), FormatError, where,
                   ": anchor tensors without anchor.step");
   }
-  out.position.bytes = parse_u64(shard.metadata, "trace_position", where);
-  auto chain_it = shard.metadata.find("trace_chain");
-  RETRACE_CHECK(chain_it != shard.metadata.end(), FormatError, where, ": no trace_chain");
+  out.position.bytes = parse_u64(metadata, "trace_position", where);
+  auto chain_it = metadata.find("trace_chain");
+  RETRACE_CHECK(chain_it != metadata.end(), FormatError, where, ": no trace_chain");
   out.position.chain = parse_digest_hex(chain_it->second, where, "chain digest");
   // The manifest says the same, or one of the two was edited: trust neither. (Rank 0 writes the
   // trace; the other ranks' shards carry no position.)

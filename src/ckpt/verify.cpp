@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <exception>
 #include <filesystem>
@@ -118,7 +119,7 @@ Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expec
   }
   std::vector<const ShardEntry*> to_hash;
   for (const ShardEntry& s : m.shards)
-    if (!hashed_by_caller || s.rank != *hashed_by_caller) to_hash.push_back(&s);
+    if (!hashed_by_caller || (*hashed_by_caller != kEveryShard && s.rank != *hashed_by_caller)) to_hash.push_back(&s);
   const ShardDigests found = hash_shards(dir, to_hash);
   for (size_t i = 0; i < to_hash.size(); ++i) {  // the first problem in rank order, as a serial check would find
     if (found.error[i]) std::rethrow_exception(found.error[i]);
@@ -238,6 +239,53 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
   check_meta("rank", std::to_string(rank));
   if (shard.metadata.count("world_size")) check_meta("world_size", std::to_string(manifest.world_size));
   return shard;
+}
+
+void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
+                 const std::function<void*(size_t)>& destination, uint32_t own_rank,
+                 const std::function<void(const ShardData&)>& own_shard) {
+  // Which shards to read: those with a wanted piece, and the own rank's.
+  std::vector<std::vector<std::pair<size_t, const TensorPiece*>>> by_rank(manifest.world_size);
+  for (size_t i = 0; i < manifest.tensors.size(); ++i) {
+    if (!wanted(manifest.tensors[i])) continue;
+    for (const TensorPiece& p : manifest.tensors[i].pieces) by_rank[p.rank].emplace_back(i, &p);
+  }
+  // Every shard is read and hashed, a shard without a wanted piece too: every rank checks the
+  // whole checkpoint, as verify_checkpoint does, so ranks agree on what they skip.
+  std::vector<uint32_t> ranks;
+  for (uint32_t r = 0; r < manifest.world_size; ++r) ranks.push_back(r);
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> errors(ranks.size());
+  auto work = [&] {
+    for (size_t k = next++; k < ranks.size(); k = next++) {
+      try {
+        const uint32_t r = ranks[k];
+        const ShardData shard = load_shard(dir, manifest, r, /*check_digest=*/true);
+        for (const auto& [index, piece] : by_rank[r]) {
+          const TensorLayout& t = manifest.tensors[index];
+          const TensorEntry* e = shard.find(t.name);
+          const uint64_t count = piece->end - piece->begin, size = *dtype_size(t.dtype);
+          RETRACE_CHECK(e != nullptr, IntegrityError, "shard ", shard.source, " lacks elements [", piece->begin, ", ",
+                        piece->end, ") of ", t.name, ", which the manifest puts there; the shard belongs to another "
+                        "checkpoint or was rewritten; ", kResumeHint);
+          RETRACE_CHECK(e->dtype == t.dtype && e->nbytes == count * size, IntegrityError, "shard ", shard.source,
+                        ": ", t.name, " elements [", piece->begin, ", ", piece->end, ") should be ", count, " ",
+                        t.dtype, " (", count * size, " bytes), the shard holds ", e->dtype, " of ", e->nbytes,
+                        " bytes; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
+          std::memcpy(static_cast<char*>(destination(index)) + piece->begin * size, shard.data(*e), e->nbytes);
+        }
+        if (r == own_rank) own_shard(shard);
+      } catch (...) {
+        errors[k] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  if (ranks.size() > 1) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace retrace::ckpt

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ class WorldSizeMismatch : public IntegrityError {
 // `hashed_by_caller`: the rank whose shard the caller is about to read and hash itself
 // (load_shard with check_digest), so that the bytes hashed are the very bytes parsed; its digest
 // is not read here (its presence and size are).
+// kEveryShard as `hashed_by_caller`: the caller reads and hashes every shard itself (read_pieces),
+// so only their presence and sizes are checked here.
+constexpr uint32_t kEveryShard = 0xffffffffu;
 Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expected_world_size,
                            std::optional<uint32_t> hashed_by_caller = std::nullopt);
 
@@ -80,5 +84,18 @@ nlohmann::json verify_report_json(const std::string& dir,
 // checks that its metadata "step" and "rank" match the manifest. The returned metadata is in the
 // current schema. Throws IntegrityError / FormatError naming the file.
 ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest = true);
+
+// The replicated tensors of a ckpt.v2 checkpoint (manifest.tensors), gathered from the shards that
+// hold their pieces: every shard is read once, hashed in the same pass (load_shard) and parsed, up
+// to two at a time (so a shard without a wanted piece is verified too); each piece is
+// checked against the table (its entry present, of the tensor's dtype, with the piece's length,
+// IntegrityError naming the file and range otherwise) and copied to
+// destination(index into manifest.tensors) + begin * element size. Only tensors whose name
+// `wanted` accepts are copied. `own_shard` is called, on one of the reading threads, with the own
+// rank's parsed shard (its metadata, its rank-own tensors) while it is alive. The destination buffers are the caller's,
+// each large enough for its tensor; distinct tensors' buffers must not overlap.
+void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
+                 const std::function<void*(size_t)>& destination, uint32_t own_rank,
+                 const std::function<void(const ShardData&)>& own_shard);
 
 }  // namespace retrace::ckpt

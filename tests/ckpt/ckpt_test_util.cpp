@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "ckpt/verify.h"
 #include "core/file_util.h"
 
 namespace retrace::ckpt::testing {
@@ -94,6 +95,48 @@ void write_all(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), std::streamsize(bytes.size()));
   if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+std::string write_sharded(const std::string& root, uint64_t step, uint32_t world, const std::vector<TensorLayout>& tensors,
+                          const std::vector<std::vector<char>>& values) {
+  const auto split = split_among_ranks(tensors, world);
+  const std::string dir = prepare_checkpoint_dir(root, step);
+  Manifest m;
+  m.step = step;
+  m.world_size = world;
+  m.config_hash = "c";
+  m.tensors = split;
+  for (uint32_t r = 0; r < world; ++r) {
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < split.size(); ++i)
+      for (const TensorPiece& p : split[i].pieces) {
+        if (p.rank != r) continue;
+        const uint64_t size = *dtype_size(split[i].dtype);
+        const bool whole = p.begin == 0 && p.end == split[i].numel();
+        views.push_back({split[i].name, split[i].dtype,
+                         whole ? split[i].shape : std::vector<int64_t>{static_cast<int64_t>(p.end - p.begin)},
+                         values[i].data() + p.begin * size, (p.end - p.begin) * size});
+      }
+    const std::string rng = "rng of rank " + std::to_string(r);
+    views.push_back({"rng/state", "U8", {static_cast<int64_t>(rng.size())}, rng.data(), rng.size()});
+    const ShardFileInfo info = write_shard(dir + "/" + shard_file_name(r), shard_metadata(step, r, world), views);
+    m.shards.push_back({r, info.file, info.size, info.sha256});
+  }
+  commit_checkpoint(root, m);
+  return dir;
+}
+
+std::vector<std::vector<char>> read_sharded(const std::string& dir, uint32_t own, std::string* rng) {
+  const Manifest m = verify_checkpoint(dir, std::nullopt, kEveryShard);
+  std::vector<std::vector<char>> out(m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) out[i].resize(m.tensors[i].numel() * *dtype_size(m.tensors[i].dtype));
+  read_pieces(
+      dir, m, [](const TensorLayout&) { return true; }, [&](size_t i) { return static_cast<void*>(out[i].data()); }, own,
+      [&](const ShardData& s) {
+        const TensorEntry* e = s.find("rng/state");
+        if (rng && e) rng->assign(static_cast<const char*>(s.data(*e)), e->nbytes);
+      });
+  return out;
 }
 
 }  // namespace retrace::ckpt::testing

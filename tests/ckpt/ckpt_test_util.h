@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/manifest.h"
 #include "ckpt/shard.h"
 
 namespace retrace::ckpt::testing {
@@ -37,6 +38,17 @@ std::string save_checkpoint(const std::string& root, uint64_t step, uint32_t wor
 // Checks that every tensor of every shard of a verified checkpoint holds pattern_bytes; returns
 // an empty string or the first difference.
 std::string check_checkpoint_content(const std::string& dir, const Manifest& m);
+
+// Writes and commits a ckpt.v2 checkpoint of `step` under root the way save_snapshot lays one
+// out: `tensors` (name, dtype, shape) with the bytes `values` split among `world` ranks
+// (split_among_ranks), each rank's shard with its pieces and a "rng/state" of "rng of rank R".
+// Returns the step directory.
+std::string write_sharded(const std::string& root, uint64_t step, uint32_t world, const std::vector<TensorLayout>& tensors,
+                          const std::vector<std::vector<char>>& values);
+
+// Every tensor of a ckpt.v2 checkpoint gathered from its pieces (read_pieces), in table order;
+// `rng` (if given) receives rank `own`'s rng/state.
+std::vector<std::vector<char>> read_sharded(const std::string& dir, uint32_t own = 0, std::string* rng = nullptr);
 
 std::string read_all(const std::string& path);
 void write_all(const std::string& path, const std::string& bytes);

@@ -51,5 +51,22 @@ expect weights-damaged-newest-skipped 0 "skipped .*step-00000006: sha256 mismatc
   flat "$RETRACE" weights "$tmp/run" --out "$tmp/y.safetensors"
 cmp -s "$tmp/y.safetensors" "$tmp/step3.safetensors" && { echo "ok   weights-older-same-bytes"; passes=$((passes+1)); } || { echo "FAIL weights-older-same-bytes"; fails=$((fails+1)); }
 
+# Two ranks write one copy of the model, split between their shards (schema ckpt.v2): the file
+# gathered from the pieces equals, tensor for tensor, the one of a 1-rank run of the same global
+# batch in invariant mode.
+inv=(--set runtime.invariance=batch --set runtime.invariance_chunk=4 --steps 3)
+"$RETRACE" record "${gpt[@]}" "${inv[@]}" --set data.batch_size=8 --out "$tmp/i1" > /dev/null 2>&1
+"$RETRACE" record "${gpt[@]}" "${inv[@]}" --set data.batch_size=4 --world-size 2 --out "$tmp/i2" > /dev/null 2>&1
+expect weights-two-ranks 0 "world size 2, sha256 verified" -- \
+  flat "$RETRACE" weights "$tmp/i2" --out "$tmp/i2.safetensors"
+"$RETRACE" weights "$tmp/i1" --out "$tmp/i1.safetensors" > /dev/null
+expect weights-two-ranks-equal-one 0 "^equal 30" -- "$py" -c "
+import sys, torch
+from safetensors.torch import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert set(a) == set(b), sorted(set(a) ^ set(b))
+bad = [k for k in a if not torch.equal(a[k], b[k])]
+print('differ', bad) if bad else print('equal', len(a))" "$tmp/i1.safetensors" "$tmp/i2.safetensors"
+
 echo "$passes passed, $fails failed"
 ((fails == 0))

@@ -5,8 +5,13 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <map>
 
 #include "ckpt/shard.h"
+#include "ckpt/verify.h"
+#include "core/digest.h"
+#include <nlohmann/json.hpp>
 #include "replay/compare.h"
 #include "testing/run_binary.h"
 #include "testing/temp_dir.h"
@@ -57,16 +62,27 @@ TEST(Dist, FourRanksOfEightEqualOneRankOfThirtyTwo) {
   // batches in both runs.
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].batch_in_epoch, b[i].batch_in_epoch);
   EXPECT_NEAR(a.back().loss, b.back().loss, 1e-5 * std::abs(b.back().loss));
-  auto s4 = ckpt::read_shard(tmp.file("w4/checkpoints/step-00000010/shard-rank00000.safetensors"));
-  auto s1 = ckpt::read_shard(tmp.file("w1/checkpoints/step-00000010/shard-rank00000.safetensors"));
+  // The parameters of each checkpoint, gathered from the pieces its ranks wrote (the 4-rank one
+  // holds one copy of them, split among its four shards).
+  auto model_of = [](const std::string& dir) {
+    const ckpt::Manifest m = ckpt::verify_checkpoint(dir, std::nullopt, ckpt::kEveryShard);
+    std::map<std::string, torch::Tensor> out;
+    std::vector<torch::Tensor> ts;
+    for (const ckpt::TensorLayout& t : m.tensors) ts.push_back(torch::empty(t.shape, torch::kFloat32));
+    ckpt::read_pieces(
+        dir, m, [](const ckpt::TensorLayout& t) { return t.name.rfind("model/", 0) == 0; },
+        [&](size_t i) { return ts[i].data_ptr(); }, 0, [](const ckpt::ShardData&) {});
+    for (size_t i = 0; i < m.tensors.size(); ++i)
+      if (m.tensors[i].name.rfind("model/", 0) == 0) out[m.tensors[i].name] = ts[i];
+    return out;
+  };
+  const auto m4 = model_of(tmp.file("w4/checkpoints/step-00000010"));
+  const auto m1 = model_of(tmp.file("w1/checkpoints/step-00000010"));
   double worst = 0;
   int compared = 0;
-  for (const auto& e : s1.tensors) {
-    if (e.name.rfind("model/", 0) != 0) continue;
-    const ckpt::TensorEntry* f = s4.find(e.name);
-    ASSERT_NE(f, nullptr) << e.name;
-    auto ta = torch::from_blob(const_cast<void*>(s1.data(e)), e.shape, torch::kFloat32);
-    auto tb = torch::from_blob(const_cast<void*>(s4.data(*f)), f->shape, torch::kFloat32);
+  for (const auto& [name, ta] : m1) {
+    ASSERT_EQ(m4.count(name), 1u) << name;
+    const torch::Tensor& tb = m4.at(name);
     double rel = (ta - tb).abs().max().item<double>() / ta.abs().max().item<double>();
     worst = std::max(worst, rel);
     ++compared;
@@ -134,6 +150,101 @@ TEST(Dist, InvariantFourRankCheckpointResumesOnTwoAndOneRankVerified) {
                        std::to_string(32 / std::stoi(to))),
               std::string::npos) << out;
   }
+}
+
+// One copy of the state on disk: four ranks write the replicated parameters and optimizer state
+// once, split among their shards (schema ckpt.v2), so the checkpoint's bytes are about one rank's
+// and no shard is much larger than another; in invariant mode the gathered state equals the
+// world-1 run's bitwise; and a 1-rank checkpoint resumes on 4 ranks, VERIFIED.
+TEST(Dist, FourRanksWriteOneCopyOfTheStateSplitEvenly) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--steps 6 --set checkpoint.every_steps=6 --set runtime.invariance=batch ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
+  ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("w4") + cfg + "--set data.batch_size=8"), 0);
+  const std::string d1 = tmp.file("w1/checkpoints/step-00000006"), d4 = tmp.file("w4/checkpoints/step-00000006");
+  const ckpt::Manifest m1 = ckpt::verify_checkpoint(d1, 1u), m4 = ckpt::verify_checkpoint(d4, 4u);
+  uint64_t bytes1 = m1.shards[0].size, bytes4 = 0, largest = 0;
+  for (const auto& sh : m4.shards) {
+    bytes4 += sh.size;
+    largest = std::max(largest, sh.size);
+  }
+  std::printf("world 1: %llu bytes; world 4: %llu bytes in all (%.4fx), largest shard %.4fx the mean\n",
+              static_cast<unsigned long long>(bytes1), static_cast<unsigned long long>(bytes4),
+              double(bytes4) / double(bytes1), double(largest) * 4 / double(bytes4));
+  EXPECT_LE(bytes4, 1.02 * double(bytes1) + 4 * 65536.0);
+  EXPECT_LE(double(largest), 1.1 * double(bytes4) / 4);
+  // The same tensors, split four ways, equal bitwise.
+  auto gather = [](const std::string& dir, const ckpt::Manifest& m) {
+    std::vector<std::vector<char>> out(m.tensors.size());
+    for (size_t i = 0; i < m.tensors.size(); ++i) out[i].resize(m.tensors[i].numel() * *ckpt::dtype_size(m.tensors[i].dtype));
+    ckpt::read_pieces(
+        dir, m, [](const ckpt::TensorLayout&) { return true; }, [&](size_t i) { return static_cast<void*>(out[i].data()); },
+        0, [](const ckpt::ShardData&) {});
+    std::map<std::string, std::vector<char>> named;
+    for (size_t i = 0; i < m.tensors.size(); ++i) named[m.tensors[i].name] = std::move(out[i]);
+    return named;
+  };
+  const auto t1 = gather(d1, m1), t4 = gather(d4, m4);
+  EXPECT_EQ(t1.size(), t4.size());
+  for (const auto& [name, bytes] : t1) {
+    ASSERT_EQ(t4.count(name), 1u) << name;
+    EXPECT_TRUE(t4.at(name) == bytes) << name << " differs between world 1 and world 4";
+  }
+  // 1 rank -> 4 ranks.
+  std::string out;
+  ASSERT_EQ(run_binary("record --total-steps 12 --checkpoint-at 6 --verify-resume --resume-world-size 4 --out " +
+                           tmp.file("up") + kCommon + "--set runtime.invariance=batch --set data.batch_size=32",
+                       &out), 0) << out;
+  EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
+}
+
+// Checkpoints written before ckpt.v2, each rank's shard a full copy of its state, still resume:
+// a 2-rank run interrupted at step 6 has its checkpoint rewritten into that layout (schema
+// ckpt.v1, no "tensors" table, every shard with every tensor whole), resumes, and its steps equal
+// the uninterrupted run's bitwise.
+TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--world-size 2 --total-steps 12 --set checkpoint.every_steps=6 ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + cfg), 0);
+  ASSERT_EQ(run_binary("record --interrupt-at 6 --out " + tmp.file("old") + cfg), 0);
+  const std::string dir = tmp.file("old/checkpoints/step-00000006");
+  const ckpt::Manifest m = ckpt::verify_checkpoint(dir, 2u, ckpt::kEveryShard);
+  ASSERT_FALSE(m.tensors.empty());
+  std::vector<std::vector<char>> whole(m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) whole[i].resize(m.tensors[i].numel() * *ckpt::dtype_size(m.tensors[i].dtype));
+  ckpt::read_pieces(
+      dir, m, [](const ckpt::TensorLayout&) { return true; }, [&](size_t i) { return static_cast<void*>(whole[i].data()); },
+      0, [](const ckpt::ShardData&) {});
+  std::ifstream in(dir + "/manifest.json");
+  auto j = nlohmann::json::parse(in);
+  j.erase("tensors");
+  j.erase("manifest_sha256");
+  j["schema"] = "ckpt.v1";
+  for (uint32_t r = 0; r < 2; ++r) {
+    const ckpt::ShardData own = ckpt::load_shard(dir, m, r);
+    std::vector<ckpt::TensorView> views;
+    for (size_t i = 0; i < m.tensors.size(); ++i)
+      views.push_back({m.tensors[i].name, m.tensors[i].dtype, m.tensors[i].shape, whole[i].data(), whole[i].size()});
+    for (const auto& e : own.tensors)
+      if (e.name.find("rng/state") != std::string::npos) views.push_back({e.name, e.dtype, e.shape, own.data(e), e.nbytes});
+    auto meta = own.metadata;
+    meta["schema"] = "ckpt.v1";
+    const auto info = ckpt::write_shard(dir + "/" + ckpt::shard_file_name(r), meta, views);
+    j["shards"][r]["size"] = info.size;
+    j["shards"][r]["sha256"] = info.sha256;
+  }
+  const std::string canon = j.dump();
+  j["manifest_sha256"] = sha256_hex(canon.data(), canon.size());
+  std::ofstream(dir + "/manifest.json", std::ios::trunc) << j.dump(2);
+  const ckpt::Manifest old = ckpt::verify_checkpoint(dir, 2u);
+  EXPECT_EQ(old.schema, "ckpt.v1");
+  EXPECT_TRUE(old.tensors.empty());
+  std::string out;
+  ASSERT_EQ(run_binary("resume " + tmp.file("old") + " --world-size 2 --plain", &out), 0) << out;
+  const auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("old")), replay::CompareMode::kBitwise);
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                              : "steps missing");
+  EXPECT_EQ(rep.compared, 12u);
 }
 
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {

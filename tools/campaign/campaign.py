@@ -95,7 +95,7 @@ class Campaign:
                                 ("huge trace_position", lambda j: j.update(trace_position=1 << 60)),
                                 ("trace_position 17", lambda j: j.update(trace_position=17)),
                                 ("other chain", lambda j: j.update(trace_chain_hex="ab" * 16)),
-                                ("schema ckpt.v2", lambda j: j.update(schema="ckpt.v2")),
+                                ("schema ckpt.v3", lambda j: j.update(schema="ckpt.v3")),
                                 ("shard sha256", lambda j: j["shards"][0].update(sha256="0" * 64)),
                                 ("shard ../ path", lambda j: j["shards"][0].update(file="../x.safetensors")),
                                 ("extra value", lambda j: j["extra"].update(x="\udcff"))]:

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "common.h"
 #include "ckpt/checkpoint_dir.h"
@@ -69,26 +70,42 @@ int run_weights(const WeightsArgs& a, const Context&) {
   RETRACE_CHECK(!sfs::is_directory(a.out, ec), ConfigError, "retrace weights: --out ", a.out,
                 " is a directory; name the file to write");
   const auto [dir, manifest] = pick_checkpoint(a.ckpt);
-  // Data parallelism keeps every rank's parameters equal, and each shard of this format holds the
-  // whole model: rank 0's is the model. load_shard hashes the bytes it parses.
-  const ckpt::ShardData shard = ckpt::load_shard(dir, manifest, 0, /*check_digest=*/true);
+  const size_t prefix = std::char_traits<char>::length(kModelPrefix);
+  auto is_model = [](const std::string& name) { return name.rfind(kModelPrefix, 0) == 0; };
   std::vector<safetensors::TensorView> views;
   uint64_t elements = 0, bytes = 0;
-  for (const auto& e : shard.tensors) {
-    if (e.name.rfind(kModelPrefix, 0) != 0) continue;
-    safetensors::TensorView v;
-    v.name = e.name.substr(std::char_traits<char>::length(kModelPrefix));
-    v.dtype = e.dtype;
-    v.shape = e.shape;
-    v.data = shard.data(e);
-    v.nbytes = e.nbytes;
-    uint64_t n = 1;
-    for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
-    elements += n;
-    bytes += e.nbytes;
-    views.push_back(std::move(v));
+  std::optional<ckpt::ShardData> shard;     // ckpt.v1 and older: rank 0's shard holds the model
+  std::vector<std::vector<char>> gathered;  // ckpt.v2: the model's tensors gathered from their pieces
+  std::string source = dir;
+  if (manifest.tensors.empty()) {
+    // Data parallelism keeps every rank's parameters equal and each shard of these checkpoints
+    // holds its rank's whole state: rank 0's model is the model. load_shard hashes what it parses.
+    shard = ckpt::load_shard(dir, manifest, 0, /*check_digest=*/true);
+    source = shard->source;
+    for (const auto& e : shard->tensors)
+      if (is_model(e.name)) views.push_back({e.name.substr(prefix), e.dtype, e.shape, shard->data(e), e.nbytes});
+  } else {
+    // Every shard is read once and hashed in the same pass; the pieces land in their tensors.
+    gathered.resize(manifest.tensors.size());
+    for (size_t i = 0; i < manifest.tensors.size(); ++i) {
+      const ckpt::TensorLayout& t = manifest.tensors[i];
+      if (is_model(t.name)) gathered[i].resize(t.numel() * *ckpt::dtype_size(t.dtype));
+    }
+    ckpt::read_pieces(
+        dir, manifest, [&](const ckpt::TensorLayout& t) { return is_model(t.name); },
+        [&](size_t i) { return static_cast<void*>(gathered[i].data()); }, 0, [](const ckpt::ShardData&) {});
+    for (size_t i = 0; i < manifest.tensors.size(); ++i) {
+      const ckpt::TensorLayout& t = manifest.tensors[i];
+      if (is_model(t.name)) views.push_back({t.name.substr(prefix), t.dtype, t.shape, gathered[i].data(), gathered[i].size()});
+    }
   }
-  RETRACE_CHECK(!views.empty(), FormatError, "retrace weights: ", shard.source, " holds no model tensors (no \"",
+  for (const auto& v : views) {
+    uint64_t n = 1;
+    for (int64_t d : v.shape) n *= static_cast<uint64_t>(d);
+    elements += n;
+    bytes += v.nbytes;
+  }
+  RETRACE_CHECK(!views.empty(), FormatError, "retrace weights: ", source, " holds no model tensors (no \"",
                 kModelPrefix, "\" entries); is it a retrace checkpoint?");
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"retrace.step", std::to_string(manifest.step)},
