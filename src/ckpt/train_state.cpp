@@ -229,7 +229,10 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   LoadedSnapshot out;
   // The shards this process parses are hashed from the bytes that are parsed (load_shard, or every
   // shard in read_pieces), the others here.
-  const bool pieces = !read_checked_manifest(dir, world_size).tensors.empty();
+  // One rank's shard holds every tensor whole: it is read as before, the tensors left as views of
+  // its bytes (no second copy of the state in memory); with several ranks the pieces are gathered.
+  const Manifest peek = read_checked_manifest(dir, world_size);
+  const bool pieces = !peek.tensors.empty() && peek.world_size > 1;
   out.manifest = verify_checkpoint(dir, world_size, pieces ? kEveryShard : rank);
   const Manifest& m = out.manifest;
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
@@ -265,6 +268,14 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
       else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
       else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
       else RETRACE_FAIL(FormatError, out.where, ": unexpected tensor ", e.name);
+    }
+    // A one-rank ckpt.v2 checkpoint's table lists what its shard must hold.
+    for (const TensorLayout& t : m.tensors) {
+      const TensorEntry* e = shard.find(t.name);
+      RETRACE_CHECK(e != nullptr && e->dtype == t.dtype && e->shape == t.shape, IntegrityError, "shard ", out.where,
+                    " holds ", e ? e->dtype + " " + c10::str(c10::IntArrayRef(e->shape)) : std::string("no tensor"),
+                    " for ", t.name, ", the manifest ", t.dtype, " ", c10::str(c10::IntArrayRef(t.shape)),
+                    "; the shard belongs to another checkpoint or was rewritten; resume from an older checkpoint");
     }
   }
   const std::string& where = out.where;

@@ -247,6 +247,28 @@ TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
   EXPECT_EQ(rep.compared, 12u);
 }
 
+// A one-rank ckpt.v2 checkpoint is read as before (its shard holds every tensor whole), and its
+// table is still checked against the shard: a manifest that says another dtype is refused.
+TEST(Dist, OneRankCheckpointIsCheckedAgainstItsTable) {
+  testing::TempDir tmp;
+  ASSERT_EQ(run_binary("record --total-steps 8 --interrupt-at 4 --set checkpoint.every_steps=4 --out " + tmp.file("r") +
+                       kCommon), 0);
+  const std::string dir = tmp.file("r/checkpoints/step-00000004");
+  std::ifstream in(dir + "/manifest.json");
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  j.erase("manifest_sha256");
+  ASSERT_FALSE(j["tensors"].empty());
+  j["tensors"][0]["dtype"] = "F64";
+  const std::string name = j["tensors"][0]["name"].get<std::string>();
+  const std::string canon = j.dump();
+  j["manifest_sha256"] = sha256_hex(canon.data(), canon.size());
+  std::ofstream(dir + "/manifest.json", std::ios::trunc) << j.dump(2);
+  std::string out;
+  EXPECT_EQ(run_binary("resume " + tmp.file("r") + " --plain", &out), 3) << out;
+  EXPECT_NE(out.find("for " + name + ", the manifest F64"), std::string::npos) << out;
+}
+
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {
   testing::TempDir tmp;
   const std::string cfg = kCommon + "--steps 20 --set checkpoint.every_steps=10 --set runtime.collective_timeout_s=30 ";
