@@ -333,6 +333,13 @@ std::vector<TensorLayout> split_among_ranks(std::vector<TensorLayout> tensors, u
   return tensors;
 }
 
+TensorView piece_view(const TensorLayout& t, const TensorPiece& piece, const void* data) {
+  const uint64_t size = *dtype_size(t.dtype), count = piece.end - piece.begin;
+  const bool whole = piece.begin == 0 && piece.end == t.numel();
+  return {t.name, t.dtype, whole ? t.shape : std::vector<int64_t>{static_cast<int64_t>(count)},
+          static_cast<const char*>(data) + piece.begin * size, count * size};
+}
+
 std::string shard_file_name(uint32_t rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "shard-rank%05u.safetensors", rank);

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/shard.h"
+
 namespace retrace::ckpt {
 
 constexpr const char* kManifestFile = "manifest.json";
@@ -66,6 +68,11 @@ constexpr size_t kMaxManifestPieces = 1u << 22;
 // cut moved down to an element boundary of the tensor it falls in. Deterministic: every rank
 // computes the same table. InvariantError for an unknown dtype or world 0.
 std::vector<TensorLayout> split_among_ranks(std::vector<TensorLayout> tensors, uint32_t world);
+
+// The shard entry of `piece` of tensor `t`, whose bytes (contiguous, all of the tensor) are at
+// `data`: under the tensor's name, with its shape when the piece is the whole tensor and as a 1-D
+// run of elements otherwise.
+TensorView piece_view(const TensorLayout& t, const TensorPiece& piece, const void* data);
 
 struct Manifest {
   std::string schema = "ckpt.v2";  // as found on disk (content is migrated); written as current

@@ -89,17 +89,9 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
     for (const auto& [name, t] : anchor->optim) add("anchor/optim/" + name, t);
   }
   layouts = split_among_ranks(std::move(layouts), world);
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    const TensorLayout& t = layouts[i];
-    const torch::Tensor& c = replicated[i];
-    for (const TensorPiece& p : t.pieces) {
-      if (p.rank != rank) continue;
-      const uint64_t size = c.element_size(), count = p.end - p.begin;
-      const bool whole = p.begin == 0 && p.end == t.numel();
-      views.push_back({t.name, t.dtype, whole ? t.shape : std::vector<int64_t>{static_cast<int64_t>(count)},
-                       static_cast<const char*>(c.data_ptr()) + p.begin * size, count * size});
-    }
-  }
+  for (size_t i = 0; i < layouts.size(); ++i)
+    for (const TensorPiece& p : layouts[i].pieces)
+      if (p.rank == rank) views.push_back(piece_view(layouts[i], p, replicated[i].data_ptr()));
   views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
   if (anchor_apart)
     views.push_back({"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(),

@@ -244,22 +244,19 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
 void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
                  const std::function<void*(size_t)>& destination, uint32_t own_rank,
                  const std::function<void(const ShardData&)>& own_shard) {
-  // Which shards to read: those with a wanted piece, and the own rank's.
+  // The wanted pieces by the rank that holds them. Every shard is read and hashed, one without a
+  // wanted piece too: every rank checks the whole checkpoint, as verify_checkpoint does, so ranks
+  // agree on what they skip.
   std::vector<std::vector<std::pair<size_t, const TensorPiece*>>> by_rank(manifest.world_size);
   for (size_t i = 0; i < manifest.tensors.size(); ++i) {
     if (!wanted(manifest.tensors[i])) continue;
     for (const TensorPiece& p : manifest.tensors[i].pieces) by_rank[p.rank].emplace_back(i, &p);
   }
-  // Every shard is read and hashed, a shard without a wanted piece too: every rank checks the
-  // whole checkpoint, as verify_checkpoint does, so ranks agree on what they skip.
-  std::vector<uint32_t> ranks;
-  for (uint32_t r = 0; r < manifest.world_size; ++r) ranks.push_back(r);
-  std::atomic<size_t> next{0};
-  std::vector<std::exception_ptr> errors(ranks.size());
+  std::atomic<uint32_t> next{0};
+  std::vector<std::exception_ptr> errors(manifest.world_size);
   auto work = [&] {
-    for (size_t k = next++; k < ranks.size(); k = next++) {
+    for (uint32_t r = next++; r < manifest.world_size; r = next++) {
       try {
-        const uint32_t r = ranks[k];
         const ShardData shard = load_shard(dir, manifest, r, /*check_digest=*/true);
         for (const auto& [index, piece] : by_rank[r]) {
           const TensorLayout& t = manifest.tensors[index];
@@ -276,16 +273,31 @@ void read_pieces(const std::string& dir, const Manifest& manifest, const std::fu
         }
         if (r == own_rank) own_shard(shard);
       } catch (...) {
-        errors[k] = std::current_exception();
+        errors[r] = std::current_exception();
       }
     }
   };
   std::vector<std::thread> pool;
-  if (ranks.size() > 1) pool.emplace_back(work);
+  if (manifest.world_size > 1) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,
+                                             const std::function<bool(const TensorLayout&)>& wanted, uint32_t rank,
+                                             std::string* rng) {
+  std::vector<std::vector<char>> out(manifest.tensors.size());
+  for (size_t i = 0; i < manifest.tensors.size(); ++i)
+    if (wanted(manifest.tensors[i])) out[i].resize(manifest.tensors[i].numel() * *dtype_size(manifest.tensors[i].dtype));
+  read_pieces(
+      dir, manifest, wanted, [&](size_t i) { return static_cast<void*>(out[i].data()); }, rank,
+      [&](const ShardData& s) {
+        const TensorEntry* e = s.find("rng/state");
+        if (rng && e) rng->assign(static_cast<const char*>(s.data(*e)), e->nbytes);
+      });
+  return out;
 }
 
 }  // namespace retrace::ckpt

@@ -97,5 +97,10 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
 void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
                  const std::function<void*(size_t)>& destination, uint32_t own_rank,
                  const std::function<void(const ShardData&)>& own_shard);
+// read_pieces into byte buffers of their own: the bytes of each wanted tensor, in table order
+// (empty for the others); `rank`'s rng/state into `rng` when given.
+std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,
+                                             const std::function<bool(const TensorLayout&)>& wanted,
+                                             uint32_t rank = 0, std::string* rng = nullptr);
 
 }  // namespace retrace::ckpt

@@ -109,14 +109,8 @@ std::string write_sharded(const std::string& root, uint64_t step, uint32_t world
   for (uint32_t r = 0; r < world; ++r) {
     std::vector<TensorView> views;
     for (size_t i = 0; i < split.size(); ++i)
-      for (const TensorPiece& p : split[i].pieces) {
-        if (p.rank != r) continue;
-        const uint64_t size = *dtype_size(split[i].dtype);
-        const bool whole = p.begin == 0 && p.end == split[i].numel();
-        views.push_back({split[i].name, split[i].dtype,
-                         whole ? split[i].shape : std::vector<int64_t>{static_cast<int64_t>(p.end - p.begin)},
-                         values[i].data() + p.begin * size, (p.end - p.begin) * size});
-      }
+      for (const TensorPiece& p : split[i].pieces)
+        if (p.rank == r) views.push_back(piece_view(split[i], p, values[i].data()));
     const std::string rng = "rng of rank " + std::to_string(r);
     views.push_back({"rng/state", "U8", {static_cast<int64_t>(rng.size())}, rng.data(), rng.size()});
     const ShardFileInfo info = write_shard(dir + "/" + shard_file_name(r), shard_metadata(step, r, world), views);
@@ -128,15 +122,7 @@ std::string write_sharded(const std::string& root, uint64_t step, uint32_t world
 
 std::vector<std::vector<char>> read_sharded(const std::string& dir, uint32_t own, std::string* rng) {
   const Manifest m = verify_checkpoint(dir, std::nullopt, kEveryShard);
-  std::vector<std::vector<char>> out(m.tensors.size());
-  for (size_t i = 0; i < m.tensors.size(); ++i) out[i].resize(m.tensors[i].numel() * *dtype_size(m.tensors[i].dtype));
-  read_pieces(
-      dir, m, [](const TensorLayout&) { return true; }, [&](size_t i) { return static_cast<void*>(out[i].data()); }, own,
-      [&](const ShardData& s) {
-        const TensorEntry* e = s.find("rng/state");
-        if (rng && e) rng->assign(static_cast<const char*>(s.data(*e)), e->nbytes);
-      });
-  return out;
+  return gather_pieces(dir, m, [](const TensorLayout&) { return true; }, own, rng);
 }
 
 }  // namespace retrace::ckpt::testing

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 
 #include "ckpt/shard.h"
 #include "ckpt/verify.h"
@@ -66,14 +67,12 @@ TEST(Dist, FourRanksOfEightEqualOneRankOfThirtyTwo) {
   // holds one copy of them, split among its four shards).
   auto model_of = [](const std::string& dir) {
     const ckpt::Manifest m = ckpt::verify_checkpoint(dir, std::nullopt, ckpt::kEveryShard);
+    auto is_model = [](const ckpt::TensorLayout& t) { return t.name.rfind("model/", 0) == 0; };
+    auto bytes = std::make_shared<std::vector<std::vector<char>>>(ckpt::gather_pieces(dir, m, is_model));
     std::map<std::string, torch::Tensor> out;
-    std::vector<torch::Tensor> ts;
-    for (const ckpt::TensorLayout& t : m.tensors) ts.push_back(torch::empty(t.shape, torch::kFloat32));
-    ckpt::read_pieces(
-        dir, m, [](const ckpt::TensorLayout& t) { return t.name.rfind("model/", 0) == 0; },
-        [&](size_t i) { return ts[i].data_ptr(); }, 0, [](const ckpt::ShardData&) {});
     for (size_t i = 0; i < m.tensors.size(); ++i)
-      if (m.tensors[i].name.rfind("model/", 0) == 0) out[m.tensors[i].name] = ts[i];
+      if (is_model(m.tensors[i]))
+        out[m.tensors[i].name] = torch::from_blob((*bytes)[i].data(), m.tensors[i].shape, [bytes](void*) {}, torch::kFloat32);
     return out;
   };
   const auto m4 = model_of(tmp.file("w4/checkpoints/step-00000010"));
@@ -175,11 +174,7 @@ TEST(Dist, FourRanksWriteOneCopyOfTheStateSplitEvenly) {
   EXPECT_LE(double(largest), 1.1 * double(bytes4) / 4);
   // The same tensors, split four ways, equal bitwise.
   auto gather = [](const std::string& dir, const ckpt::Manifest& m) {
-    std::vector<std::vector<char>> out(m.tensors.size());
-    for (size_t i = 0; i < m.tensors.size(); ++i) out[i].resize(m.tensors[i].numel() * *ckpt::dtype_size(m.tensors[i].dtype));
-    ckpt::read_pieces(
-        dir, m, [](const ckpt::TensorLayout&) { return true; }, [&](size_t i) { return static_cast<void*>(out[i].data()); },
-        0, [](const ckpt::ShardData&) {});
+    std::vector<std::vector<char>> out = ckpt::gather_pieces(dir, m, [](const ckpt::TensorLayout&) { return true; });
     std::map<std::string, std::vector<char>> named;
     for (size_t i = 0; i < m.tensors.size(); ++i) named[m.tensors[i].name] = std::move(out[i]);
     return named;
@@ -210,11 +205,7 @@ TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
   const std::string dir = tmp.file("old/checkpoints/step-00000006");
   const ckpt::Manifest m = ckpt::verify_checkpoint(dir, 2u, ckpt::kEveryShard);
   ASSERT_FALSE(m.tensors.empty());
-  std::vector<std::vector<char>> whole(m.tensors.size());
-  for (size_t i = 0; i < m.tensors.size(); ++i) whole[i].resize(m.tensors[i].numel() * *ckpt::dtype_size(m.tensors[i].dtype));
-  ckpt::read_pieces(
-      dir, m, [](const ckpt::TensorLayout&) { return true; }, [&](size_t i) { return static_cast<void*>(whole[i].data()); },
-      0, [](const ckpt::ShardData&) {});
+  const std::vector<std::vector<char>> whole = ckpt::gather_pieces(dir, m, [](const ckpt::TensorLayout&) { return true; });
   std::ifstream in(dir + "/manifest.json");
   auto j = nlohmann::json::parse(in);
   j.erase("tensors");

@@ -16,18 +16,59 @@ namespace sfs = std::filesystem;
 
 constexpr const char* kModelPrefix = "model/";
 
+bool is_model(const std::string& name) { return name.rfind(kModelPrefix, 0) == 0; }
+
+// A checkpoint's model: views of the bytes read (rank 0's shard, or the gathered pieces).
+struct Model {
+  std::string dir;  // the checkpoint read
+  ckpt::Manifest manifest;
+  std::optional<ckpt::ShardData> shard;     // ckpt.v1 and older: rank 0's shard holds the model
+  std::vector<std::vector<char>> gathered;  // ckpt.v2: the model's tensors gathered from their pieces
+  std::vector<safetensors::TensorView> views;
+  std::string source;
+};
+
+// Reads the model of checkpoint `dir` into `out`, verifying every shard once: a shard this reads
+// is hashed in the same pass, the others by verify_checkpoint.
+void read_model(const std::string& dir, Model& out) {
+  out = Model();
+  out.dir = dir;
+  out.source = dir;
+  const size_t prefix = std::char_traits<char>::length(kModelPrefix);
+  if (ckpt::read_checked_manifest(dir, std::nullopt).tensors.empty()) {
+    // Data parallelism keeps every rank's parameters equal and each shard of these checkpoints
+    // holds its rank's whole state: rank 0's model is the model.
+    out.manifest = ckpt::verify_checkpoint(dir, std::nullopt, 0u);
+    out.shard.emplace(ckpt::load_shard(dir, out.manifest, 0, /*check_digest=*/true));
+    out.source = out.shard->source;
+    for (const auto& e : out.shard->tensors)
+      if (is_model(e.name)) out.views.push_back({e.name.substr(prefix), e.dtype, e.shape, out.shard->data(e), e.nbytes});
+  } else {
+    out.manifest = ckpt::verify_checkpoint(dir, std::nullopt, ckpt::kEveryShard);
+    out.gathered = ckpt::gather_pieces(dir, out.manifest, [](const ckpt::TensorLayout& t) { return is_model(t.name); });
+    for (size_t i = 0; i < out.manifest.tensors.size(); ++i) {
+      const ckpt::TensorLayout& t = out.manifest.tensors[i];
+      if (is_model(t.name))
+        out.views.push_back({t.name.substr(prefix), t.dtype, t.shape, out.gathered[i].data(), out.gathered[i].size()});
+    }
+  }
+  RETRACE_CHECK(!out.views.empty(), FormatError, "retrace weights: ", out.source, " holds no model tensors (no \"",
+                kModelPrefix, "\" entries); is it a retrace checkpoint?");
+}
+
 // CKPT as the user named it: a step directory (it holds manifest.json, which must verify), or a
-// run directory or checkpoints root, whose newest checkpoint that verifies is taken.
-std::pair<std::string, ckpt::Manifest> pick_checkpoint(const std::string& path) {
+// run directory or checkpoints root, whose newest checkpoint that reads is taken.
+void pick_and_read(const std::string& path, Model& model) {
   std::error_code ec;
   RETRACE_CHECK(sfs::is_directory(path, ec), IoError, "retrace weights: ", path,
                 " is not a directory; name a checkpoint (run/checkpoints/step-00000010), a run directory or its "
                 "checkpoints directory");
   if (sfs::exists(sfs::path(path) / ckpt::kManifestFile, ec) || ckpt::parse_step_dir_name(sfs::path(path).filename().string()))
-    return {path, ckpt::verify_checkpoint(path, std::nullopt)};
+    return read_model(path, model);
   const sfs::path root = sfs::is_directory(sfs::path(path) / "checkpoints", ec) ? sfs::path(path) / "checkpoints" : sfs::path(path);
   std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::find_newest_valid(root.string(), std::nullopt, &skipped);
+  auto pick = ckpt::newest_step_dir_that(
+      root.string(), [&model](const std::string& dir) { return read_model(dir, model), true; }, skipped);
   if (!pick) {
     std::string why;
     for (const auto& [dir, reason] : skipped) why += "\n  " + dir + ": " + reason;
@@ -38,7 +79,6 @@ std::pair<std::string, ckpt::Manifest> pick_checkpoint(const std::string& path) 
   }
   for (const auto& [dir, reason] : skipped)
     std::fprintf(stderr, "retrace weights: skipped %s: %s\n", dir.c_str(), reason.c_str());
-  return {pick->dir, pick->manifest};
 }
 
 }  // namespace
@@ -69,44 +109,17 @@ int run_weights(const WeightsArgs& a, const Context&) {
                 " exists; pass --force to replace it");
   RETRACE_CHECK(!sfs::is_directory(a.out, ec), ConfigError, "retrace weights: --out ", a.out,
                 " is a directory; name the file to write");
-  const auto [dir, manifest] = pick_checkpoint(a.ckpt);
-  const size_t prefix = std::char_traits<char>::length(kModelPrefix);
-  auto is_model = [](const std::string& name) { return name.rfind(kModelPrefix, 0) == 0; };
-  std::vector<safetensors::TensorView> views;
+  Model model;
+  pick_and_read(a.ckpt, model);
+  const ckpt::Manifest& manifest = model.manifest;
+  const std::vector<safetensors::TensorView>& views = model.views;
   uint64_t elements = 0, bytes = 0;
-  std::optional<ckpt::ShardData> shard;     // ckpt.v1 and older: rank 0's shard holds the model
-  std::vector<std::vector<char>> gathered;  // ckpt.v2: the model's tensors gathered from their pieces
-  std::string source = dir;
-  if (manifest.tensors.empty()) {
-    // Data parallelism keeps every rank's parameters equal and each shard of these checkpoints
-    // holds its rank's whole state: rank 0's model is the model. load_shard hashes what it parses.
-    shard = ckpt::load_shard(dir, manifest, 0, /*check_digest=*/true);
-    source = shard->source;
-    for (const auto& e : shard->tensors)
-      if (is_model(e.name)) views.push_back({e.name.substr(prefix), e.dtype, e.shape, shard->data(e), e.nbytes});
-  } else {
-    // Every shard is read once and hashed in the same pass; the pieces land in their tensors.
-    gathered.resize(manifest.tensors.size());
-    for (size_t i = 0; i < manifest.tensors.size(); ++i) {
-      const ckpt::TensorLayout& t = manifest.tensors[i];
-      if (is_model(t.name)) gathered[i].resize(t.numel() * *ckpt::dtype_size(t.dtype));
-    }
-    ckpt::read_pieces(
-        dir, manifest, [&](const ckpt::TensorLayout& t) { return is_model(t.name); },
-        [&](size_t i) { return static_cast<void*>(gathered[i].data()); }, 0, [](const ckpt::ShardData&) {});
-    for (size_t i = 0; i < manifest.tensors.size(); ++i) {
-      const ckpt::TensorLayout& t = manifest.tensors[i];
-      if (is_model(t.name)) views.push_back({t.name.substr(prefix), t.dtype, t.shape, gathered[i].data(), gathered[i].size()});
-    }
-  }
   for (const auto& v : views) {
     uint64_t n = 1;
     for (int64_t d : v.shape) n *= static_cast<uint64_t>(d);
     elements += n;
     bytes += v.nbytes;
   }
-  RETRACE_CHECK(!views.empty(), FormatError, "retrace weights: ", source, " holds no model tensors (no \"",
-                kModelPrefix, "\" entries); is it a retrace checkpoint?");
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"retrace.step", std::to_string(manifest.step)},
                                                  {"retrace.config_hash", manifest.config_hash}};
@@ -115,7 +128,7 @@ int run_weights(const WeightsArgs& a, const Context&) {
   std::printf("wrote %s: %zu tensors, %llu elements, %llu bytes of tensor data (file %llu bytes, sha256 %s)\n",
               a.out.c_str(), views.size(), static_cast<ull>(elements), static_cast<ull>(bytes),
               static_cast<ull>(info.size), info.sha256.c_str());
-  std::printf("from checkpoint %s (step %llu, world size %u, sha256 verified)\n", dir.c_str(),
+  std::printf("from checkpoint %s (step %llu, world size %u, sha256 verified)\n", model.dir.c_str(),
               static_cast<ull>(manifest.step), manifest.world_size);
   return 0;
 }
