@@ -101,6 +101,7 @@ retrace_torch_part(retrace_train_torch
   src/train/step_state.cpp
   src/train/invariant.cpp
   src/train/trainer.cpp
+  src/train/zero.cpp
 )
 target_link_libraries(retrace_train_torch PUBLIC retrace_train retrace_model retrace_data_torch)
 

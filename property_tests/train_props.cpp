@@ -16,6 +16,10 @@
 //   4. checkpoint round trip of a Trainer is bitwise; a flipped byte is an IntegrityError
 //   6. clipping: bounded norm, unchanged direction, no-op below max_norm
 //   7. resume at a random step of a tiny run equals the uninterrupted run, record for record
+//   8. ZeRO: the ranges partition the flat parameter space at aligned cuts; `world` sharded copies
+//      (1-8) stepped on the same gradients (AdamW, SGD) equal the unsharded model bitwise, hold
+//      every element of the optimizer state once, and their digests' sums add up to the
+//      unsharded digests (trace.digest_version 3)
 // (5, trace round trip and truncation, is in property_tests/trace_props.cpp.)
 // Plus a negative control: the mean-of-means accumulation (each micro-batch's own mean, averaged)
 // must FAIL property 1 on ragged micro-batches, which shows the property can fail. Its expected
@@ -52,7 +56,9 @@
 #include "testing/temp_dir.h"
 #include "train/config.h"
 #include "train/step.h"
+#include "train/optimizer.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 using namespace retrace;
 
@@ -630,6 +636,124 @@ int main() {
       const std::string d = first_difference(resumed.run_step(true), expected[static_cast<size_t>(i)]);
       RC_LOG() << d;
       RC_ASSERT(d.empty());
+    }
+  });
+
+  // ---- 8 ----
+  ok &= rc::check("8. ZeRO: the ranges partition the parameters; sharded steps and digests equal the unsharded", [] {
+    const int tensors = *rc::gen::inRange(1, 7);
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<int64_t> numels;
+    int64_t total = 0;
+    for (int i = 0; i < tensors; ++i) {
+      // Sizes around the 1024-element alignment, and small ones.
+      std::vector<int64_t> shape = {*rc::gen::inRange<int64_t>(1, 70)};
+      if (*rc::gen::inRange(0, 2)) shape.push_back(*rc::gen::inRange<int64_t>(1, 90));
+      shapes.push_back(shape);
+      numels.push_back(std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>()));
+      total += numels.back();
+    }
+    const uint32_t world = *rc::gen::inRange<uint32_t>(1, 9);
+    const bool adamw = *rc::gen::arbitrary<bool>();
+    const int steps = *rc::gen::inRange(1, 4);
+    const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+    RC_TAG(adamw ? "adamw" : "sgd", world);
+
+    // The ranges: a partition of [0, total) in order, each cut at an aligned element of its tensor
+    // or a tensor's start, none more than one alignment unit short of the even share.
+    const std::vector<int64_t> bounds = train::ZeroShard::bounds(numels, world);
+    RC_ASSERT(bounds.size() == world + 1u);
+    RC_ASSERT(bounds.front() == 0 && bounds.back() == total);
+    for (uint32_t r = 0; r < world; ++r) {
+      RC_ASSERT(bounds[r] <= bounds[r + 1]);
+      if (r == 0) continue;
+      int64_t start = 0;
+      for (size_t i = 0; i < numels.size() && start + numels[i] <= bounds[r]; ++i) start += numels[i];
+      RC_ASSERT((bounds[r] - start) % train::ZeroShard::kAlign == 0);
+      const int64_t even = static_cast<int64_t>(static_cast<__int128>(total) * r / world);
+      RC_ASSERT(bounds[r] <= even && even - bounds[r] < train::ZeroShard::kAlign);
+    }
+
+    // One unsharded model and `world` sharded copies, stepped on the same gradients.
+    struct Params : torch::nn::Module {
+      explicit Params(const std::vector<std::vector<int64_t>>& shapes, uint64_t seed) {
+        rng::seed_cpu_and_device(seed, -1);
+        for (size_t i = 0; i < shapes.size(); ++i) register_parameter("p" + std::to_string(i), torch::randn(shapes[i]));
+      }
+    };
+    train::OptimConfig oc;
+    oc.name = adamw ? train::OptimizerKind::kAdamW : train::OptimizerKind::kSgd;
+    Params whole(shapes, seed);
+    auto whole_opt = train::make_optimizer(oc, whole);
+    std::vector<std::unique_ptr<Params>> copies;
+    std::vector<std::unique_ptr<train::ZeroShard>> zeros;
+    std::vector<std::unique_ptr<torch::optim::Optimizer>> opts;
+    for (uint32_t r = 0; r < world; ++r) {
+      copies.push_back(std::make_unique<Params>(shapes, seed));
+      zeros.push_back(std::make_unique<train::ZeroShard>(copies[r]->parameters(), r, world));
+      opts.push_back(train::make_optimizer(oc, zeros[r]->views()));
+    }
+    for (int step = 0; step < steps; ++step) {
+      rng::seed_cpu_and_device(seed + 1 + static_cast<uint64_t>(step), -1);
+      std::vector<torch::Tensor> grads;
+      for (const auto& shape : shapes) grads.push_back(torch::randn(shape));
+      for (size_t i = 0; i < grads.size(); ++i) whole.parameters()[i].mutable_grad() = grads[i].clone();
+      whole_opt->step();
+      std::vector<torch::Tensor> packs;
+      for (uint32_t r = 0; r < world; ++r) {
+        for (size_t i = 0; i < grads.size(); ++i) copies[r]->parameters()[i].mutable_grad() = grads[i].clone();
+        zeros[r]->bind_grads();
+        opts[r]->step();
+        packs.push_back(zeros[r]->pack());
+      }
+      for (uint32_t r = 0; r < world; ++r) zeros[r]->unpack(packs);
+    }
+    for (uint32_t r = 0; r < world; ++r)
+      for (size_t i = 0; i < shapes.size(); ++i) RC_ASSERT(torch::equal(whole.parameters()[i], copies[r]->parameters()[i]));
+    // The optimizer state: each rank holds its range's only, and the slices are the whole state's.
+    const NamedTensors state = train::optimizer_state(*whole_opt, whole, oc.name);
+    std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+    int64_t held = 0;
+    for (uint32_t r = 0; r < world; ++r) {
+      std::vector<SliceOf> slices;
+      const NamedTensors mine = train::zero_optimizer_state(*opts[r], *zeros[r], *copies[r], oc.name, slices);
+      RC_ASSERT(slices.size() == mine.size());
+      for (size_t k = 0; k < mine.size(); ++k) {
+        const torch::Tensor& w = by_name.at(mine[k].first);
+        if (mine[k].second.dim() == 0) {
+          RC_ASSERT(torch::equal(w, mine[k].second));
+          continue;
+        }
+        held += mine[k].second.numel();
+        RC_ASSERT(torch::equal(w.reshape({-1}).narrow(0, slices[k].begin, mine[k].second.numel()), mine[k].second));
+      }
+    }
+    int64_t state_elements = 0;
+    for (const auto& [name, t] : state) state_elements += t.dim() == 0 ? 0 : t.numel();
+    RC_ASSERT(held == state_elements);  // every element held once over the ranks
+    // Digests: each rank's sums added over the ranks give the whole model's and state's.
+    const auto named = [](const torch::nn::Module& m) {
+      NamedTensors out;
+      for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
+      return out;
+    };
+    std::vector<std::vector<uint64_t>> locals(world);
+    for (uint32_t r = 0; r < world; ++r)
+      train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
+                          [&](const std::vector<uint64_t>& mine) { return locals[r] = mine; });
+    const train::SumOverRanks sum = [&](const std::vector<uint64_t>&) {
+      std::vector<uint64_t> out(locals[0].size(), 0);
+      for (const auto& l : locals)
+        for (size_t i = 0; i < out.size(); ++i) out[i] += l[i];
+      return out;
+    };
+    const Digest128 model_whole = digest_named(named(whole), DigestKind::kMixed);
+    const Digest128 optim_whole = digest_named(state, DigestKind::kMixed);
+    for (uint32_t r = 0; r < world; ++r) {
+      const auto [model_digest, optim_digest] =
+          train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true, sum);
+      RC_ASSERT(model_digest == model_whole);
+      RC_ASSERT(optim_digest == optim_whole);
     }
   });
 

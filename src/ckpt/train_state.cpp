@@ -52,6 +52,63 @@ std::map<std::string, std::string> versions() {
           {"retrace", train::retrace_version()},
           {"cuda_devices", std::to_string(torch::cuda::device_count())}};
 }
+// A slice of a tensor this rank holds alone (ZeRO's optimizer state) and writes.
+struct SlicePart {
+  std::string name;
+  torch::Tensor tensor;  // contiguous, on the CPU
+  SliceOf slice;
+};
+
+// The table of the ranks' slices: every rank says which it holds (name, dtype, whole shape, first
+// and last element), one all-gather, and every rank builds the same layouts from the answers,
+// pieces in rank order. A tensor whose slices do not cover it exactly is an InvariantError (the
+// ranks disagree about the split), caught here before anything is committed.
+std::vector<TensorLayout> sliced_layouts(const std::vector<SlicePart>& mine, uint32_t rank, uint32_t world,
+                                         const ShardSync* sync, const std::string& dir) {
+  std::ostringstream said;
+  for (const SlicePart& s : mine) {
+    said << s.name << '\t' << dtype_name(s.tensor.scalar_type()) << '\t' << s.slice.begin << '\t'
+         << s.slice.begin + s.tensor.numel() << '\t' << s.slice.whole.size();
+    for (int64_t d : s.slice.whole) said << '\t' << d;
+    said << '\n';
+  }
+  const std::vector<std::string> all = sync ? sync->allgather(said.str()) : std::vector<std::string>{said.str()};
+  RETRACE_CHECK(all.size() == world, InvariantError, "sliced save: ", all.size(), " answers from ", world, " ranks");
+  std::map<std::string, TensorLayout> by_name;
+  for (uint32_t r = 0; r < all.size(); ++r) {
+    std::istringstream in(all[r]);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string name, dtype;
+      uint64_t begin = 0, end = 0;
+      size_t dims = 0;
+      std::getline(fields, name, '\t');
+      std::getline(fields, dtype, '\t');
+      fields >> begin >> end >> dims;
+      std::vector<int64_t> shape(dims);
+      for (auto& d : shape) fields >> d;
+      TensorLayout& t = by_name[name];
+      if (t.name.empty()) t = {name, dtype, shape, {}};
+      RETRACE_CHECK(t.dtype == dtype && t.shape == shape, InvariantError, dir, ": ranks disagree about ", name);
+      t.pieces.push_back({sync ? r : rank, begin, end});
+    }
+  }
+  std::vector<TensorLayout> out;
+  for (auto& [name, t] : by_name) {
+    uint64_t at = 0;
+    for (const TensorPiece& p : t.pieces) {
+      RETRACE_CHECK(p.begin == at && p.end > p.begin, InvariantError, dir, ": the ranks' slices of ", name,
+                    " do not cover it in order (a piece at ", p.begin, " after ", at, ")");
+      at = p.end;
+    }
+    RETRACE_CHECK(at == t.numel(), InvariantError, dir, ": the ranks' slices of ", name, " cover ", at, " of its ",
+                  t.numel(), " elements");
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string config_hash(const std::string& config_toml) {
@@ -71,27 +128,54 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   std::vector<TensorView> views;
   // The replicated state (data parallelism keeps parameters, optimizer state and the rollback
   // anchor equal on every rank) is written once among the ranks: every rank computes the same
-  // split (split_among_ranks) and writes its pieces; the RNG state is each rank's own.
+  // split (split_among_ranks) and writes its pieces; the RNG state is each rank's own. Under ZeRO
+  // the optimizer state is each rank's own slices of it, which are its pieces (sliced_layouts).
   std::vector<TensorLayout> layouts;
   std::vector<torch::Tensor> replicated;
+  std::vector<SlicePart> sliced;
   auto add = [&](const std::string& name, const torch::Tensor& t) {
     torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
     replicated.push_back(c);
     layouts.push_back({name, dtype_name(c.scalar_type()), std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), {}});
   };
+  auto add_optim = [&](const std::string& prefix, const StateSnapshot& s) {
+    if (!s.optim_sliced) {
+      for (const auto& [name, t] : s.optim) add(prefix + name, t);
+      return;
+    }
+    RETRACE_CHECK(s.optim_slices.size() == s.optim.size(), InvariantError, "a snapshot with ", s.optim.size(),
+                  " optimizer tensors and ", s.optim_slices.size(), " slices");
+    for (size_t i = 0; i < s.optim.size(); ++i)
+      if (s.optim_slices[i].write)
+        sliced.push_back({prefix + s.optim[i].first, s.optim[i].second.detach().to(torch::kCPU).contiguous(),
+                          s.optim_slices[i]});
+  };
   for (const auto& [name, t] : snap.model) add("model/" + name, t);
-  for (const auto& [name, t] : snap.optim) add("optim/" + name, t);
+  add_optim("optim/", snap);
   const bool anchor_apart = anchor && anchor->step != step;
   if (anchor_apart) {
     RETRACE_CHECK(anchor->step < step, InvariantError, "rollback anchor at step ", anchor->step,
                   " is after the checkpoint's step ", step);
     for (const auto& [name, t] : anchor->model) add("anchor/model/" + name, t);
-    for (const auto& [name, t] : anchor->optim) add("anchor/optim/" + name, t);
+    add_optim("anchor/optim/", *anchor);
   }
   layouts = split_among_ranks(std::move(layouts), world);
   for (size_t i = 0; i < layouts.size(); ++i)
     for (const TensorPiece& p : layouts[i].pieces)
       if (p.rank == rank) views.push_back(piece_view(layouts[i], p, replicated[i].data_ptr()));
+  // Every rank takes this branch or none (a rank may hold no slice at all).
+  if (snap.optim_sliced || (anchor_apart && anchor->optim_sliced)) {
+    std::vector<TensorLayout> own = sliced_layouts(sliced, rank, world, sync, dir);
+    for (const SlicePart& part : sliced) {
+      const TensorLayout& t = *std::find_if(own.begin(), own.end(), [&](const TensorLayout& l) { return l.name == part.name; });
+      const TensorPiece piece{rank, static_cast<uint64_t>(part.slice.begin),
+                              static_cast<uint64_t>(part.slice.begin + part.tensor.numel())};
+      // piece_view reads the piece at its offset from the whole tensor's first byte.
+      const auto* first = static_cast<const char*>(part.tensor.data_ptr()) - part.slice.begin * part.tensor.element_size();
+      views.push_back(piece_view(t, piece, first));
+    }
+    for (TensorLayout& t : own) layouts.push_back(std::move(t));
+  }
   views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
   if (anchor_apart)
     views.push_back({"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(),
@@ -152,7 +236,8 @@ StateSnapshot snapshot_of(train::Trainer& trainer, bool copy) {
   snap.rank = trainer.rank();
   snap.world_size = trainer.world_size();
   snap.model = trainer.model_state();
-  snap.optim = trainer.optimizer_state();
+  snap.optim = trainer.optimizer_state(&snap.optim_slices);
+  snap.optim_sliced = trainer.zero() != nullptr;
   if (copy) {
     for (auto& [name, t] : snap.model) t = t.detach().clone();
     for (auto& [name, t] : snap.optim) t = t.detach().clone();

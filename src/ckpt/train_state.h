@@ -56,6 +56,10 @@ struct StateSnapshot {
   uint32_t rank = 0, world_size = 1;
   NamedTensors model;  // stored as "model/<name>"
   NamedTensors optim;  // stored as "optim/<name>"
+  // ZeRO: `optim` is this rank's slices of the state, optim_slices says where each lies in its
+  // whole tensor (one per entry). Otherwise every entry is whole and replicated among the ranks.
+  bool optim_sliced = false;
+  std::vector<SliceOf> optim_slices;
   std::string rng;     // rng::RngState::serialize()
   std::string config_hash;
   std::map<std::string, std::string> metadata;  // counters, optimizer name, "x." policy state

@@ -7,14 +7,26 @@
 
 namespace retrace {
 
+namespace {
+constexpr uint64_t kUndefinedTag = 0xffffffffffffffffull;
+
+void header_into(Xxh3& h, torch::ScalarType dtype, c10::IntArrayRef shape) {
+  h.update_u64(static_cast<uint64_t>(dtype));
+  h.update_u64(static_cast<uint64_t>(shape.size()));
+  for (int64_t s : shape) h.update_u64(static_cast<uint64_t>(s));
+}
+}  // namespace
+
 void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind, const KnownSums* known) {
   if (!t.defined()) {
-    h.update_u64(0xffffffffffffffffull);
+    h.update_u64(kUndefinedTag);
     return;
   }
-  h.update_u64(static_cast<uint64_t>(t.scalar_type()));
-  h.update_u64(static_cast<uint64_t>(t.dim()));
-  for (int64_t s : t.sizes()) h.update_u64(static_cast<uint64_t>(s));
+  header_into(h, t.scalar_type(), t.sizes());
+  if (kind == DigestKind::kMixed) {
+    h.update_u64(tensor_mixed_sum(t));
+    return;
+  }
   torch::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(torch::kCPU).contiguous();
   if (kind == DigestKind::kXxh3) {
     h.update(c.data_ptr(), c.nbytes());
@@ -88,6 +100,29 @@ uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position) {
   uint64_t out;
   std::memcpy(&out, &sum, sizeof out);
   return out;
+}
+
+uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position) {
+  if (!t.defined() || t.numel() == 0) return 0;
+  if (!t.device().is_cpu()) return mixed_sum_on_device(t, first_position);
+  const torch::Tensor c = t.contiguous();
+  return mixed_sum(c.data_ptr(), c.element_size(), static_cast<uint64_t>(c.numel()), first_position);
+}
+
+Digest128 digest_mixed(std::vector<MixedEntry> entries) {
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  Xxh3 h;
+  for (const MixedEntry& e : entries) {
+    h.update_u64(e.name.size());
+    h.update(e.name);
+    if (!e.defined) {
+      h.update_u64(kUndefinedTag);
+      continue;
+    }
+    header_into(h, e.dtype, e.shape);
+    h.update_u64(e.sum);
+  }
+  return h.digest();
 }
 
 Digest128 digest_indices(const std::vector<int64_t>& indices) {

@@ -17,8 +17,24 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // How a tensor's bytes enter its digest. kXxh3: the bytes themselves (trace.digest_version 1).
 // kLanes: their lane_sums (digest.h) and their count (version 2: the model's and the optimizer's
-// state every step at half the cost).
-enum class DigestKind : uint8_t { kXxh3 = 1, kLanes = 2 };
+// state every step at half the cost). kMixed: their mixed_sum (digest.h), computed where the tensor
+// lives (version 3: the sums of a tensor's slices add up to the whole's, so ranks that each hold
+// part of it, as under ZeRO, give the world-1 digest; see MixedEntry).
+enum class DigestKind : uint8_t { kXxh3 = 1, kLanes = 2, kMixed = 3 };
+// The kind of trace.digest_version `version` (1, 2 or 3).
+inline DigestKind digest_kind_of(int64_t version) {
+  return version >= 3 ? DigestKind::kMixed : version == 2 ? DigestKind::kLanes : DigestKind::kXxh3;
+}
+
+// Where a tensor that is part of a larger one lies in it: the whole tensor's shape and the flat
+// position of the part's first element (ZeRO's slices of the optimizer state). `write`: whether
+// this holder writes the part to a checkpoint (a value every holder keeps, such as AdamW's step
+// count of a parameter split among ranks, is written by one of them).
+struct SliceOf {
+  std::vector<int64_t> whole;
+  int64_t begin = 0;
+  bool write = true;
+};
 
 // Under kLanes, sums a tensor's owner already took of its current bytes (the fused AdamW's of
 // what it wrote): true and the 16 sums in `out`, or false to have them computed.
@@ -34,6 +50,21 @@ void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind = Diges
 // 8-byte sum crosses to the host. Equals mixed_sum of the same bytes (a test checks it on the CPU).
 // t of any dtype of 1, 2, 4 or 8 bytes (InvariantError otherwise); undefined or empty: 0.
 uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position = 0);
+// mixed_sum of t's elements at global positions first_position, ...: on the CPU the C++ loop
+// (digest.h), elsewhere mixed_sum_on_device. Undefined or empty: 0.
+uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position = 0);
+// One tensor of a version-3 digest: its name, dtype and whole shape and the mixed_sum of all its
+// elements, which ranks holding parts of it get by adding their parts' sums (modulo 2^64).
+struct MixedEntry {
+  std::string name;
+  bool defined = true;
+  torch::ScalarType dtype = torch::kFloat32;
+  std::vector<int64_t> shape;
+  uint64_t sum = 0;
+};
+// The digest of the entries sorted by name: equal to digest_named(tensors, kMixed) for the whole
+// tensors the entries describe.
+Digest128 digest_mixed(std::vector<MixedEntry> entries);
 Digest128 digest_indices(const std::vector<int64_t>& indices);
 
 }  // namespace retrace

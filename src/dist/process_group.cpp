@@ -187,6 +187,18 @@ float ProcessGroup::allreduce_sum(float value, CollectiveStats& stats) {
   return t[0].item<float>();
 }
 
+std::vector<torch::Tensor> ProcessGroup::allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> in = {mine.contiguous().to(device_)};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (uint32_t r = 0; r < env_.world_size; ++r) out[0].push_back(torch::empty_like(in[0]));
+  collective("parameter all-gather", [&] { return impl_->pg->allgather(out, in)->wait(); });
+  stats.calls += 1;
+  stats.bytes += static_cast<uint64_t>(in[0].nbytes());
+  stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return out[0];
+}
+
 std::vector<std::string> ProcessGroup::allgather(const std::string& mine) {
   // Sizes first, then the bytes padded to the largest.
   const auto i64 = torch::TensorOptions(torch::kInt64).device(device_);

@@ -70,6 +70,9 @@ class ProcessGroup {
   // one, recv_numel[q] elements from rank q, on the CPU (one c10d alltoall_base). Adds to stats.
   std::vector<torch::Tensor> alltoall(const std::vector<torch::Tensor>& to_rank, const std::vector<int64_t>& recv_numel,
                                       CollectiveStats& stats);
+  // Every rank's `mine` (a 1-D tensor of the same numel and dtype on every rank), indexed by rank,
+  // on this rank's collective device (ZeRO's all-gather of the parameters). Adds to stats.
+  std::vector<torch::Tensor> allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats);
   // Every rank's bytes, indexed by rank.
   std::vector<std::string> allgather(const std::string& mine);
   void barrier();

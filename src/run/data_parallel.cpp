@@ -5,13 +5,35 @@
 #include <cstring>
 #include <string>
 
+#include "core/error.h"
 #include "core/tensor_digest.h"
+#include "train/zero.h"
 
 namespace retrace::run {
 
 DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, const train::Config& config) : pg_(pg) {
   const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
   sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
+  if (const train::ZeroShard* zero = trainer.zero()) {
+    // ZeRO: each rank updated its range; one all-gather gives every rank all the parameters, and the
+    // digests' sums of the ranks' ranges are added in one more.
+    trainer.set_zero_hooks([this, zero] { zero->unpack(pg_.allgather_tensor(zero->pack(), stats)); },
+                           [this](const std::vector<uint64_t>& mine) {
+                             std::string bytes(mine.size() * 8, '\0');
+                             std::memcpy(bytes.data(), mine.data(), bytes.size());
+                             std::vector<uint64_t> total(mine.size(), 0);
+                             for (const std::string& theirs : pg_.allgather(bytes)) {
+                               RETRACE_CHECK(theirs.size() == bytes.size(), InvariantError, "digest sums: a rank sent ",
+                                             theirs.size(), " bytes, this one ", bytes.size());
+                               for (size_t i = 0; i < total.size(); ++i) {
+                                 uint64_t v;
+                                 std::memcpy(&v, theirs.data() + 8 * i, 8);
+                                 total[i] += v;
+                               }
+                             }
+                             return total;
+                           });
+  }
   if (trainer.invariant()) {
     const uint32_t rank = pg_.rank(), world = pg_.world_size();
     const train::Exchange exchange = [this](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {

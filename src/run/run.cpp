@@ -339,23 +339,42 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 // layout when an earlier reshard onto `world` stopped before its first checkpoint), and `config`
 // changed in place to the same global batch on `world` ranks.
 namespace {
-ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t world, std::string& note) {
+// `zero_stage` (resume --zero-stage): the ZeRO stage to continue at, and the candidates include
+// the other stage (the run's config.toml is at the checkpoint's, or at this one's when an earlier
+// switch stopped before its first checkpoint).
+ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t world, std::string& note,
+                           std::optional<int64_t> zero_stage = std::nullopt, bool allow_reshard = true) {
   const std::optional<ckpt::Manifest> newest = ckpt::newest_checkpoint_manifest(root);
   RETRACE_CHECK(newest.has_value(), IntegrityError, "resume --reshard: no checkpoint with a readable manifest in ", root);
   const uint32_t n = newest->world_size;
+  RETRACE_CHECK(allow_reshard || n == world, ConfigError, "the newest checkpoint in ", root, " was written by ", n,
+                " ranks and this resume runs ", world, "; resume with --world-size ", n, " or add --reshard");
   // Candidates for the layout config.toml describes: the checkpoint's world, or this one.
   Config source = config;
   bool found = false;
+  std::vector<int64_t> stages = {config.runtime.zero_stage};
+  if (zero_stage && *zero_stage != config.runtime.zero_stage) stages.push_back(*zero_stage);
   for (uint32_t w : {n, world}) {
     const int64_t scaled = config.data.batch_size * static_cast<int64_t>(w);
-    if (scaled % static_cast<int64_t>(n) != 0) continue;
-    Config c = config;
-    c.data.batch_size = scaled / static_cast<int64_t>(n);
-    if (newest->config_hash == ckpt::config_hash(to_toml(c))) {
-      source = c;
-      found = true;
-      break;
+    if (found || scaled % static_cast<int64_t>(n) != 0) continue;
+    for (int64_t stage : stages) {
+      Config c = config;
+      c.data.batch_size = scaled / static_cast<int64_t>(n);
+      c.runtime.zero_stage = stage;
+      if (newest->config_hash == ckpt::config_hash(to_toml(c))) {
+        source = c;
+        found = true;
+        break;
+      }
     }
+  }
+  if (zero_stage) {
+    config.runtime.zero_stage = *zero_stage;
+    RETRACE_CHECK(*zero_stage == 0 || !config.trace.enabled || !config.trace.digests || config.trace.digest_version >= 3,
+                  ConfigError, "resume --zero-stage 1: this run records trace.digest_version ",
+                  config.trace.digest_version, ", whose optimizer digests need every rank to hold all of the state; "
+                  "ZeRO needs digests that add up over slices (trace.digest_version = 3), which a recorded run "
+                  "cannot change. Resume without --zero-stage");
   }
   RETRACE_CHECK(found, ConfigError, "resume --reshard: the newest checkpoint in ", root, " (", n,
                 " ranks) was made with another config than the run's config.toml at data.batch_size ",
@@ -376,11 +395,19 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
                   "resume --reshard onto ", world, " ranks: micro-batches of data.batch_size = ", config.data.batch_size,
                   " samples do not split into whole chunks of runtime.invariance_chunk = ",
                   config.runtime.invariance_chunk, "; choose a world size whose micro-batch is a multiple of it");
-  note = kReshardEventPrefix + std::to_string(n) + " ranks x data.batch_size " + std::to_string(source.data.batch_size) +
-         " to " + std::to_string(world) + " ranks x data.batch_size " + std::to_string(config.data.batch_size) +
-         " (train.accum_steps " + std::to_string(config.train.accum_steps) + ", global batch " + std::to_string(global) +
-         "): " + (config.runtime.invariance == Invariance::kBatch ? "bitwise (runtime.invariance = \"batch\")"
-                                                              : "within rounding (runtime.invariance = \"none\")");
+  note = n == world && source.data.batch_size == config.data.batch_size
+             ? std::string()
+             : kReshardEventPrefix + std::to_string(n) + " ranks x data.batch_size " +
+                   std::to_string(source.data.batch_size) + " to " + std::to_string(world) + " ranks x data.batch_size " +
+                   std::to_string(config.data.batch_size) + " (train.accum_steps " +
+                   std::to_string(config.train.accum_steps) + ", global batch " + std::to_string(global) + "): " +
+                   (config.runtime.invariance == Invariance::kBatch ? "bitwise (runtime.invariance = \"batch\")"
+                                                                    : "within rounding (runtime.invariance = \"none\")");
+  // ZeRO changes where the optimizer state lives, not a bit of it (zero.h): the checkpoint holds
+  // whole tensors in either layout.
+  if (source.runtime.zero_stage != config.runtime.zero_stage)
+    note += std::string(note.empty() ? "" : "; ") + "runtime.zero_stage " + std::to_string(source.runtime.zero_stage) +
+            " -> " + std::to_string(config.runtime.zero_stage) + ": the same bits (only where the optimizer state lives changes)";
   return ckpt::Reshard{n, ckpt::config_hash(to_toml(source))};
 }
 }  // namespace
@@ -494,10 +521,10 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   }
   std::optional<ckpt::Reshard> reshard;
   std::string reshard_note;
-  if (control.reshard) {
-    reshard = plan_reshard(config, checkpoint_root(run_dir), world, reshard_note);
-    if (cb.on_message && rank == 0) cb.on_message(reshard_note);
-    if (config.runtime.invariance != Invariance::kBatch && cb.on_message && rank == 0)
+  if (control.reshard || control.zero_stage) {
+    reshard = plan_reshard(config, checkpoint_root(run_dir), world, reshard_note, control.zero_stage, control.reshard);
+    if (cb.on_message && rank == 0 && !reshard_note.empty()) cb.on_message(reshard_note);
+    if (control.reshard && config.runtime.invariance != Invariance::kBatch && cb.on_message && rank == 0)
       cb.on_message("warning: runtime.invariance is \"none\": the resharded run continues within float rounding of "
                     "the uninterrupted one, not bitwise (record with --set runtime.invariance=batch for equal bits)");
   }
@@ -575,7 +602,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
              " trace bytes written after that checkpoint were set aside in " + side;
     writer->append_event({trainer.step(), "resume", msg});
     if (cb.on_message) cb.on_message(msg);
-    if (reshard) writer->append_event({trainer.step(), "resume", reshard_note});
+    if (reshard && !reshard_note.empty()) writer->append_event({trainer.step(), "resume", reshard_note});
     if (!changes.empty()) {
       const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(changes);
       writer->append_event({trainer.step(), "resume", warn});

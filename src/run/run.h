@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -63,6 +64,10 @@ struct LoopControl {
   // config.toml is rewritten with it), and the trace gets a "resume" event saying so. Bitwise
   // under runtime.invariance = "batch", within rounding otherwise (a warning says which).
   bool reshard = false;
+  // resume at another runtime.zero_stage than the run's (`resume --zero-stage N`): the checkpoint
+  // holds whole tensors, so either stage loads it; the run's config.toml is rewritten with it and a
+  // "resume" event says so. The same bits either way (train/zero.h). nullopt: as recorded.
+  std::optional<int64_t> zero_stage;
   // The live TensorBoard view: every record the trace gets also goes, as it is appended, to a new
   // event file in this directory (trace/tensorboard.h; created when missing). "": none. The
   // caller checks the directory first (trace::check_tensorboard_dir); a record readies it with the

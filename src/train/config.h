@@ -145,13 +145,16 @@ struct RuntimeConfig {
   // every accumulation count and world size that split the global batch into whole chunks.
   Invariance invariance = Invariance::kNone;
   int64_t invariance_chunk = 8;  // samples per chunk (batch mode)
+  // 1: ZeRO stage 1 (train/zero.h): each rank holds the optimizer state of its range of the
+  // parameters and updates that range; the parameters are then all-gathered. 0: replicated.
+  int64_t zero_stage = 0;
 };
 
 struct TraceConfig {
   bool enabled = true;
   bool digests = true;
   int64_t optimizer_digest_every = 1;  // steps between optimizer-state digests (1: every step)
-  // What a step's digests are. 2: parameters and optimizer state by lane checksums
+  // What a step's digests are. 3: as 2 with DigestKind::kMixed (sums that add up over slices). 2: parameters and optimizer state by lane checksums
   // (DigestKind::kLanes), the rest of the state in StepRecord::state_digest, every rank's RNG
   // digest. 1 (what runs recorded before the key read as): xxh3 of the bytes, neither of the others.
   int64_t digest_version = 2;

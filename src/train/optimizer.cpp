@@ -199,16 +199,20 @@ class FusedAdamW final : public torch::optim::AdamW {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                                         torch::nn::Module& model) {
+  return make_optimizer(c, model.parameters());
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params) {
   if (c.name == OptimizerKind::kSgd) {
     return std::make_unique<torch::optim::SGD>(
-        model.parameters(), torch::optim::SGDOptions(c.lr)
+        params, torch::optim::SGDOptions(c.lr)
                                 .momentum(c.momentum)
                                 .nesterov(c.nesterov)
                                 .weight_decay(c.weight_decay));
   }
   auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
-  if (c.fused && compat::kFusedAdamWMatchesLibTorch) return std::make_unique<FusedAdamW>(model.parameters(), options);
-  return std::make_unique<torch::optim::AdamW>(model.parameters(), options);
+  if (c.fused && compat::kFusedAdamWMatchesLibTorch) return std::make_unique<FusedAdamW>(params, options);
+  return std::make_unique<torch::optim::AdamW>(params, options);
 }
 
 bool fused_lane_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]) {

@@ -15,6 +15,8 @@ namespace retrace::train {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
                                                         torch::nn::Module& model);
+// The same over the given tensors (ZeRO's views of a rank's range, zero.h).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params);
 void set_lr(torch::optim::Optimizer& opt, double lr);
 // Clipping's product, left to the optimizer's next step: true when opt is the fused AdamW, which then
 // multiplies the gradients of `params` by coef inside its own pass (adamw_kernel.h), storing the

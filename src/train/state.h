@@ -22,6 +22,8 @@
 
 namespace retrace::train {
 
+class ZeroShard;
+
 struct TrainState {
   model::ModelHandle model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -33,6 +35,9 @@ struct TrainState {
   uint64_t step = 0;                                  // completed (applied or skipped) steps
   uint64_t samples_seen = 0;
   data::Cursor cursor;                                // the next batch
+  // runtime.zero_stage = 1: this rank's range of the parameters, over whose views the optimizer
+  // was built (zero.h); null otherwise.
+  std::shared_ptr<ZeroShard> zero;
 };
 
 // A module's parameters, then its buffers, by name; and their names, shapes and dtypes.

@@ -216,10 +216,12 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     return r;
   }
   const double clip_coef = policy.max_norm / (r.grad_norm_pre + 1e-6);  // clip_grads' coefficient
+  if (policy.before_optimizer_step) policy.before_optimizer_step();
   if (policy.max_norm > 0 && clip_coef < 1.0) {
     // The fused AdamW multiplies in its own pass, where the product costs almost nothing; any
     // other optimizer gets the gradients clipped here. The same bits either way.
-    if (!defer_grad_scale(optimizer, params, clip_coef)) clip_grads(params, policy.max_norm, r.grad_norm_pre);
+    const std::vector<torch::Tensor>& stepped = policy.optimizer_params.empty() ? params : policy.optimizer_params;
+    if (!defer_grad_scale(optimizer, stepped, clip_coef)) clip_grads(params, policy.max_norm, r.grad_norm_pre);
     // The norm after clipping is the norm before times the clip coefficient (every gradient is
     // scaled by it); computing it instead of measuring it saves a pass over the gradients.
     r.grad_norm_post = r.grad_norm_pre * clip_coef;
@@ -227,6 +229,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     r.grad_norm_post = r.grad_norm_pre;
   }
   optimizer.step();
+  if (policy.after_optimizer_step) policy.after_optimizer_step();
   if (policy.probe) policy.probe->after_optimizer(model);
   if (policy.scaler) policy.scaler->update(/*found_inf=*/false);
   r.optimizer_ms = ms_since(t);

@@ -61,6 +61,12 @@ struct StepPolicy {
   std::function<void(uint64_t)> before_chunk;
   std::function<void()> after_chunk_backward;
   std::function<float(const std::vector<float>&)> fold_losses;
+  // ZeRO (train/zero.h): the tensors the optimizer steps (empty: the model's parameters), a hook
+  // before its step (their gradients bound) and one after it (the parameters all-gathered). Run
+  // only when the step is applied.
+  std::vector<torch::Tensor> optimizer_params;
+  std::function<void()> before_optimizer_step;
+  std::function<void()> after_optimizer_step;
 };
 
 struct StepFaults {

@@ -11,6 +11,7 @@
 #include "train/invariant.h"
 #include "train/optimizer.h"
 #include "train/step.h"
+#include "train/zero.h"
 
 namespace retrace::train {
 namespace {
@@ -120,6 +121,12 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     policy.reduce_loss = nullptr;
   }
   policy.after_last_backward = hooks.after_last_backward;
+  if (s.zero) {
+    const ZeroShard* zero = s.zero.get();
+    policy.optimizer_params = zero->views();
+    policy.before_optimizer_step = [zero] { zero->bind_grads(); };
+    policy.after_optimizer_step = hooks.after_optimizer_step;
+  }
   policy.probe = hooks.probe;
   policy.loss = p.loss;
   StepResult r = train_step(*s.model.module, s.model.forward, *s.optimizer, micro, policy,
@@ -148,16 +155,25 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   s.cursor = batch.next;
   if (with_digests) {
     auto t = Clock::now();
-    const DigestKind kind = p.digest_version >= 2 ? DigestKind::kLanes : DigestKind::kXxh3;
+    const DigestKind kind = digest_kind_of(p.digest_version);
     // The fused AdamW summed what it wrote (optimizer.h): those tensors are not read again.
     const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) {
       return fused_lane_sums(*s.optimizer, t, out);
     };
-    rec.param_digest = digest_named(model_state(s), kind, &known);
     // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
     // zero in between.
-    if (rec.step % p.optimizer_digest_every == 0)
-      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
+    const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;
+    if (s.zero) {
+      // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3).
+      auto [model_digest, optim_digest] = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module,
+                                                       p.optimizer, with_optimizer, hooks.sum_over_ranks);
+      rec.param_digest = model_digest;
+      if (with_optimizer) rec.optim_digest = optim_digest;
+    } else {
+      rec.param_digest = digest_named(model_state(s), kind, &known);
+      if (with_optimizer)
+        rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
+    }
     const std::string rng = rng_state(s, p.seed).serialize();
     rec.rng_digest = xxh3_128(rng.data(), rng.size());
     if (p.digest_version >= 2) rec.state_digest = policy_digest(s);

@@ -44,6 +44,10 @@ struct StepHooks {
   std::function<void()> step_start;
   std::function<void()> after_chunk_backward;
   std::function<float(const std::vector<float>&)> fold_losses;
+  // ZeRO under data parallelism (train/zero.h): the parameters all-gathered after an applied
+  // step, and the digests' sums added over the ranks. Unset: one rank.
+  std::function<void()> after_optimizer_step;
+  std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)> sum_over_ranks;
   StepProbe* probe = nullptr;
 };
 

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "train/environment.h"
 #include "train/optimizer.h"
+#include "train/zero.h"
 
 namespace retrace::train {
 namespace {
@@ -53,9 +54,14 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       state_(initial_state(config, data, registry)) {
   check_model_fits(config, state_.model, policies_.loss, data);
   if (rank_ > 0) rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
-  keep_lane_sums(*state_.optimizer, config.trace.enabled && config.trace.digests && policies_.digest_version >= 2);
+  keep_lane_sums(*state_.optimizer, config.trace.enabled && config.trace.digests && policies_.digest_version == 2 && !state_.zero);
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   state_.model.module->to(device());
+  if (config.runtime.zero_stage == 1) {
+    // ZeRO: the optimizer steps views of this rank's range of the (moved) parameters.
+    state_.zero = std::make_shared<ZeroShard>(state_.model.module->parameters(), rank_, world_size_);
+    state_.optimizer = make_optimizer(config.optim, state_.zero->views());
+  }
   for (const auto& f : policies_.faults.faults()) {
     if (f.kind != FaultKind::kPerturbParam && !(f.kind == FaultKind::kInfGrad && !f.arg.empty())) continue;
     bool found = false;
@@ -154,8 +160,13 @@ records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_
   return e;
 }
 
-NamedTensors Trainer::optimizer_state() {
-  return train::optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name);
+NamedTensors Trainer::optimizer_state(std::vector<SliceOf>* slices) {
+  if (slices) slices->clear();
+  if (!state_.zero) return train::optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name);
+  std::vector<SliceOf> mine;
+  NamedTensors out = zero_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.optim.name, mine);
+  if (slices) *slices = std::move(mine);
+  return out;
 }
 
 Digest128 Trainer::rng_digest() const {
@@ -179,6 +190,8 @@ void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t
 }
 
 void Trainer::load_optimizer_state(const NamedTensors& state) {
+  if (state_.zero) return zero_load_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module,
+                                                    config_.optim.name, state);
   train::load_optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name, state);
 }
 

@@ -74,12 +74,16 @@ class Trainer {
   uint32_t world_size() const { return world_size_; }
 
   NamedTensors model_state() const { return train::model_state(state_); }
-  NamedTensors optimizer_state();    // see optimizer.h
+  // See optimizer.h. Under ZeRO (zero.h) this rank's slices of it, each one's place in its whole
+  // tensor in `slices` when given (left empty without ZeRO: the tensors are whole).
+  NamedTensors optimizer_state(std::vector<SliceOf>* slices = nullptr);
+  // runtime.zero_stage = 1: this rank's range of the parameters; null otherwise.
+  const ZeroShard* zero() const { return state_.zero.get(); }
   rng::RngState rng_state() const { return train::rng_state(state_, policies_.seed); }
   // As the trace records them (trace.digest_version).
   Digest128 param_digest() const { return digest_named(model_state(), digest_kind()); }
-  Digest128 optimizer_digest() { return digest_named(optimizer_state(), digest_kind()); }
-  DigestKind digest_kind() const { return policies_.digest_version >= 2 ? DigestKind::kLanes : DigestKind::kXxh3; }
+
+  DigestKind digest_kind() const { return digest_kind_of(policies_.digest_version); }
   Digest128 rng_digest() const;
   Digest128 policy_digest() const { return train::policy_digest(state_); }
   std::vector<records::ParamInfo> param_info() const { return train::param_info(state_); }
@@ -122,6 +126,13 @@ class Trainer {
     hooks_.fold_losses = std::move(fold_losses);
   }
   bool invariant() const { return policies_.invariance_chunk > 0; }
+  // ZeRO under data parallelism: the all-gather of the parameters after an applied step, and the
+  // sum of the digests' sums over the ranks (StepHooks).
+  void set_zero_hooks(std::function<void()> after_optimizer_step,
+                      std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)> sum_over_ranks) {
+    hooks_.after_optimizer_step = std::move(after_optimizer_step);
+    hooks_.sum_over_ranks = std::move(sum_over_ranks);
+  }
 
  private:
   Config config_;

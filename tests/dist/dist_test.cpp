@@ -260,6 +260,94 @@ TEST(Dist, OneRankCheckpointIsCheckedAgainstItsTable) {
   EXPECT_NE(out.find("for " + name + ", the manifest F64"), std::string::npos) << out;
 }
 
+// ZeRO stage 1 in invariant mode: 4 and 8 ranks, each holding the optimizer state of its own range
+// of the parameters, give the world-1 unsharded run's trace, every layout-free field and digest of
+// every step (digest version 3: the ranks' sums of their ranges added); their checkpoint holds
+// each rank's range of the optimizer state in its own shard (about 1/N of it each) and resumes on
+// 2 ranks, VERIFIED.
+TEST(Dist, ZeroOneAtFourAndEightRanksGivesTheOneRankTrace) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--set checkpoint.every_steps=6 --set runtime.invariance=batch "
+                          "--set runtime.invariance_chunk=4 --set trace.digest_version=3 ";
+  ASSERT_EQ(run_binary("record --steps 6 --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
+  const auto w1 = steps_of(tmp.file("w1"));
+  ASSERT_EQ(w1.size(), 6u);
+  for (const char* world : {"4", "8"}) {
+    const std::string dir = tmp.file(std::string("z") + world);
+    std::string out;
+    ASSERT_EQ(run_binary(std::string("record --steps 6 --world-size ") + world + " --out " + dir + cfg +
+                             "--set runtime.zero_stage=1 --set data.batch_size=" + std::to_string(32 / std::stoi(world)),
+                         &out), 0) << out;
+    const auto rep = replay::compare_steps(w1, steps_of(dir), replay::CompareMode::kLayout);
+    EXPECT_TRUE(rep.equal()) << world << " ranks: "
+                             << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                                : "steps missing");
+    EXPECT_EQ(rep.compared, 6u);
+    // Each rank's shard holds its own range of the optimizer state: a partition, about 1/N each.
+    const ckpt::Manifest m = ckpt::verify_checkpoint(dir + "/checkpoints/step-00000006", std::nullopt);
+    const uint32_t n = m.world_size;
+    std::vector<uint64_t> optim(n, 0);
+    uint64_t total = 0;
+    for (const auto& t : m.tensors) {
+      if (t.name.rfind("optim/", 0) != 0 || t.shape.empty()) continue;
+      for (const auto& p : t.pieces) optim[p.rank] += (p.end - p.begin) * 4;
+      total += t.numel() * 4;
+    }
+    uint64_t largest = 0, sum = 0;
+    for (uint64_t b : optim) largest = std::max(largest, b), sum += b;
+    EXPECT_EQ(sum, total);
+    // Cuts are aligned to 1024 elements of a tensor: at most that short of the even share.
+    EXPECT_LE(double(largest), double(total) / n + 2 * 4096.0 * 2);
+    std::printf("zero_stage 1 at %u ranks: optimizer state %llu bytes, largest rank's %llu (%.4f of 1/%u)\n", n,
+                static_cast<unsigned long long>(total), static_cast<unsigned long long>(largest),
+                double(largest) * n / double(total), n);
+  }
+  // The 4-rank ZeRO checkpoint resumes on 2 ranks (reshard), bitwise.
+  std::string out;
+  ASSERT_EQ(run_binary("record --world-size 4 --total-steps 8 --checkpoint-at 4 --verify-resume --resume-world-size 2 "
+                       "--out " + tmp.file("re") + cfg + "--set runtime.zero_stage=1 --set data.batch_size=8",
+                       &out), 0) << out;
+  EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
+}
+
+// ZeRO changes where the optimizer state lives, not a bit of it: in the default mode a 4-rank ZeRO
+// run equals the replicated 4-rank run bitwise, and a checkpoint of either stage resumes at the
+// other (resume --zero-stage, recorded in config.toml and a "resume" event), still bitwise. A run
+// whose digests cannot describe sharded state (version 2) is refused ZeRO at resume, exit 2.
+TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--world-size 4 --total-steps 6 --set checkpoint.every_steps=3 "
+                          "--set trace.digest_version=3 --set data.batch_size=8 ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + cfg), 0);
+  const auto ref = steps_of(tmp.file("ref"));
+  ASSERT_EQ(ref.size(), 6u);
+  for (const auto& [from, to] : {std::pair{"1", "0"}, std::pair{"0", "1"}}) {
+    const std::string dir = tmp.file(std::string("s") + from + to);
+    std::string out;
+    ASSERT_EQ(run_binary("record --interrupt-at 3 --out " + dir + cfg + "--set runtime.zero_stage=" + from, &out), 0)
+        << out;
+    ASSERT_EQ(run_binary("resume " + dir + " --world-size 4 --zero-stage " + to + " --plain", &out), 0) << out;
+    EXPECT_NE(out.find(std::string("runtime.zero_stage ") + from + " -> " + to), std::string::npos) << out;
+    std::ifstream in(dir + "/config.toml");
+    const std::string toml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(toml.find("zero_stage = 1") != std::string::npos, std::string(to) == "1") << toml;
+    const auto rep = replay::compare_steps(ref, steps_of(dir), replay::CompareMode::kBitwise);
+    EXPECT_TRUE(rep.equal()) << from << " -> " << to << ": "
+                             << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                                : "steps missing");
+    EXPECT_EQ(rep.compared, 6u);
+  }
+  // Digest version 2 describes the optimizer state whole: no ZeRO for such a run, said before anything loads.
+  std::string out;
+  ASSERT_EQ(run_binary("record --interrupt-at 2 --out " + tmp.file("v2") + kCommon +
+                       "--world-size 2 --total-steps 4 --set checkpoint.every_steps=2"), 0);
+  EXPECT_EQ(run_binary("resume " + tmp.file("v2") + " --world-size 2 --zero-stage 1 --plain", &out), 2) << out;
+  EXPECT_NE(out.find("trace.digest_version = 3"), std::string::npos) << out;
+  EXPECT_EQ(run_binary("record --out " + tmp.file("bad") + kCommon + "--steps 2 --set runtime.zero_stage=1", &out), 2)
+      << out;
+  EXPECT_NE(out.find("set trace.digest_version = 3"), std::string::npos) << out;
+}
+
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {
   testing::TempDir tmp;
   const std::string cfg = kCommon + "--steps 20 --set checkpoint.every_steps=10 --set runtime.collective_timeout_s=30 ";

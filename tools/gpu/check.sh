@@ -7,6 +7,7 @@
 #   - interrupt and resume on CUDA: RESUME VERIFIED;
 #   - the CUDA Philox state round trip, activation-checkpoint recompute RNG and NCCL at world
 #     size 1 (gpu_test), and a GPT with checkpoint = "full" equal to one without;
+#   - ZeRO stage 1 on the device equals stage 0 (digest version 3's sums taken on the GPU);
 #   - the FP16 skip-and-scale demo (amp.mode = fp16 with the scaler, injected NaN and Inf);
 #   - steps per second of the GPT on CUDA, a figure.
 #
@@ -128,6 +129,14 @@ result "GPT: two runs, equal traces (40 steps)" $? "$(tail -1 "$logs/gpt-same.lo
 "$bin" record "${gpt[@]}" --steps 40 --set model.checkpoint=full --out "$w/gpt-ckpt" > "$logs/gpt-ckpt.log" 2>&1 &&
   same "$w/gpt1" "$w/gpt-ckpt" "$logs/gpt-ckpt-same.log"
 result "GPT with activation checkpointing (full) equals it without (dropout 0.1)" $? "$(tail -1 "$logs/gpt-ckpt-same.log" 2> /dev/null)"
+
+# ZeRO's views of the parameters on the device and trace.digest_version 3's sums taken there: the
+# same trace as the replicated optimizer's with the same digests.
+v3=(--set trace.digest_version=3 --steps 40)
+"$bin" record "${gpt[@]}" "${v3[@]}" --out "$w/gpt-v3" > "$logs/gpt-v3.log" 2>&1 &&
+  "$bin" record "${gpt[@]}" "${v3[@]}" --set runtime.zero_stage=1 --out "$w/gpt-zero" > "$logs/gpt-zero.log" 2>&1 &&
+  same "$w/gpt-v3" "$w/gpt-zero" "$logs/gpt-zero-same.log"
+result "GPT under runtime.zero_stage = 1 equals stage 0 (digest version 3 on the device, 40 steps)" $? "$(tail -1 "$logs/gpt-zero-same.log" 2> /dev/null)"
 
 "$bin" record "${fm[@]}" --total-steps 60 --interrupt-at 30 --verify-resume --out "$w/resume" > "$logs/resume.log" 2>&1
 rc=$?

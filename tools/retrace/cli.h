@@ -46,6 +46,7 @@ struct ResumeArgs {
   int64_t interrupt_at = 0;
   int64_t world_size = 1;
   bool reshard = false;
+  int64_t zero_stage = -1;  // -1: as recorded
   std::string tensorboard;
 };
 

@@ -26,6 +26,10 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
                 "resume on another world size than the checkpoint's: the global batch stays (data.batch_size becomes "
                 "the checkpoint's x its ranks / --world-size, written to the run's config.toml) and a \"resume\" "
                 "event records it; bitwise under runtime.invariance = \"batch\", within rounding otherwise");
+  res->add_option("--zero-stage", args.zero_stage,
+                  "continue at this runtime.zero_stage (0 or 1; written to the run's config.toml, a \"resume\" event "
+                  "records it): a checkpoint of either stage loads in the other, the same bits")
+      ->check(CLI::Range(0, 1));
   res->add_option("--tensorboard", args.tensorboard,
                   "live TensorBoard view: also write every record, as it is appended, to a new event file in this "
                   "directory (next to the files of the run's earlier processes)");
@@ -58,6 +62,7 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   control.accept_changed_inputs = a.accept_changed_inputs;
   control.accept_other_torch = a.accept_other_torch;
   control.reshard = a.reshard;
+  if (a.zero_stage >= 0) control.zero_stage = a.zero_stage;
   control.tensorboard_dir = a.tensorboard;
   if (!quiet && !a.tensorboard.empty()) trace::check_tensorboard_dir(a.tensorboard, false, false);
   run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),

@@ -1,0 +1,254 @@
+#include "train/zero.h"
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+
+namespace retrace::train {
+
+std::vector<int64_t> ZeroShard::bounds(const std::vector<int64_t>& numels, uint32_t world) {
+  RETRACE_CHECK(world > 0, InvariantError, "ZeroShard::bounds: world size 0");
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (int64_t n : numels) {
+    offsets.push_back(total);
+    total += n;
+  }
+  std::vector<int64_t> out = {0};
+  size_t t = 0;
+  for (uint32_t k = 1; k < world; ++k) {
+    // The even share, exact in 128-bit arithmetic.
+    int64_t cut = static_cast<int64_t>(static_cast<__int128>(total) * k / world);
+    while (t + 1 < numels.size() && offsets[t + 1] <= cut) ++t;
+    if (t < numels.size() && cut > offsets[t]) cut = offsets[t] + (cut - offsets[t]) / kAlign * kAlign;
+    out.push_back(std::max(cut, out.back()));
+  }
+  out.push_back(total);
+  return out;
+}
+
+ZeroShard::ZeroShard(std::vector<torch::Tensor> params, uint32_t rank, uint32_t world)
+    : params_(std::move(params)), rank_(rank), world_(world) {
+  RETRACE_CHECK(!params_.empty(), ConfigError, "runtime.zero_stage = 1: the model has no parameters to split; use 0");
+  std::vector<int64_t> numels;
+  for (const auto& p : params_) {
+    RETRACE_CHECK(p.is_contiguous() && p.scalar_type() == params_.front().scalar_type(), ConfigError,
+                  "runtime.zero_stage = 1 needs contiguous parameters of one dtype; this model has a ",
+                  c10::toString(p.scalar_type()), " parameter of shape ", p.sizes(),
+                  " besides ", c10::toString(params_.front().scalar_type()), "; use runtime.zero_stage = 0");
+    offsets_.push_back(numels.empty() ? 0 : offsets_.back() + numels.back());
+    numels.push_back(p.numel());
+  }
+  bounds_ = bounds(numels, world_);
+  for (uint32_t r = 0; r < world_; ++r) padded_ = std::max(padded_, bounds_[r + 1] - bounds_[r]);
+  mine_ = parts(rank_);
+  for (const Part& part : mine_)
+    views_.push_back(params_[part.param].detach().view({-1}).narrow(0, part.begin, part.end - part.begin));
+}
+
+std::vector<ZeroShard::Part> ZeroShard::parts(uint32_t r) const {
+  std::vector<Part> out;
+  const int64_t lo = bounds_[r], hi = bounds_[r + 1];
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t b = std::max(lo, offsets_[i]), e = std::min(hi, offsets_[i] + params_[i].numel());
+    if (b < e) out.push_back({i, b - offsets_[i], e - offsets_[i]});
+  }
+  return out;
+}
+
+void ZeroShard::bind_grads() const {
+  for (size_t k = 0; k < mine_.size(); ++k) {
+    const torch::Tensor& g = params_[mine_[k].param].grad();
+    torch::Tensor& view_grad = const_cast<torch::Tensor&>(views_[k]).mutable_grad();
+    view_grad = g.defined() ? g.view({-1}).narrow(0, mine_[k].begin, mine_[k].end - mine_[k].begin) : torch::Tensor();
+  }
+}
+
+torch::Tensor ZeroShard::pack() const {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& first = params_.front();
+  torch::Tensor out = torch::zeros({padded_}, first.options().requires_grad(false));
+  int64_t at = 0;
+  for (const auto& view : views_) {
+    out.narrow(0, at, view.numel()).copy_(view);
+    at += view.numel();
+  }
+  return out;
+}
+
+void ZeroShard::unpack(const std::vector<torch::Tensor>& gathered) const {
+  RETRACE_CHECK(gathered.size() == world_, InvariantError, "ZeroShard::unpack: ", gathered.size(), " ranges for ",
+                world_, " ranks");
+  torch::NoGradGuard no_grad;
+  for (uint32_t r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    int64_t at = 0;
+    for (const Part& part : parts(r)) {
+      const int64_t n = part.end - part.begin;
+      params_[part.param].detach().view({-1}).narrow(0, part.begin, n).copy_(gathered[r].narrow(0, at, n));
+      at += n;
+    }
+  }
+}
+
+namespace {
+
+std::vector<std::string> param_names(const torch::nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& item : model.named_parameters()) out.push_back(item.key());
+  return out;
+}
+
+// The optimizer's per-element fields of a parameter, in a fixed order; AdamW's step count first.
+std::vector<std::string> fields_of(OptimizerKind kind) {
+  if (kind == OptimizerKind::kAdamW) return {"step", "exp_avg", "exp_avg_sq"};
+  return {"momentum_buffer"};
+}
+
+// The field's tensor in `state` (undefined when the optimizer keeps none).
+torch::Tensor field_of(torch::optim::OptimizerParamState& state, OptimizerKind kind, size_t field) {
+  if (kind == OptimizerKind::kAdamW) {
+    auto& s = static_cast<torch::optim::AdamWParamState&>(state);
+    if (field == 0) return torch::tensor(static_cast<int64_t>(s.step()), torch::kInt64);
+    return field == 1 ? s.exp_avg() : s.exp_avg_sq();
+  }
+  return static_cast<torch::optim::SGDParamState&>(state).momentum_buffer();
+}
+
+}  // namespace
+
+NamedTensors zero_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
+                                  OptimizerKind kind, std::vector<SliceOf>& slices) {
+  const std::vector<std::string> names = param_names(model);
+  const std::vector<std::string> fields = fields_of(kind);
+  NamedTensors out;
+  slices.clear();
+  for (size_t k = 0; k < zero.mine().size(); ++k) {
+    const ZeroShard::Part& part = zero.mine()[k];
+    auto* st = compat::find_param_state(opt, zero.views()[k]);
+    if (!st) continue;
+    const torch::Tensor& p = zero.params()[part.param];
+    for (size_t f = 0; f < fields.size(); ++f) {
+      torch::Tensor t = field_of(*st, kind, f);
+      if (!t.defined()) continue;
+      out.emplace_back(names[part.param] + "/" + fields[f], t);
+      if (t.dim() == 0) slices.push_back({{}, 0, part.begin == 0});  // the step count: whole
+      else slices.push_back({std::vector<int64_t>(p.sizes().begin(), p.sizes().end()), part.begin, true});
+    }
+  }
+  return out;
+}
+
+void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
+                               OptimizerKind kind, const NamedTensors& state) {
+  const std::vector<std::string> names = param_names(model);
+  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+  // This part's elements of entry `key`: the whole tensor's slice, or the part itself.
+  auto take = [&](const std::string& key, const ZeroShard::Part& part, const torch::Tensor& p) -> torch::Tensor {
+    auto it = by_name.find(key);
+    RETRACE_CHECK(it != by_name.end(), FormatError, "optimizer state entry ", key, " is missing");
+    const torch::Tensor& t = it->second;
+    const int64_t n = part.end - part.begin;
+    torch::Tensor flat;
+    if (t.sizes() == p.sizes()) flat = t.reshape({-1}).narrow(0, part.begin, n);
+    else if (t.dim() == 1 && t.numel() == n) flat = t;
+    else
+      RETRACE_FAIL(FormatError, "optimizer state entry ", key, " has shape ", t.sizes(), ", expected ", p.sizes(),
+                   " (or this rank's ", n, " elements of it)");
+    return flat.to(p.device()).clone();
+  };
+  for (size_t k = 0; k < zero.mine().size(); ++k) {
+    const ZeroShard::Part& part = zero.mine()[k];
+    const std::string& n = names[part.param];
+    const torch::Tensor& p = zero.params()[part.param];
+    const torch::Tensor& view = zero.views()[k];
+    if (kind == OptimizerKind::kAdamW) {
+      auto step = by_name.find(n + "/step");
+      if (step == by_name.end()) continue;  // no state yet for this parameter
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(step->second.item<int64_t>());
+      s->exp_avg(take(n + "/exp_avg", part, p));
+      s->exp_avg_sq(take(n + "/exp_avg_sq", part, p));
+      compat::set_param_state(opt, view, std::move(s));
+    } else {
+      if (!by_name.count(n + "/momentum_buffer")) continue;
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(take(n + "/momentum_buffer", part, p));
+      compat::set_param_state(opt, view, std::move(s));
+    }
+  }
+}
+
+std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt,
+                                             const ZeroShard& zero, const torch::nn::Module& model, OptimizerKind kind,
+                                             bool with_optimizer, const SumOverRanks& sum) {
+  std::unordered_map<const c10::TensorImpl*, size_t> param_of;
+  for (size_t i = 0; i < zero.params().size(); ++i) param_of.emplace(zero.params()[i].unsafeGetTensorImpl(), i);
+  // Sums in a fixed order every rank shares: the model's tensors, then per parameter and field of
+  // the optimizer a (holders, sum) pair.
+  std::vector<uint64_t> local;
+  for (const auto& [name, t] : model_state) {
+    auto found = param_of.find(t.unsafeGetTensorImpl());
+    uint64_t s = 0;
+    if (found == param_of.end()) {
+      if (zero.rank() == 0) s = tensor_mixed_sum(t);  // a buffer: every rank holds it whole
+    } else {
+      for (size_t k = 0; k < zero.mine().size(); ++k)
+        if (zero.mine()[k].param == found->second)
+          s += tensor_mixed_sum(zero.views()[k], static_cast<uint64_t>(zero.mine()[k].begin));
+    }
+    local.push_back(s);
+  }
+  const std::vector<std::string> fields = fields_of(kind);
+  const size_t model_count = local.size();
+  if (with_optimizer) {
+    local.resize(model_count + zero.params().size() * fields.size() * 2, 0);
+    for (size_t k = 0; k < zero.mine().size(); ++k) {
+      const ZeroShard::Part& part = zero.mine()[k];
+      auto* st = compat::find_param_state(opt, zero.views()[k]);
+      if (!st) continue;
+      for (size_t f = 0; f < fields.size(); ++f) {
+        const torch::Tensor t = field_of(*st, kind, f);
+        if (!t.defined()) continue;
+        uint64_t* slot = &local[model_count + (part.param * fields.size() + f) * 2];
+        slot[0] += 1;
+        if (t.dim() == 0) slot[1] += part.begin == 0 ? tensor_mixed_sum(t) : 0;  // the step count, once
+        else slot[1] += tensor_mixed_sum(t, static_cast<uint64_t>(part.begin));
+      }
+    }
+  }
+  const std::vector<uint64_t> total = sum ? sum(local) : local;
+  RETRACE_CHECK(total.size() == local.size(), InvariantError, "zero_digests: ", total.size(), " sums for ",
+                local.size());
+  std::vector<MixedEntry> model_entries;
+  for (size_t i = 0; i < model_count; ++i) {
+    const torch::Tensor& t = model_state[i].second;
+    model_entries.push_back({model_state[i].first, t.defined(), t.defined() ? t.scalar_type() : torch::kFloat32,
+                             t.defined() ? t.sizes().vec() : std::vector<int64_t>{}, total[i]});
+  }
+  Digest128 optim_digest{};
+  if (with_optimizer) {
+    const std::vector<std::string> names = param_names(model);
+    std::vector<MixedEntry> entries;
+    for (size_t i = 0; i < zero.params().size(); ++i)
+      for (size_t f = 0; f < fields.size(); ++f) {
+        const uint64_t* slot = &total[model_count + (i * fields.size() + f) * 2];
+        if (slot[0] == 0) continue;
+        const torch::Tensor& p = zero.params()[i];
+        const bool step = kind == OptimizerKind::kAdamW && f == 0;
+        entries.push_back({names[i] + "/" + fields[f], true, step ? torch::kInt64 : p.scalar_type(),
+                           step ? std::vector<int64_t>{} : p.sizes().vec(), slot[1]});
+      }
+    optim_digest = digest_mixed(std::move(entries));
+  }
+  return {digest_mixed(std::move(model_entries)), optim_digest};
+}
+
+}  // namespace retrace::train

@@ -1,0 +1,98 @@
+// ZeRO stage 1 (runtime.zero_stage = 1): the optimizer state split among the ranks.
+//
+// The parameters, in module order, are viewed as one flat space cut into world-size contiguous
+// ranges (ZeroShard::bounds); rank r owns range r. It holds the optimizer state of that range only
+// (its optimizer is built over flat views of the owned elements, one per parameter the range
+// touches), updates those elements from the reduced gradients (the same all-reduce, or invariant
+// fold, as without ZeRO: every rank still holds the whole reduced gradient, which the global clip
+// norm reads), and the ranks then all-gather the parameters. AdamW and SGD update each element
+// from that element's gradient and state alone, so a range updated apart gets the bits the whole
+// tensor would: a ZeRO run is bitwise the unsharded run, at any world size, in both modes.
+//
+// What differs is where the state lives: its checkpoint pieces are the ranks' own ranges
+// (ckpt/train_state.h, SliceOf), its digests (trace.digest_version 3) are each rank's mixed sums of
+// its ranges added over the ranks, and a checkpoint's whole tensors load into either layout.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "core/tensor_digest.h"
+#include "train/config.h"
+
+namespace retrace::train {
+
+class ZeroShard {
+ public:
+  // Cuts are moved down to a multiple of this many elements from the start of the tensor they fall
+  // in, so the fused AdamW's 1024-float chunks (adamw_kernel.h) stay whole.
+  static constexpr int64_t kAlign = 1024;
+  // The flat space of tensors of `numels` elements, in order, cut for `world` ranks: world + 1
+  // bounds, rank r's elements [bounds[r], bounds[r + 1]). Each cut is the even share k * total /
+  // world moved down to an aligned element of its tensor. Deterministic: every rank computes the
+  // same. Ranges may be empty (a model smaller than the ranks' alignment).
+  static std::vector<int64_t> bounds(const std::vector<int64_t>& numels, uint32_t world);
+
+  // `params` in module order: contiguous, one dtype (ConfigError otherwise).
+  ZeroShard(std::vector<torch::Tensor> params, uint32_t rank, uint32_t world);
+
+  struct Part {
+    size_t param;
+    int64_t begin, end;  // elements [begin, end) of the flattened parameter
+  };
+  uint32_t rank() const { return rank_; }
+  uint32_t world() const { return world_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  // Rank r's parts, in parameter order; this rank's.
+  std::vector<Part> parts(uint32_t r) const;
+  const std::vector<Part>& mine() const { return mine_; }
+  // One flat view of the parameter's elements per part of mine(): the optimizer's parameters.
+  const std::vector<torch::Tensor>& views() const { return views_; }
+  // Before the optimizer's step: each view's gradient is the matching slice of its parameter's
+  // gradient (undefined where the parameter has none).
+  void bind_grads() const;
+  // The all-gather after the step: this rank's elements in one flat tensor of padded_numel()
+  // elements (the largest range; zeros after its own), and every other rank's written back into
+  // the parameters from what they sent.
+  torch::Tensor pack() const;
+  void unpack(const std::vector<torch::Tensor>& gathered) const;
+  int64_t padded_numel() const { return padded_; }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  uint32_t rank_, world_;
+  std::vector<int64_t> bounds_;
+  std::vector<int64_t> offsets_;  // each parameter's first flat element
+  std::vector<Part> mine_;
+  std::vector<torch::Tensor> views_;
+  int64_t padded_ = 0;
+};
+
+// The optimizer's state over this rank's parts, named as the whole tensors' "<param>/<field>"
+// (optimizer.h's names), each with where it lies in its whole tensor (`slices`, one per entry).
+// A parameter's AdamW step count is kept by every rank that owns part of it and written by the one
+// that owns its first element.
+NamedTensors zero_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
+                                  OptimizerKind kind, std::vector<SliceOf>& slices);
+// Installs state given as whole tensors (a checkpoint's, of either layout) or as this rank's own
+// slices (a rollback anchor it kept): each part takes its elements. FormatError naming the entry
+// for another size.
+void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
+                               OptimizerKind kind, const NamedTensors& state);
+
+// Adds vectors of sums over the ranks (modulo 2^64): one all-gather of a few bytes per tensor.
+using SumOverRanks = std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)>;
+// A ZeRO rank's trace digests (DigestKind::kMixed): the model's (parameters by this rank's parts,
+// buffers by rank 0) and, when `with_optimizer`, the optimizer state's, each rank's sums added
+// over the ranks by `sum` (unset: one rank). Equal bitwise to digest_named(..., kMixed) of the
+// whole tensors an unsharded run holds.
+std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt,
+                                             const ZeroShard& zero, const torch::nn::Module& model, OptimizerKind kind,
+                                             bool with_optimizer, const SumOverRanks& sum);
+
+}  // namespace retrace::train
