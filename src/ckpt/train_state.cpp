@@ -16,6 +16,7 @@
 #include "train/config.h"
 #include "train/environment.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 namespace retrace::ckpt {
 namespace {
@@ -275,13 +276,31 @@ namespace {
 
 // The replicated tensors of a ckpt.v2 checkpoint gathered from every shard (read_pieces), and the
 // rest of `rank`'s shard (its RNG states and metadata), into `out`.
-void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, StateSnapshot& anchor) {
+void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, StateSnapshot& anchor,
+                 const KeepRange& keep) {
   const Manifest& m = out.manifest;
   std::vector<torch::Tensor> tensors;
-  for (const TensorLayout& t : m.tensors)
-    tensors.push_back(torch::empty(t.shape, torch::TensorOptions().dtype(scalar_type(t.dtype, dir))));
+  std::vector<std::pair<uint64_t, uint64_t>> windows;
+  std::vector<bool> kept;
+  for (const TensorLayout& t : m.tensors) {
+    const auto options = torch::TensorOptions().dtype(scalar_type(t.dtype, dir));
+    const std::optional<std::pair<uint64_t, uint64_t>> range = keep ? keep(t.name) : std::nullopt;
+    if (range) {
+      RETRACE_CHECK(range->first <= range->second && range->second <= t.numel(), FormatError, dir, "/", kManifestFile,
+                    ": ", t.name, " has ", t.numel(), " elements, fewer than this rank's range [", range->first, ", ",
+                    range->second, ") of it; the checkpoint belongs to another model");
+      tensors.push_back(torch::empty({static_cast<int64_t>(range->second - range->first)}, options));
+      windows.push_back(*range);
+      kept.push_back(range->second > range->first);
+    } else {
+      tensors.push_back(torch::empty(t.shape, options));
+      windows.emplace_back(0, t.numel());
+      kept.push_back(true);
+    }
+  }
   read_pieces(
-      dir, m, [](const TensorLayout&) { return true; }, [&](size_t i) { return tensors[i].data_ptr(); }, rank,
+      dir, m, [&](const TensorLayout& t) { return kept[static_cast<size_t>(&t - m.tensors.data())]; },
+      [&](size_t i) { return tensors[i].data_ptr(); }, rank,
       [&](const ShardData& shard) {
         out.where = shard.source;
         out.metadata = shard.metadata;
@@ -289,8 +308,10 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
           if (e.name == "rng/state") out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
           else if (e.name == "anchor/rng/state") anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
         }
-      });
+      },
+      [&](size_t i) { return windows[i]; });
   for (size_t i = 0; i < m.tensors.size(); ++i) {
+    if (!kept[i]) continue;  // none of it is this rank's
     const std::string& name = m.tensors[i].name;
     if (name.rfind("model/", 0) == 0) out.model.emplace_back(name.substr(6), tensors[i]);
     else if (name.rfind("optim/", 0) == 0) out.optim.emplace_back(name.substr(6), tensors[i]);
@@ -302,7 +323,7 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
 
 }  // namespace
 
-LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank) {
+LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep) {
   LoadedSnapshot out;
   // The shards this process parses are hashed from the bytes that are parsed (load_shard, or every
   // shard in read_pieces), the others here.
@@ -317,7 +338,7 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
                 rng::kRngFormatVersion);
   StateSnapshot anchor;
   if (pieces) {
-    load_pieces(dir, rank, out, anchor);
+    load_pieces(dir, rank, out, anchor, keep);
   } else {
     // The tensors are views of the shard's bytes where their alignment allows (every tensor of a
     // shard retrace wrote): the state is read once, into memory it keeps, not copied a second time.
@@ -394,10 +415,11 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
 uint64_t metadata_u64(const LoadedSnapshot& s, const std::string& key) { return parse_u64(s.metadata, key, s.where); }
 
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
-                                                   std::vector<std::pair<std::string, std::string>>* skipped) {
+                                                   std::vector<std::pair<std::string, std::string>>* skipped,
+                                                   const KeepRange& keep) {
   std::vector<std::pair<std::string, std::string>> skips;
   auto found = newest_step_dir_that(
-      root, [&](const std::string& dir) { return load_snapshot(dir, world_size, rank); }, skips);
+      root, [&](const std::string& dir) { return load_snapshot(dir, world_size, rank, keep); }, skips);
   if (skipped) *skipped = skips;
   if (!found) return std::nullopt;
   return NewestSnapshot{found->first, std::move(found->second), std::move(skips)};
@@ -448,8 +470,33 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
 
 }  // namespace
 
+// A ZeRO rank keeps its range of each optimizer tensor (the owned part of its parameter), the step
+// count of a parameter it owns part of, and nothing of the others; every other tensor whole (the
+// parameters, and a rollback anchor's state).
+KeepRange keep_of(train::Trainer& trainer) {
+  const train::ZeroShard* zero = trainer.zero();
+  if (!zero) return {};
+  std::map<std::string, std::pair<uint64_t, uint64_t>> part_of;
+  std::vector<std::string> names;
+  for (const auto& item : trainer.module().named_parameters()) names.push_back(item.key());
+  for (const auto& part : zero->mine())
+    part_of[names[part.param]] = {static_cast<uint64_t>(part.begin), static_cast<uint64_t>(part.end)};
+  return [part_of = std::move(part_of)](const std::string& name) -> std::optional<std::pair<uint64_t, uint64_t>> {
+    // A rollback anchor stored with the checkpoint is kept whole: it is saved again as it was.
+    if (name.rfind("optim/", 0) != 0) return std::nullopt;
+    const std::string rest = name.substr(6);
+    const size_t slash = rest.rfind('/');
+    if (slash == std::string::npos) return std::nullopt;
+    auto it = part_of.find(rest.substr(0, slash));
+    if (rest.substr(slash + 1) == "step")
+      return it == part_of.end() ? std::optional<std::pair<uint64_t, uint64_t>>({0, 0}) : std::nullopt;
+    if (it == part_of.end()) return std::pair<uint64_t, uint64_t>{0, 0};
+    return it->second;
+  };
+}
+
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
-  return restore(trainer, dir, load_snapshot(dir, trainer.world_size(), trainer.rank()));
+  return restore(trainer, dir, load_snapshot(dir, trainer.world_size(), trainer.rank(), keep_of(trainer)));
 }
 
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
@@ -457,7 +504,7 @@ std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, con
                                                     const Reshard* reshard) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
-  auto newest = load_newest_snapshot(root, world, rank, skipped);
+  auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer));
   if (!newest) return std::nullopt;
   return restore(trainer, newest->dir, std::move(newest->snapshot), reshard);
 }

@@ -243,7 +243,7 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
 
 void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
                  const std::function<void*(size_t)>& destination, uint32_t own_rank,
-                 const std::function<void(const ShardData&)>& own_shard) {
+                 const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window) {
   // The wanted pieces by the rank that holds them. Every shard is read and hashed, one without a
   // wanted piece too: every rank checks the whole checkpoint, as verify_checkpoint does, so ranks
   // agree on what they skip.
@@ -269,7 +269,15 @@ void read_pieces(const std::string& dir, const Manifest& manifest, const std::fu
                         ": ", t.name, " elements [", piece->begin, ", ", piece->end, ") should be ", count, " ",
                         t.dtype, " (", count * size, " bytes), the shard holds ", e->dtype, " of ", e->nbytes,
                         " bytes; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
-          std::memcpy(static_cast<char*>(destination(index)) + piece->begin * size, shard.data(*e), e->nbytes);
+          if (!window) {
+            std::memcpy(static_cast<char*>(destination(index)) + piece->begin * size, shard.data(*e), e->nbytes);
+            continue;
+          }
+          const auto [first, last] = window(index);
+          const uint64_t lo = std::max(first, piece->begin), hi = std::min(last, piece->end);
+          if (lo < hi)
+            std::memcpy(static_cast<char*>(destination(index)) + (lo - first) * size,
+                        static_cast<const char*>(shard.data(*e)) + (lo - piece->begin) * size, (hi - lo) * size);
         }
         if (r == own_rank) own_shard(shard);
       } catch (...) {

@@ -94,9 +94,13 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
 // `wanted` accepts are copied. `own_shard` is called, on one of the reading threads, with the own
 // rank's parsed shard (its metadata, its rank-own tensors) while it is alive. The destination buffers are the caller's,
 // each large enough for its tensor; distinct tensors' buffers must not overlap.
+// `window`, when given: the elements [first, last) of tensor i the caller keeps (a ZeRO rank's
+// range of the optimizer state); destination(i) then holds those only, element `first` at its
+// start, and the pieces are copied where they overlap it.
+using ElementWindow = std::function<std::pair<uint64_t, uint64_t>(size_t)>;
 void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
                  const std::function<void*(size_t)>& destination, uint32_t own_rank,
-                 const std::function<void(const ShardData&)>& own_shard);
+                 const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window = {});
 // read_pieces into byte buffers of their own: the bytes of each wanted tensor, in table order
 // (empty for the others); `rank`'s rng/state into `rng` when given.
 std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,

@@ -17,7 +17,9 @@ DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, cons
   if (const train::ZeroShard* zero = trainer.zero()) {
     // ZeRO: each rank updated its range; one all-gather gives every rank all the parameters, and the
     // digests' sums of the ranks' ranges are added in one more.
-    trainer.set_zero_hooks([this, zero] { zero->unpack(pg_.allgather_tensor(zero->pack(), stats)); },
+    trainer.set_zero_hooks([this, zero] {
+      zero->all_gather([this](const torch::Tensor& mine) { return pg_.allgather_tensor(mine, stats); });
+    },
                            [this](const std::vector<uint64_t>& mine) {
                              std::string bytes(mine.size() * 8, '\0');
                              std::memcpy(bytes.data(), mine.data(), bytes.size());

@@ -71,30 +71,45 @@ void ZeroShard::bind_grads() const {
   }
 }
 
-torch::Tensor ZeroShard::pack() const {
-  torch::NoGradGuard no_grad;
-  const torch::Tensor& first = params_.front();
-  torch::Tensor out = torch::zeros({padded_}, first.options().requires_grad(false));
-  int64_t at = 0;
-  for (const auto& view : views_) {
-    out.narrow(0, at, view.numel()).copy_(view);
-    at += view.numel();
+void ZeroShard::for_window(uint32_t r, int64_t offset, int64_t n,
+                           const std::function<void(const Part&, int64_t, int64_t, int64_t)>& fn) const {
+  int64_t at = 0;  // the part's first element's position in rank r's range
+  for (const Part& part : parts(r)) {
+    const int64_t len = part.end - part.begin;
+    const int64_t lo = std::max(at, offset), hi = std::min(at + len, offset + n);
+    if (lo < hi) fn(part, part.begin + (lo - at), lo - offset, hi - lo);
+    at += len;
   }
-  return out;
 }
 
-void ZeroShard::unpack(const std::vector<torch::Tensor>& gathered) const {
+void ZeroShard::pack(int64_t offset, torch::Tensor& out) const {
+  torch::NoGradGuard no_grad;
+  out.zero_();
+  for_window(rank_, offset, out.numel(), [&](const Part& part, int64_t first, int64_t at, int64_t n) {
+    out.narrow(0, at, n).copy_(params_[part.param].detach().view({-1}).narrow(0, first, n));
+  });
+}
+
+void ZeroShard::unpack(const std::vector<torch::Tensor>& gathered, int64_t offset) const {
   RETRACE_CHECK(gathered.size() == world_, InvariantError, "ZeroShard::unpack: ", gathered.size(), " ranges for ",
                 world_, " ranks");
   torch::NoGradGuard no_grad;
   for (uint32_t r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    int64_t at = 0;
-    for (const Part& part : parts(r)) {
-      const int64_t n = part.end - part.begin;
-      params_[part.param].detach().view({-1}).narrow(0, part.begin, n).copy_(gathered[r].narrow(0, at, n));
-      at += n;
-    }
+    for_window(r, offset, gathered[r].numel(), [&](const Part& part, int64_t first, int64_t at, int64_t n) {
+      params_[part.param].detach().view({-1}).narrow(0, first, n).copy_(gathered[r].narrow(0, at, n));
+    });
+  }
+}
+
+void ZeroShard::all_gather(const std::function<std::vector<torch::Tensor>(const torch::Tensor&)>& gather) const {
+  if (padded_ == 0) return;
+  // One send buffer for every window (the last one narrower), on the parameters' device.
+  torch::Tensor buffer = torch::empty({std::min(padded_, kGatherWindow)}, params_.front().options().requires_grad(false));
+  for (int64_t offset = 0; offset < padded_; offset += kGatherWindow) {
+    torch::Tensor window = buffer.narrow(0, 0, std::min(kGatherWindow, padded_ - offset));
+    pack(offset, window);
+    unpack(gather(window), offset);
   }
 }
 

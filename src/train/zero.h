@@ -56,11 +56,16 @@ class ZeroShard {
   // Before the optimizer's step: each view's gradient is the matching slice of its parameter's
   // gradient (undefined where the parameter has none).
   void bind_grads() const;
-  // The all-gather after the step: this rank's elements in one flat tensor of padded_numel()
-  // elements (the largest range; zeros after its own), and every other rank's written back into
-  // the parameters from what they sent.
-  torch::Tensor pack() const;
-  void unpack(const std::vector<torch::Tensor>& gathered) const;
+  // The all-gather after the step, in windows of at most kGatherWindow elements so that its
+  // buffers stay small whatever the model's size: `gather` (an all-gather of one equal-sized flat
+  // tensor per rank) is called once per window with this rank's elements [offset, offset + n) of
+  // its range (zeros past its end), and every other rank's are written into the parameters.
+  static constexpr int64_t kGatherWindow = int64_t{1} << 20;  // 4 MiB of float32
+  void all_gather(const std::function<std::vector<torch::Tensor>(const torch::Tensor&)>& gather) const;
+  // One window of it: this rank's elements [offset, offset + n) of its range into `out` (n
+  // elements, zeros past the range), and the window of every other rank's range from `gathered`.
+  void pack(int64_t offset, torch::Tensor& out) const;
+  void unpack(const std::vector<torch::Tensor>& gathered, int64_t offset) const;
   int64_t padded_numel() const { return padded_; }
 
  private:
@@ -68,6 +73,10 @@ class ZeroShard {
   uint32_t rank_, world_;
   std::vector<int64_t> bounds_;
   std::vector<int64_t> offsets_;  // each parameter's first flat element
+  // fn(part, first element of the part in the window, its position in the window, count) for the
+  // parts of rank r's range that fall in its elements [offset, offset + n).
+  void for_window(uint32_t r, int64_t offset, int64_t n,
+                  const std::function<void(const Part&, int64_t, int64_t, int64_t)>& fn) const;
   std::vector<Part> mine_;
   std::vector<torch::Tensor> views_;
   int64_t padded_ = 0;

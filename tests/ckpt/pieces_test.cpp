@@ -108,6 +108,22 @@ TEST(Pieces, EveryRankWritesItsRangeAndTheTensorsComeBackWhole) {
     for (size_t i = 0; i < m.tensors.size(); ++i)
       if (m.tensors[i].name.rfind("model/", 0) == 0) EXPECT_EQ(model[i], w.values[i]) << m.tensors[i].name;
       else EXPECT_EQ(model[i], std::vector<char>(model[i].size(), 0)) << m.tensors[i].name;
+    // A window (a ZeRO rank's range): only elements [first, last) of each tensor, into a buffer of
+    // that many, from whichever pieces overlap it; every element position tried at the edges.
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      const uint64_t n = m.tensors[i].numel(), size = bytes_of(m.tensors[i]) / std::max<uint64_t>(n, 1);
+      for (const auto& [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{{0, n}, {n / 3, n / 3 + (n + 1) / 2},
+                                                                                  {n > 0 ? n - 1 : 0, n}, {0, 1 % (n + 1)}}) {
+        std::vector<char> part((last - first) * size, 0);
+        read_pieces(
+            w.dir, m, [&](const TensorLayout& t) { return &t == &m.tensors[i]; },
+            [&](size_t) { return static_cast<void*>(part.data()); }, 0, [](const ShardData&) {},
+            [&](size_t) { return std::pair<uint64_t, uint64_t>{first, last}; });
+        EXPECT_EQ(part, std::vector<char>(w.values[i].begin() + static_cast<int64_t>(first * size),
+                                          w.values[i].begin() + static_cast<int64_t>(last * size)))
+            << m.tensors[i].name << " [" << first << ", " << last << ") at world " << world;
+      }
+    }
   }
 }
 
