@@ -284,7 +284,7 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
   std::vector<bool> kept;
   for (const TensorLayout& t : m.tensors) {
     const auto options = torch::TensorOptions().dtype(scalar_type(t.dtype, dir));
-    const std::optional<std::pair<uint64_t, uint64_t>> range = keep ? keep(t.name) : std::nullopt;
+    const std::optional<std::pair<uint64_t, uint64_t>> range = keep ? keep(t) : std::nullopt;
     if (range) {
       RETRACE_CHECK(range->first <= range->second && range->second <= t.numel(), FormatError, dir, "/", kManifestFile,
                     ": ", t.name, " has ", t.numel(), " elements, fewer than this rank's range [", range->first, ", ",
@@ -477,19 +477,29 @@ KeepRange keep_of(train::Trainer& trainer) {
   const train::ZeroShard* zero = trainer.zero();
   if (!zero) return {};
   std::map<std::string, std::pair<uint64_t, uint64_t>> part_of;
+  std::map<std::string, std::vector<int64_t>> shape_of;
+  for (const auto& item : trainer.module().named_parameters()) shape_of[item.key()] = item.value().sizes().vec();
   std::vector<std::string> names;
   for (const auto& item : trainer.module().named_parameters()) names.push_back(item.key());
   for (const auto& part : zero->mine())
     part_of[names[part.param]] = {static_cast<uint64_t>(part.begin), static_cast<uint64_t>(part.end)};
-  return [part_of = std::move(part_of)](const std::string& name) -> std::optional<std::pair<uint64_t, uint64_t>> {
+  return [part_of = std::move(part_of), shape_of = std::move(shape_of)](
+             const TensorLayout& t) -> std::optional<std::pair<uint64_t, uint64_t>> {
     // A rollback anchor stored with the checkpoint is kept whole: it is saved again as it was.
-    if (name.rfind("optim/", 0) != 0) return std::nullopt;
-    const std::string rest = name.substr(6);
+    if (t.name.rfind("optim/", 0) != 0) return std::nullopt;
+    const std::string rest = t.name.substr(6);
     const size_t slash = rest.rfind('/');
     if (slash == std::string::npos) return std::nullopt;
-    auto it = part_of.find(rest.substr(0, slash));
+    const std::string param = rest.substr(0, slash);
+    auto it = part_of.find(param);
     if (rest.substr(slash + 1) == "step")
       return it == part_of.end() ? std::optional<std::pair<uint64_t, uint64_t>>({0, 0}) : std::nullopt;
+    // Only part of it is read: its shape is checked here, as loading a whole one checks it.
+    auto shape = shape_of.find(param);
+    RETRACE_CHECK(shape != shape_of.end() && shape->second == t.shape, FormatError, "optimizer state entry ", rest,
+                  " has shape ", c10::IntArrayRef(t.shape), " in the checkpoint's manifest, the model's parameter ",
+                  shape == shape_of.end() ? std::string("does not exist") : c10::str(c10::IntArrayRef(shape->second)),
+                  "; the checkpoint belongs to another model");
     if (it == part_of.end()) return std::pair<uint64_t, uint64_t>{0, 0};
     return it->second;
   };

@@ -96,12 +96,12 @@ struct LoadedSnapshot {
 
 // Verifies `dir` for `world_size` (verify.h) and reads rank `rank`'s shard, hashed from the very
 // bytes it parses; checks the RNG format and that shard and manifest agree on the trace position.
-// `keep`, when given, says which elements of a table tensor (by its name in the table, e.g.
+// `keep`, when given, says which elements of a table tensor (its entry in the table, named e.g.
 // "optim/fc1.weight/exp_avg") this process keeps, [first, last) as a 1-D tensor, or nullopt for all
-// of it whole: a ZeRO rank keeps its range of the optimizer state (keep_of), so loading never
+// of it whole (it may throw FormatError for an entry that does not fit the model): a ZeRO rank keeps its range of the optimizer state (keep_of), so loading never
 // holds the whole of it. Only checkpoints whose state is split in pieces (ckpt.v2, several ranks)
 // are read so; a one-rank shard is whole anyway.
-using KeepRange = std::function<std::optional<std::pair<uint64_t, uint64_t>>(const std::string&)>;
+using KeepRange = std::function<std::optional<std::pair<uint64_t, uint64_t>>(const TensorLayout&)>;
 LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep = {});
 // The newest checkpoint under `root` that loads: each step directory, newest first, goes through
 // load_snapshot, and one that fails to verify or parse is skipped (in `skipped`, with why). So a

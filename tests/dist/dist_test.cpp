@@ -346,6 +346,33 @@ TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
   EXPECT_EQ(run_binary("record --out " + tmp.file("bad") + kCommon + "--steps 2 --set runtime.zero_stage=1", &out), 2)
       << out;
   EXPECT_NE(out.find("set trace.digest_version = 3"), std::string::npos) << out;
+  // A ZeRO rank reads only its range of an optimizer tensor, so the table's shape of it is checked
+  // against the model: a manifest that says [b, a] for an [a, b] parameter is refused (the
+  // checkpoint is skipped, naming the entry; none is left: exit 3), never loaded as a slice.
+  const std::string z = tmp.file("z2");
+  ASSERT_EQ(run_binary("record --interrupt-at 2 --out " + z + kCommon +
+                       "--world-size 2 --total-steps 4 --set checkpoint.every_steps=2 --set trace.digest_version=3 "
+                       "--set runtime.zero_stage=1"), 0);
+  const std::string dir = z + "/checkpoints/step-00000002";
+  std::ifstream in(dir + "/manifest.json");
+  auto j = nlohmann::json::parse(in);
+  in.close();
+  j.erase("manifest_sha256");
+  std::string edited;
+  for (auto& t : j["tensors"]) {
+    const std::string name = t["name"].get<std::string>();
+    if (name.rfind("optim/", 0) != 0 || t["shape"].size() != 2 || t["shape"][0] == t["shape"][1]) continue;
+    std::swap(t["shape"][0], t["shape"][1]);
+    edited = name.substr(6);
+    break;
+  }
+  ASSERT_FALSE(edited.empty());
+  const std::string canon = j.dump();
+  j["manifest_sha256"] = sha256_hex(canon.data(), canon.size());
+  std::ofstream(dir + "/manifest.json", std::ios::trunc) << j.dump(2);
+  EXPECT_EQ(run_binary("resume " + z + " --world-size 2 --plain", &out), 3) << out;
+  EXPECT_NE(out.find("optimizer state entry " + edited), std::string::npos) << out;
+  EXPECT_NE(out.find("belongs to another model"), std::string::npos) << out;
 }
 
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {
