@@ -478,9 +478,11 @@ KeepRange keep_of(train::Trainer& trainer) {
   if (!zero) return {};
   std::map<std::string, std::pair<uint64_t, uint64_t>> part_of;
   std::map<std::string, std::vector<int64_t>> shape_of;
-  for (const auto& item : trainer.module().named_parameters()) shape_of[item.key()] = item.value().sizes().vec();
   std::vector<std::string> names;
-  for (const auto& item : trainer.module().named_parameters()) names.push_back(item.key());
+  for (const auto& item : trainer.module().named_parameters()) {
+    shape_of[item.key()] = item.value().sizes().vec();
+    names.push_back(item.key());
+  }
   for (const auto& part : zero->mine())
     part_of[names[part.param]] = {static_cast<uint64_t>(part.begin), static_cast<uint64_t>(part.end)};
   return [part_of = std::move(part_of), shape_of = std::move(shape_of)](

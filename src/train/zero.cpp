@@ -47,26 +47,24 @@ ZeroShard::ZeroShard(std::vector<torch::Tensor> params, uint32_t rank, uint32_t 
     numels.push_back(p.numel());
   }
   bounds_ = bounds(numels, world_);
-  for (uint32_t r = 0; r < world_; ++r) padded_ = std::max(padded_, bounds_[r + 1] - bounds_[r]);
-  mine_ = parts(rank_);
+  // Every rank's parts once: the all-gather walks them each window of each step.
+  for (uint32_t r = 0; r < world_; ++r) {
+    padded_ = std::max(padded_, bounds_[r + 1] - bounds_[r]);
+    std::vector<Part>& out = parts_.emplace_back();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t b = std::max(bounds_[r], offsets_[i]), e = std::min(bounds_[r + 1], offsets_[i] + params_[i].numel());
+      if (b < e) out.push_back({i, b - offsets_[i], e - offsets_[i]});
+    }
+  }
+  mine_ = parts_[rank_];
   for (const Part& part : mine_)
     views_.push_back(params_[part.param].detach().view({-1}).narrow(0, part.begin, part.end - part.begin));
-}
-
-std::vector<ZeroShard::Part> ZeroShard::parts(uint32_t r) const {
-  std::vector<Part> out;
-  const int64_t lo = bounds_[r], hi = bounds_[r + 1];
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int64_t b = std::max(lo, offsets_[i]), e = std::min(hi, offsets_[i] + params_[i].numel());
-    if (b < e) out.push_back({i, b - offsets_[i], e - offsets_[i]});
-  }
-  return out;
 }
 
 void ZeroShard::bind_grads() const {
   for (size_t k = 0; k < mine_.size(); ++k) {
     const torch::Tensor& g = params_[mine_[k].param].grad();
-    torch::Tensor& view_grad = const_cast<torch::Tensor&>(views_[k]).mutable_grad();
+    torch::Tensor& view_grad = views_[k].mutable_grad();
     view_grad = g.defined() ? g.view({-1}).narrow(0, mine_[k].begin, mine_[k].end - mine_[k].begin) : torch::Tensor();
   }
 }
@@ -74,7 +72,7 @@ void ZeroShard::bind_grads() const {
 void ZeroShard::for_window(uint32_t r, int64_t offset, int64_t n,
                            const std::function<void(const Part&, int64_t, int64_t, int64_t)>& fn) const {
   int64_t at = 0;  // the part's first element's position in rank r's range
-  for (const Part& part : parts(r)) {
+  for (const Part& part : parts_[r]) {
     const int64_t len = part.end - part.begin;
     const int64_t lo = std::max(at, offset), hi = std::min(at + len, offset + n);
     if (lo < hi) fn(part, part.begin + (lo - at), lo - offset, hi - lo);

@@ -49,7 +49,7 @@ class ZeroShard {
   uint32_t world() const { return world_; }
   const std::vector<torch::Tensor>& params() const { return params_; }
   // Rank r's parts, in parameter order; this rank's.
-  std::vector<Part> parts(uint32_t r) const;
+  const std::vector<Part>& parts(uint32_t r) const { return parts_[r]; }
   const std::vector<Part>& mine() const { return mine_; }
   // One flat view of the parameter's elements per part of mine(): the optimizer's parameters.
   const std::vector<torch::Tensor>& views() const { return views_; }
@@ -77,6 +77,7 @@ class ZeroShard {
   // parts of rank r's range that fall in its elements [offset, offset + n).
   void for_window(uint32_t r, int64_t offset, int64_t n,
                   const std::function<void(const Part&, int64_t, int64_t, int64_t)>& fn) const;
+  std::vector<std::vector<Part>> parts_;  // by rank
   std::vector<Part> mine_;
   std::vector<torch::Tensor> views_;
   int64_t padded_ = 0;
