@@ -692,7 +692,14 @@ int main() {
       copies.push_back(std::make_unique<Params>(shapes, seed));
       zeros.push_back(std::make_unique<train::ZeroShard>(copies[r]->parameters(), r, world));
       opts.push_back(train::make_optimizer(oc, zeros[r]->views()));
+      // The fused AdamW's mixed sums of its range, at the views' global positions (trace.digest_version 3).
+      std::vector<uint64_t> first;
+      for (const auto& part : zeros[r]->mine()) first.push_back(static_cast<uint64_t>(part.begin));
+      train::set_sum_positions(*opts[r], zeros[r]->views(), first);
+      train::keep_sums(*opts[r], train::KeptSums::kMixed);
     }
+    // Sums the optimizer took in its pass, captured before the all-gather (as the trainer does).
+    std::vector<KnownSums> captured(world);
     for (int step = 0; step < steps; ++step) {
       rng::seed_cpu_and_device(seed + 1 + static_cast<uint64_t>(step), -1);
       std::vector<torch::Tensor> grads;
@@ -705,6 +712,7 @@ int main() {
         for (size_t i = 0; i < grads.size(); ++i) copies[r]->parameters()[i].mutable_grad() = grads[i].clone();
         zeros[r]->bind_grads();
         opts[r]->step();
+        captured[r] = train::capture_sums(*opts[r], *zeros[r]);
       }
       for (int64_t offset = 0; offset < zeros[0]->padded_numel(); offset += window) {
         const int64_t n = std::min(window, zeros[0]->padded_numel() - offset);
@@ -757,11 +765,26 @@ int main() {
     };
     const Digest128 model_whole = digest_named(named(whole), DigestKind::kMixed);
     const Digest128 optim_whole = digest_named(state, DigestKind::kMixed);
+    NamedTensors whole_grads;
+    for (const auto& item : whole.named_parameters()) whole_grads.emplace_back(item.key(), item.value().grad());
+    const Digest128 grads_whole = digest_named(whole_grads, DigestKind::kMixed);
     for (uint32_t r = 0; r < world; ++r) {
-      const auto [model_digest, optim_digest] =
+      const train::ZeroDigests d =
           train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true, sum);
-      RC_ASSERT(model_digest == model_whole);
-      RC_ASSERT(optim_digest == optim_whole);
+      RC_ASSERT(d.model == model_whole);
+      RC_ASSERT(d.optim == optim_whole);
+      RC_ASSERT(d.grads == grads_whole);
+    }
+    // The same from the sums the fused pass took (SGD and a LibTorch step keep none: read again).
+    std::vector<std::vector<uint64_t>> known_locals(world);
+    for (uint32_t r = 0; r < world; ++r)
+      train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
+                          [&](const std::vector<uint64_t>& mine) { return known_locals[r] = mine; }, &captured[r]);
+    RC_ASSERT(known_locals == locals);
+    for (uint32_t r = 0; r < world; ++r) {
+      const train::ZeroDigests k = train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name,
+                                                       true, sum, &captured[r]);
+      RC_ASSERT(k.grads == grads_whole);
     }
   });
 

@@ -573,6 +573,7 @@ def _step_dict(b, t, outcomes, where):
         "optim_digest": _digest(b.optimDigest),
         "rng_digest": _digest(b.rngDigest),
         "state_digest": _digest(b.stateDigest),  # all zeros when absent (older traces)
+        "grad_digest": _digest(b.gradDigest),  # trace.digest_version 3; all zeros before it
         "micro_batch_sizes": [int(v) for v in b.microBatchSizes],
         "micro_losses": [float(v) for v in b.microLosses],
         "rank_grad_digests": [_digest(d) for d in b.rankGradDigests],
@@ -693,6 +694,11 @@ class Trace:
             raise TraceFormatError(f"{path} has trace format version {version} but this reader reads versions "
                                    f"{lay.oldest_format_version} to {lay.format_version}; read it with the retrace "
                                    f"version that wrote it")
+        reserved = lay.file_fields.get("reserved")
+        if reserved is not None and any(buf[reserved.offset:reserved.offset + reserved.size]):
+            raise TraceFormatError(f"{path}: the file header's reserved bytes {reserved.offset} to "
+                                   f"{reserved.offset + reserved.size - 1} are not zero; this is not a trace retrace "
+                                   f"wrote, or its header was damaged")
         self.format_version = version
 
     def __repr__(self):
@@ -852,7 +858,7 @@ def open_trace(path, layout_path=None, schema_path=None):
 STEP_FRAME_COLUMNS = [
     "step", "epoch", "batch_in_epoch", "batch_size", "sample_digest", "loss", "loss_bits", "grad_norm_pre",
     "grad_norm_post", "lr", "loss_scale", "outcome", "skip_reason", "param_digest", "optim_digest", "rng_digest",
-    "state_digest", "content_digest", "chain_digest", "allreduce_calls", "allreduce_bytes",
+    "state_digest", "grad_digest", "content_digest", "chain_digest", "allreduce_calls", "allreduce_bytes",
     "timings.data_ms", "timings.forward_ms", "timings.backward_ms", "timings.optimizer_ms", "timings.trace_ms",
     "timings.allreduce_ms",
 ]

@@ -86,6 +86,7 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
     RETRACE_CMP_DIG(optim_digest);
     RETRACE_CMP_DIG(rng_digest);
     RETRACE_CMP_DIG(state_digest);
+    RETRACE_CMP_DIG(grad_digest);
   }
   if (layout) return d;
   check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),

@@ -232,7 +232,7 @@ RotationReport rotate_checkpoints(const std::string& root, uint32_t keep_last) {
 
 std::optional<std::string> read_latest(const std::string& root) {
   try {
-    std::string s = fs::read_file(join(root, kLatestFile), 4096);
+    std::string s = fs::read_file(join(root, kLatestFile), 4096, fs::Links::kRefuse);
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
     return s;
   } catch (const Error&) {

@@ -3,18 +3,22 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/shard.h"
 #include "ckpt/verify.h"
-#include "core/safetensors_torch.h"
 #include "core/error.h"
+#include "core/parse_number.h"
+#include "core/safetensors_torch.h"
 #include "core/torch_compat.h"
 #include "rng/philox.h"
 #include "rng/rng_state.h"
 #include "train/config.h"
 #include "train/environment.h"
+#include "train/optimizer.h"
+#include "train/state.h"
 #include "train/trainer.h"
 #include "train/zero.h"
 
@@ -37,15 +41,7 @@ uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::strin
                    const std::string& where) {
   auto it = m.find(key);
   RETRACE_CHECK(it != m.end(), FormatError, where, ": shard metadata lacks \"", key, "\"");
-  try {
-    size_t used = 0;
-    uint64_t v = std::stoull(it->second, &used);
-    RETRACE_CHECK(used == it->second.size(), FormatError, where, ": metadata \"", key,
-                  "\" is not an integer: ", it->second);
-    return v;
-  } catch (const std::logic_error&) {
-    RETRACE_FAIL(FormatError, where, ": metadata \"", key, "\" is not an integer: ", it->second);
-  }
+  return parse_u64_field(it->second, where + ": metadata \"" + key + "\"");
 }
 
 std::map<std::string, std::string> versions() {
@@ -207,7 +203,7 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
       std::getline(in, e.file);
       std::getline(in, size);
       std::getline(in, e.sha256);
-      e.size = std::stoull(size);
+      e.size = parse_u64_field(size, "the size rank " + std::to_string(r) + " reports of its shard");
       shards.push_back(e);
     }
   }
@@ -416,16 +412,77 @@ uint64_t metadata_u64(const LoadedSnapshot& s, const std::string& key) { return 
 
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
                                                    std::vector<std::pair<std::string, std::string>>* skipped,
-                                                   const KeepRange& keep) {
+                                                   const KeepRange& keep,
+                                                   const std::function<void(const LoadedSnapshot&)>& check) {
   std::vector<std::pair<std::string, std::string>> skips;
   auto found = newest_step_dir_that(
-      root, [&](const std::string& dir) { return load_snapshot(dir, world_size, rank, keep); }, skips);
+      root,
+      [&](const std::string& dir) {
+        LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep);
+        if (check) check(s);
+        return s;
+      },
+      skips);
   if (skipped) *skipped = skips;
   if (!found) return std::nullopt;
   return NewestSnapshot{found->first, std::move(found->second), std::move(skips)};
 }
 
 namespace {
+
+// The validation layer: every value of one state a checkpoint holds (its own, or its rollback
+// anchor's) against what this trainer expects, before any of it is applied. Model tensors by
+// name, dtype and shape; the optimizer's (check_optimizer_state); the RNG state's format and the
+// exact sizes of torch's generator states; the counters; the policies' state (scaler, guards,
+// fired faults, batches set aside). FormatError naming the shard and the value.
+void check_state_values(train::Trainer& trainer, const NamedTensors& model, const NamedTensors& optim,
+                        const std::string& rng, const std::map<std::string, std::string>& metadata,
+                        const std::string& where) {
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& [name, t] : train::module_tensors(trainer.module())) expected.emplace(name, t);
+  std::set<std::string> seen;
+  for (const auto& [name, t] : model) {
+    auto it = expected.find(name);
+    RETRACE_CHECK(it != expected.end(), FormatError, where, ": model tensor ", name,
+                  " is not a parameter or buffer of this model; the checkpoint belongs to another model");
+    const torch::Tensor& want = it->second;
+    RETRACE_CHECK(t.defined() && t.scalar_type() == want.scalar_type() && t.sizes() == want.sizes(), FormatError,
+                  where, ": model tensor ", name, " is ", t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                  " of shape ", t.defined() ? c10::str(t.sizes()) : std::string("[]"), ", the model's is ",
+                  c10::toString(want.scalar_type()), " of shape ", want.sizes());
+    seen.insert(name);
+  }
+  for (const auto& [name, t] : expected)
+    RETRACE_CHECK(seen.count(name), FormatError, where, ": model tensor ", name, " is missing from the checkpoint");
+  const train::ZeroShard* zero = trainer.zero();
+  const std::function<int64_t(size_t)> part_length = zero ? train::zero_part_lengths(*zero) : nullptr;
+  train::check_optimizer_state(optim, trainer.module(), trainer.config().optim.name, where,
+                               zero ? &part_length : nullptr);
+  rng::RngState r;
+  try {
+    r = rng::RngState::deserialize(rng);
+  } catch (const FormatError& e) {
+    RETRACE_FAIL(FormatError, where, ": ", e.what());
+  }
+  rng::check_restorable(r, train::cuda_index(trainer.config().runtime), where);
+  parse_u64(metadata, "samples_seen", where);
+  std::map<std::string, std::string> policy;
+  for (const auto& [k, v] : metadata)
+    if (k.rfind("x.", 0) == 0) policy[k.substr(2)] = v;
+  try {
+    trainer.check_policy_state(policy);
+  } catch (const FormatError& e) {
+    RETRACE_FAIL(FormatError, where, ": ", e.what());
+  }
+}
+
+void check_snapshot_values(train::Trainer& trainer, const LoadedSnapshot& snap) {
+  check_state_values(trainer, snap.model, snap.optim, snap.rng, snap.metadata, snap.where);
+  if (snap.anchor && !snap.anchor_is_self) {
+    const StateSnapshot& a = *snap.anchor;
+    check_state_values(trainer, a.model, a.optim, a.rng, a.metadata, snap.where + " (its rollback anchor)");
+  }
+}
 
 RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap,
                       const Reshard* reshard = nullptr) {
@@ -439,6 +496,7 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
   auto meta_it = snap.metadata.find("optim");
   RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(trainer.config().optim.name),
                 FormatError, snap.where, ": optimizer in checkpoint does not match optim.name");
+  check_snapshot_values(trainer, snap);
 
   StateSnapshot state;
   state.step = m.step;
@@ -516,7 +574,8 @@ std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, con
                                                     const Reshard* reshard) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
-  auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer));
+  auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer),
+                                     [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); });
   if (!newest) return std::nullopt;
   return restore(trainer, newest->dir, std::move(newest->snapshot), reshard);
 }

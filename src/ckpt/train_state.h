@@ -113,9 +113,12 @@ struct NewestSnapshot {
   LoadedSnapshot snapshot;
   std::vector<std::pair<std::string, std::string>> skipped;  // (dir, why), newest first
 };
+// `check`, when given, runs on each snapshot loaded: one it throws an Error for is skipped too
+// (a resume's validation layer, so a checkpoint holding a wrong value gives way to an older one).
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
                                                    std::vector<std::pair<std::string, std::string>>* skipped = nullptr,
-                                                   const KeepRange& keep = {});
+                                                   const KeepRange& keep = {},
+                                                   const std::function<void(const LoadedSnapshot&)>& check = {});
 // A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
 uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
 

@@ -29,7 +29,14 @@ const char* kResumeHint = "resume from an older checkpoint (retrace picks the ne
 std::string presence_problem(const std::string& dir, const ShardEntry& s) {
   const std::string path = join(dir, s.file);
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+  const bool present = ::lstat(path.c_str(), &st) == 0;
+  if (present && !S_ISREG(st.st_mode)) {
+    return detail::concat("shard file ", s.file, " for rank ", s.rank, " in ", dir, " is ",
+                          S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file",
+                          "; a checkpoint's files are plain files in its directory and retrace neither follows "
+                          "links there nor reads anything else; ", kResumeHint);
+  }
+  if (!present) {
     return detail::concat("shard file missing: ", s.file, " for rank ", s.rank, " in ", dir,
                           ": the manifest lists it but there is no such file; the checkpoint is incomplete; ",
                           kResumeHint);
@@ -63,7 +70,7 @@ ShardDigests hash_shards(const std::string& dir, const std::vector<const ShardEn
   auto work = [&] {
     for (size_t i = next++; i < shards.size(); i = next++) {
       try {
-        out.sha256[i] = sha256_file_hex(join(dir, shards[i]->file));
+        out.sha256[i] = sha256_file_hex(join(dir, shards[i]->file), fs::Links::kRefuse);
       } catch (...) {
         out.error[i] = std::current_exception();
       }
@@ -92,7 +99,7 @@ Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> e
                  " shard file(s) present); this is an incomplete checkpoint (an interrupted save) and is "
                  "never used; resume from an older checkpoint");
   }
-  Manifest m = parse_manifest(fs::read_file(path, kMaxManifestBytes), path);
+  Manifest m = parse_manifest(fs::read_file(path, kMaxManifestBytes, fs::Links::kRefuse), path);
   stdfs::path normal = stdfs::path(dir).lexically_normal();
   if (normal.filename().empty()) normal = normal.parent_path();  // "dir/" names the same directory
   if (auto step = parse_step_dir_name(normal.filename().string())) {
@@ -215,14 +222,14 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
   // With check_digest the bytes are hashed as they are read, in the same pass (read_file_sha256).
   fs::FileBytes bytes;
   if (check_digest) {
-    HashedFile f = read_file_sha256(path, entry->size);
+    HashedFile f = read_file_sha256(path, entry->size, fs::Links::kRefuse);
     bytes = std::move(f.bytes);
     if (bytes.size() == entry->size) {
       problem = digest_problem(dir, *entry, f.sha256);
       if (!problem.empty()) throw IntegrityError(problem);
     }
   } else {
-    bytes = fs::read_file_bytes(path, entry->size);
+    bytes = fs::read_file_bytes(path, entry->size, fs::Links::kRefuse);
   }
   RETRACE_CHECK(bytes.size() == entry->size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ",
                 bytes.size(), " bytes of ", path, ", the manifest records ", entry->size, "; ", kResumeHint);

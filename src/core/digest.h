@@ -61,14 +61,17 @@ void lane_sums(const void* data, size_t size, uint64_t out[16]);
 // ops compute the same, tensor_digest.h). Unlike a plain sum or XOR of the words it sees a swap
 // of two unequal elements and a pair of changes that cancel in the words' sum, since each
 // contribution is a non-linear function of both the position and the word.
-inline uint64_t mix_position_word(uint64_t position, uint64_t word) {
-  uint64_t z = word + (position + 1) * 0x9E3779B97F4A7C15ull;
+inline constexpr uint64_t kPositionPhi = 0x9E3779B97F4A7C15ull;
+inline uint64_t fmix64(uint64_t z) {
   z ^= z >> 33;
   z *= 0xFF51AFD7ED558CCDull;
   z ^= z >> 33;
   z *= 0xC4CEB9FE1A85EC53ull;
   z ^= z >> 33;
   return z;
+}
+inline uint64_t mix_position_word(uint64_t position, uint64_t word) {
+  return fmix64(word + (position + 1) * kPositionPhi);
 }
 // The sum of mix_position_word over `count` elements of `element_size` bytes (1, 2, 4 or 8,
 // little-endian) at `data`, the first at global position `first_position`. InvariantError for
@@ -115,7 +118,7 @@ class Sha256 {
 std::string sha256_hex(const void* data, size_t size);
 // sha256 of a whole file in one pass: a second thread hashes each 4 MiB block as soon as it has
 // been read, so the reads and the hashing overlap. Throws IoError if it cannot be read.
-std::string sha256_file_hex(const std::string& path);
+std::string sha256_file_hex(const std::string& path, fs::Links links = fs::Links::kFollow);
 // A whole file and the sha256 of exactly those bytes, in the same single pass (the bytes that are
 // hashed are the bytes returned). FormatError when the file is larger than max_bytes, IoError when
 // it cannot be read; a file that ends early returns what was there (the caller checks the size).
@@ -123,7 +126,7 @@ struct HashedFile {
   fs::FileBytes bytes;
   std::string sha256;  // lowercase hex
 };
-HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes);
+HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Links links = fs::Links::kFollow);
 std::string to_hex(const uint8_t* data, size_t size);
 
 }  // namespace retrace

@@ -57,10 +57,13 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   fsync_dir(dir.empty() ? "." : dir);
 }
 
-int open_regular_file(const std::string& path) {
+int open_regular_file(const std::string& path, Links links) {
   // O_NONBLOCK so that a FIFO or a device in place of the file cannot block the open; regular
   // files ignore the flag for reads.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (links == Links::kRefuse ? O_NOFOLLOW : 0));
+  RETRACE_CHECK(fd >= 0 || errno != ELOOP || links != Links::kRefuse, FormatError, path,
+                " is a symbolic link; a checkpoint's files are plain files in its directory and retrace does not "
+                "follow links there (one could point at any file). Put the file itself in its place");
   RETRACE_CHECK(fd >= 0, IoError, "cannot open ", path, ": ", errno_text(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -76,8 +79,8 @@ int open_regular_file(const std::string& path) {
   return fd;
 }
 
-int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size) {
-  int fd = open_regular_file(path);
+int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size, Links links) {
+  int fd = open_regular_file(path, links);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
@@ -109,18 +112,18 @@ size_t read_into(int fd, char* out, size_t size) {
 
 }  // namespace
 
-std::string read_file(const std::string& path, uint64_t max_bytes) {
+std::string read_file(const std::string& path, uint64_t max_bytes, Links links) {
   uint64_t size = 0;
-  int fd = open_regular_file_within(path, max_bytes, size);
+  int fd = open_regular_file_within(path, max_bytes, size, links);
   std::string out(static_cast<size_t>(size), '\0');
   out.resize(read_into(fd, out.data(), out.size()));
   ::close(fd);
   return out;
 }
 
-FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes) {
+FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes, Links links) {
   uint64_t size = 0;
-  int fd = open_regular_file_within(path, max_bytes, size);
+  int fd = open_regular_file_within(path, max_bytes, size, links);
   FileBytes out(static_cast<size_t>(size));
   out.shrink_to(read_into(fd, out.data(), out.size()));
   ::close(fd);

@@ -40,16 +40,22 @@ class FileBytes {
 void write_file_atomic(const std::string& path, std::string_view data);
 // fsyncs a directory so that renames inside it are durable.
 void fsync_dir(const std::string& dir);
+// Whether a read follows a symbolic link at the path's last component. A checkpoint's files are
+// read with kRefuse: they are plain files in their directory, and a link there could point at
+// anything (FormatError naming it).
+enum class Links : bool { kFollow, kRefuse };
 // Reads a whole file; throws IoError if missing, FormatError if larger than max_bytes.
-std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t(1) << 32);
+std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t(1) << 32, Links links = Links::kFollow);
 // The same into FileBytes, for large files (shards): no zero-fill before the read.
-FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes);
+FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes, Links links = Links::kFollow);
 // open_regular_file, then its size, checked against max_bytes (FormatError when larger, IoError
 // when it cannot be stat'ed; the fd is closed then). The caller owns the fd.
-int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size);
+int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size,
+                             Links links = Links::kFollow);
 // Opens a regular file for reading (never blocking on a FIFO); FormatError (exit 3) when what is
-// at `path` is not a regular file, IoError when it cannot be opened. The caller owns the fd.
-int open_regular_file(const std::string& path);
+// at `path` is not a regular file (or, with kRefuse, is a symbolic link), IoError when it cannot
+// be opened. The caller owns the fd.
+int open_regular_file(const std::string& path, Links links = Links::kFollow);
 // Creates a directory and its parents; throws IoError naming the path if that fails or if the
 // directory cannot be written to.
 void make_writable_dir(const std::string& dir);

@@ -36,8 +36,9 @@ struct SliceOf {
   bool write = true;
 };
 
-// Under kLanes, sums a tensor's owner already took of its current bytes (the fused AdamW's of
-// what it wrote): true and the 16 sums in `out`, or false to have them computed.
+// Sums a tensor's owner already took of its current bytes (the fused AdamW's of what its pass
+// wrote or read): true and, under kLanes, the 16 lane sums in `out`, under kMixed the mixed sum at
+// the tensor's own positions in out[0]; false to have them computed.
 using KnownSums = std::function<bool(const torch::Tensor&, uint64_t out[16])>;
 
 // Sorts by name, then digests. Undefined tensors contribute their name and an "undefined" tag.

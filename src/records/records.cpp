@@ -105,6 +105,10 @@ Digest128 content_digest(const StepRecord& r) {
     c.u64(r.rank_rng_digests.size());
     for (const Digest128& d : r.rank_rng_digests) c.digest(d);
   }
+  if (r.grad_digest != Digest128{}) {
+    c.u8(3);
+    c.digest(r.grad_digest);
+  }
   return xxh3_128(c.bytes().data(), c.bytes().size());
 }
 

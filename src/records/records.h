@@ -104,6 +104,10 @@ struct StepRecord {
   // scaler, skip and spike guard windows, fired faults, batches set aside, samples seen and the
   // step of the rollback anchor. Zero when not recorded (runs from before the key existed).
   Digest128 state_digest;
+  // The gradients as the optimizer used them (reduced, unscaled, clipped), every step, by their
+  // mixed sums (trace.digest_version 3; a ZeRO run's ranks add their ranges' sums). Zero when not
+  // recorded (versions 1 and 2).
+  Digest128 grad_digest;
   std::vector<uint32_t> micro_batch_sizes;
   std::vector<double> micro_losses;
   std::vector<Digest128> rank_grad_digests;  // per rank, local gradients before any reduction

@@ -143,6 +143,22 @@ RngState capture_torch(uint64_t seed, int cuda_device) {
   return s;
 }
 
+void check_restorable(const RngState& s, int cuda_device, const std::string& where) {
+  auto size_of = [](const c10::Device& device) {
+    at::Generator g = compat::default_generator(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return static_cast<size_t>(g.get_state().numel());
+  };
+  const size_t cpu = size_of(c10::Device(c10::kCPU));
+  RETRACE_CHECK(s.cpu_generator.size() == cpu, FormatError, where, ": the RNG state's torch CPU generator state is ",
+                s.cpu_generator.size(), " bytes; this LibTorch's is ", cpu, " bytes");
+  if (cuda_device < 0) return;
+  const size_t device = size_of(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
+  for (const auto& d : s.cuda)
+    RETRACE_CHECK(d.state.size() == device, FormatError, where, ": the RNG state's CUDA generator state of device ",
+                  d.device_index, " is ", d.state.size(), " bytes; this LibTorch's is ", device, " bytes");
+}
+
 void restore_torch(const RngState& s, int cuda_device) {
   {
     at::Generator g = compat::default_generator(c10::Device(c10::kCPU));

@@ -56,5 +56,9 @@ RngState capture_torch(uint64_t seed, int cuda_device);
 // ConfigError when a CUDA run's state holds no CUDA generator. A CPU run ignores CUDA entries
 // (traces of older versions recorded every visible GPU's).
 void restore_torch(const RngState& s, int cuda_device);
+// That restore_torch(s, cuda_device) can take s: the CPU generator's state (and the device's, on
+// CUDA) has exactly the size this LibTorch's generator gives (FormatError naming `where` and both
+// sizes otherwise, where set_state would fail inside LibTorch).
+void check_restorable(const RngState& s, int cuda_device, const std::string& where);
 
 }  // namespace retrace::rng

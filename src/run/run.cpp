@@ -503,8 +503,12 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
                   dist::ProcessGroup* pg, const Registry& registry) {
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   const std::string cfg_path = config_path(run_dir);
-  RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no config.toml in it",
-                " (is it a run directory made by `retrace record`?)");
+  RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir, ": there is no such directory; "
+                "give the --out directory of a `retrace record` run");
+  RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no run was started there (it has no "
+                "config.toml, the first file `retrace record` writes: the record was stopped before it began, or this "
+                "is another directory); start the run with `retrace record --out ", run_dir,
+                " --force` (--force replaces what the directory holds)");
   Config config = load_config(cfg_path, {}, ConfigSource::kRecorded);
   resolve_threads(config.runtime);
   apply_environment(config.runtime);

@@ -34,6 +34,10 @@ uint16_t check_file_header(int fd, const std::string& path, uint64_t size) {
                 " has trace format version ", version, " but this binary reads versions ",
                 layout::kOldestFormatVersion, " to ", kFormatVersion,
                 "; read it with the retrace version that wrote it");
+  for (size_t i = layout::kFile_reserved; i < kFileHeaderSize; ++i)
+    RETRACE_CHECK(h[i] == 0, FormatError, path, ": the file header's reserved bytes ", layout::kFile_reserved, " to ",
+                  kFileHeaderSize - 1, " are not zero (byte ", i, " is ", static_cast<unsigned>(h[i]),
+                  "); this is not a trace retrace wrote, or its header was damaged");
   return version;
 }
 

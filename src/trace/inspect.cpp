@@ -86,6 +86,7 @@ json step_json(const records::StepRecord& r) {
   j["optim_digest"] = r.optim_digest.hex();
   j["rng_digest"] = r.rng_digest.hex();
   j["state_digest"] = r.state_digest.hex();
+  j["grad_digest"] = r.grad_digest.hex();
   j["micro_batch_sizes"] = r.micro_batch_sizes;
   j["micro_losses"] = r.micro_losses;
   json grads = json::array();

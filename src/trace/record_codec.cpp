@@ -159,6 +159,7 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
   b.setAllreduceCalls(r.allreduce_calls);
   b.setAllreduceBytes(r.allreduce_bytes);
   if (r.state_digest != Digest128{}) set_digest(b.initStateDigest(), r.state_digest);
+  if (r.grad_digest != Digest128{}) set_digest(b.initGradDigest(), r.grad_digest);
   if (!r.rank_rng_digests.empty()) {
     auto rngs = b.initRankRngDigests(static_cast<unsigned>(r.rank_rng_digests.size()));
     for (size_t i = 0; i < r.rank_rng_digests.size(); ++i) set_digest(rngs[i], r.rank_rng_digests[i]);
@@ -291,6 +292,7 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
     r.allreduce_calls = b.getAllreduceCalls();
     r.allreduce_bytes = b.getAllreduceBytes();
     if (b.hasStateDigest()) r.state_digest = get_digest(b.getStateDigest());
+    if (b.hasGradDigest()) r.grad_digest = get_digest(b.getGradDigest());
     for (auto d : b.getRankRngDigests()) r.rank_rng_digests.push_back(get_digest(d));
     return r;
   });

@@ -111,6 +111,7 @@ struct Step {
   stateDigest @24 :Digest128;          # scaler, guards, fired faults, set-aside batches, counters
   rankRngDigests @25 :List(Digest128);  # data parallelism: every rank's RngState after the step
   timingsNs @26 :TimingsNs;  # instead of timings (left unset) when the times are whole nanoseconds
+  gradDigest @27 :Digest128;  # trace.digest_version 3: the gradients the optimizer used
 }
 
 struct Eval {

@@ -121,9 +121,17 @@ TraceWriter TraceWriter::create(const std::string& path, const records::TraceHea
 TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
                                 const Digest128& chain, uint64_t last_step,
                                 const std::string& side_file, int zstd_level) {
-  int raw_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  // Never through a link: a resume writes into the run's own trace, not whatever a link points at.
+  int raw_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  RETRACE_CHECK(raw_fd >= 0 || errno != ELOOP, FormatError, "trace ", path, " is a symbolic link; a resume appends "
+                "to the run directory's own trace file and does not write through links (one could point at any "
+                "file). Put the trace file itself in its place");
   RETRACE_CHECK(raw_fd >= 0, IoError, "cannot open trace ", path, " to resume: ",
                 fs::errno_text(errno));
+  struct stat st {};
+  RETRACE_CHECK(::fstat(raw_fd, &st) == 0 && S_ISREG(st.st_mode), FormatError, "trace ", path,
+                " is not a regular file (a FIFO, socket, device or directory is in its place); restore the run's "
+                "trace file");
   UniqueFd fd(raw_fd);
   uint64_t size = file_size(fd.get(), path);
   std::string step_dictionary;

@@ -66,7 +66,7 @@ void update_generic(float* __restrict p, float* __restrict g, float* __restrict 
 }  // namespace
 
 void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c, bool allow_simd,
-                  LaneSums* sums, const float* grad_scale) {
+                  LaneSums* sums, const float* grad_scale, uint64_t* mixed, uint64_t first_position) {
   const float s = grad_scale ? *grad_scale : 1.0f;
   auto update = [&](int64_t off, int64_t len) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -78,7 +78,7 @@ void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamW
     if (grad_scale) return update_generic<true>(p + off, g + off, m + off, v + off, len, c, s);
     update_generic<false>(p + off, g + off, m + off, v + off, len, c, s);
   };
-  if (!sums) return update(0, n);
+  if (!sums && !mixed) return update(0, n);
   // 4 KiB of each array per chunk (a multiple of 64 bytes, as LaneSums needs): the four arrays'
   // chunks fit the L1 cache, so the three written ones are summed from it. Elements are
   // independent, so chunking keeps the bits.
@@ -86,10 +86,19 @@ void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamW
   for (int64_t off = 0; off < n; off += kChunk) {
     const int64_t len = n - off < kChunk ? n - off : kChunk;
     update(off, len);
-    const size_t bytes = static_cast<size_t>(len) * sizeof(float);
-    sums[0].add(p + off, bytes);
-    sums[1].add(m + off, bytes);
-    sums[2].add(v + off, bytes);
+    if (sums) {
+      const size_t bytes = static_cast<size_t>(len) * sizeof(float);
+      sums[0].add(p + off, bytes);
+      sums[1].add(m + off, bytes);
+      sums[2].add(v + off, bytes);
+    }
+    if (mixed) {
+      const uint64_t at = first_position + static_cast<uint64_t>(off), count = static_cast<uint64_t>(len);
+      mixed[0] += mixed_sum(p + off, sizeof(float), count, at);
+      mixed[1] += mixed_sum(m + off, sizeof(float), count, at);
+      mixed[2] += mixed_sum(v + off, sizeof(float), count, at);
+      mixed[3] += mixed_sum(g + off, sizeof(float), count, at);
+    }
   }
 }
 

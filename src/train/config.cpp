@@ -223,7 +223,8 @@ std::vector<Field> fields() {
                false, false, at(&C::trace, &TraceConfig::optimizer_digest_every)});
   f.push_back({"trace.digest_version", Kind::kInt,
                "3: as 2, the tensors by position-mixed sums that add up over slices (a ZeRO run's digests equal "
-               "an unsharded run's; computed on the tensor's device); 2: parameters and optimizer by lane "
+               "an unsharded run's; computed on the tensor's device), and the gradients the optimizer used, "
+               "every step; 2: parameters and optimizer by lane "
                "checksums, plus the rest of the state (scaler, guard windows, fired faults, set-aside batches, "
                "samples seen) and every rank's RNG, every step; 1: xxh3 of parameters, optimizer and rank 0's RNG "
                "only", {}, 1, 3, false, false,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace retrace::train {
 namespace {
@@ -61,7 +62,10 @@ void SkipRateGuard::load_state(const std::map<std::string, std::string>& s) {
     outcomes_.push_back(c == '1');
     skips_ += c == '1';
   }
-  warned_ = need(s, "skip_guard.warned") == "1";
+  const std::string& warned = need(s, "skip_guard.warned");
+  RETRACE_CHECK(warned == "0" || warned == "1", FormatError, "skip guard state \"warned\" is \"", warned.substr(0, 64),
+                "\"; it is 0 or 1");
+  warned_ = warned == "1";
 }
 
 std::optional<double> SpikeGuard::level() const {
@@ -99,9 +103,7 @@ void SpikeGuard::load_state(const std::map<std::string, std::string>& s) {
   losses_.clear();
   std::string word;
   while (in >> word) {
-    RETRACE_CHECK(word.find_first_not_of("0123456789") == std::string::npos && word.size() <= 20, FormatError,
-                  "spike guard state holds \"", word, "\", not the bits of a loss");
-    const uint64_t bits = std::stoull(word);
+    const uint64_t bits = parse_u64_field(word, "a loss's bits in the spike guard state");
     double d;
     std::memcpy(&d, &bits, sizeof d);
     RETRACE_CHECK(std::isfinite(d), FormatError, "spike guard state holds a non-finite loss; only finite losses are "

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace retrace::train {
 
@@ -60,12 +61,7 @@ void LossScaler::load_state(const std::map<std::string, std::string>& state) {
     auto it = state.find(key);
     RETRACE_CHECK(it != state.end(), FormatError, "checkpoint lacks loss scaler state \"", key, "\"");
     const std::string& v = it->second;
-    // Digits only: std::stoull would take "-1" for 2^64 - 1.
-    RETRACE_CHECK(!v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos, FormatError,
-                  "loss scaler state \"", key, "\" is not a non-negative integer: ", v);
-    const uint64_t n = std::stoull(v);
-    RETRACE_CHECK(n <= max, FormatError, "loss scaler state \"", key, "\" is ", n, ", more than ", max);
-    return n;
+    return parse_u64_field(v, "loss scaler state \"" + key + "\"", max);
   };
   uint32_t bits = static_cast<uint32_t>(get("scaler.scale_bits", UINT32_MAX));
   float scale;

@@ -3,6 +3,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -58,6 +59,7 @@ class FusedAdamW final : public torch::optim::AdamW {
       }
     }
     ++fused_steps_;
+    sums_.clear();  // this step's replace them; a parameter without a gradient now has none
     torch::NoGradGuard no_grad;
     // The deferred product goes into the pass for the parameters it updates; any other gradient it
     // covers (a parameter this optimizer does not hold) gets it here.
@@ -80,6 +82,7 @@ class FusedAdamW final : public torch::optim::AdamW {
       size_t item;
       int64_t begin, end;
       LaneSums sums[3];
+      uint64_t mixed[4];
     };
     std::vector<Piece> pieces;
     std::vector<AdamWCoefficients> coefficients;
@@ -102,9 +105,15 @@ class FusedAdamW final : public torch::optim::AdamW {
                                                 o.weight_decay(), s.step()));
       const int64_t n = it.p.numel();
       floats += n;
-      for (int64_t b = 0; b < n || b == 0; b += kPiece) pieces.push_back({i, b, std::min(n, b + kPiece), {}});
+      for (int64_t b = 0; b < n || b == 0; b += kPiece) pieces.push_back({i, b, std::min(n, b + kPiece), {}, {}});
     }
-    const bool keep = keep_sums_;
+    const KeptSums keep = keep_sums_;
+    std::vector<uint64_t> first_positions(items.size(), 0);
+    if (keep == KeptSums::kMixed)
+      for (size_t i = 0; i < items.size(); ++i) {
+        auto found = positions_.find(items[i].p.unsafeGetTensorImpl());
+        if (found != positions_.end()) first_positions[i] = found->second;
+      }
     auto update = [&](int64_t first, int64_t last, int) {
       for (int64_t k = first; k < last; ++k) {
         Piece& piece = pieces[static_cast<size_t>(k)];
@@ -113,7 +122,9 @@ class FusedAdamW final : public torch::optim::AdamW {
         const int64_t b = piece.begin;
         adamw_update(it.p.data_ptr<float>() + b, it.p.grad().data_ptr<float>() + b, s.exp_avg().data_ptr<float>() + b,
                      s.exp_avg_sq().data_ptr<float>() + b, piece.end - b, coefficients[piece.item], true,
-                     keep ? piece.sums : nullptr, scaled[piece.item] ? &scale_f : nullptr);
+                     keep == KeptSums::kLanes ? piece.sums : nullptr, scaled[piece.item] ? &scale_f : nullptr,
+                     keep == KeptSums::kMixed ? piece.mixed : nullptr,
+                     first_positions[piece.item] + static_cast<uint64_t>(b));
       }
     };
     if (floats >= model::kAfterBackwardLanesFrom) model::for_each_tile(static_cast<int64_t>(pieces.size()), 1, update);
@@ -123,19 +134,26 @@ class FusedAdamW final : public torch::optim::AdamW {
       Item& it = items[i];
       auto& s = *it.state;
       LaneSums sums[3];
+      uint64_t mixed[4] = {0, 0, 0, 0};
       for (; next_piece < pieces.size() && pieces[next_piece].item == i; ++next_piece)
-        for (int k = 0; k < 3; ++k) sums[k].append(pieces[next_piece].sums[k]);
+        for (int k = 0; k < 4; ++k) {
+          if (k < 3) sums[k].append(pieces[next_piece].sums[k]);
+          mixed[k] += pieces[next_piece].mixed[k];
+        }
       // What an in-place tensor operation would do, so autograd's checks still see the writes.
       if (scaled[i]) it.p.grad().unsafeGetTensorImpl()->bump_version();
-      const torch::Tensor* written[3] = {&it.p, &s.exp_avg(), &s.exp_avg_sq()};
-      for (int k = 0; k < 3; ++k) {
-        c10::TensorImpl* impl = written[k]->unsafeGetTensorImpl();
-        impl->bump_version();
-        if (!keep) continue;
+      const torch::Tensor grad = it.p.grad();
+      const torch::Tensor* touched[4] = {&it.p, &s.exp_avg(), &s.exp_avg_sq(), &grad};
+      for (int k = 0; k < 4; ++k) {
+        c10::TensorImpl* impl = touched[k]->unsafeGetTensorImpl();
+        if (k < 3) impl->bump_version();
+        if (keep == KeptSums::kNone || (k == 3 && keep != KeptSums::kMixed)) continue;
         Known& known = sums_[impl];
+        known.alive = Weak(touched[k]->getIntrusivePtr());
         known.version = impl->version_counter().current_version();
         known.data = impl->data();
-        sums[k].finish(known.sums);
+        if (keep == KeptSums::kLanes) sums[k].finish(known.sums);
+        else known.sums[0] = mixed[k];
       }
     }
     return {};
@@ -145,9 +163,15 @@ class FusedAdamW final : public torch::optim::AdamW {
     deferred_ = {std::move(params), coef, true};
   }
   int64_t fused_steps() const { return fused_steps_; }
-  bool keeps_sums() const { return keep_sums_; }
-  void keep_sums(bool keep) {
+  void keep_sums(KeptSums keep) {
     keep_sums_ = keep;
+    sums_.clear();
+  }
+  void forget_sums() { sums_.clear(); }
+  void set_positions(const std::vector<torch::Tensor>& params, const std::vector<uint64_t>& first) {
+    positions_.clear();
+    for (size_t i = 0; i < params.size() && i < first.size(); ++i)
+      positions_[params[i].unsafeGetTensorImpl()] = first[i];
     sums_.clear();
   }
   bool known_sums(const torch::Tensor& t, uint64_t out[16]) const {
@@ -155,15 +179,19 @@ class FusedAdamW final : public torch::optim::AdamW {
     auto it = sums_.find(impl);
     // The very tensor, unchanged since this optimizer wrote it: any write through a tensor
     // operation (a checkpoint's copy_, a load) bumps its version.
-    if (it == sums_.end() || it->second.version != impl->version_counter().current_version() ||
-        it->second.data != impl->data())
+    if (it == sums_.end() || it->second.alive.expired() ||
+        it->second.version != impl->version_counter().current_version() || it->second.data != impl->data())
       return false;
     std::memcpy(out, it->second.sums, sizeof it->second.sums);
     return true;
   }
 
  private:
+  // A weak reference keeps the TensorImpl's address from being reused while the entry lives (a
+  // gradient is a new tensor every step; a freed one's address could come back with version 0).
+  using Weak = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   struct Known {
+    Weak alive{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
     uint32_t version = 0;
     const void* data = nullptr;
     uint64_t sums[16];
@@ -187,8 +215,9 @@ class FusedAdamW final : public torch::optim::AdamW {
   }
   Deferred deferred_;
   int64_t fused_steps_ = 0;
-  bool keep_sums_ = false;
+  KeptSums keep_sums_ = KeptSums::kNone;
   std::unordered_map<const c10::TensorImpl*, Known> sums_;
+  std::unordered_map<const c10::TensorImpl*, uint64_t> positions_;
   static bool dense_f32_cpu(const torch::Tensor& t, int64_t numel) {
     return t.defined() && t.device().is_cpu() && t.layout() == torch::kStrided && t.scalar_type() == torch::kFloat32 &&
            t.is_contiguous() && t.numel() == numel;
@@ -215,13 +244,18 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, co
   return std::make_unique<torch::optim::AdamW>(params, options);
 }
 
-bool fused_lane_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]) {
+bool fused_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]) {
   const auto* f = dynamic_cast<const FusedAdamW*>(&opt);
   return f && f->known_sums(t, out);
 }
 
-void keep_lane_sums(torch::optim::Optimizer& opt, bool keep) {
-  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->keep_sums(keep);
+void keep_sums(torch::optim::Optimizer& opt, KeptSums kind) {
+  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->keep_sums(kind);
+}
+
+void set_sum_positions(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,
+                       const std::vector<uint64_t>& first_positions) {
+  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->set_positions(params, first_positions);
 }
 
 bool defer_grad_scale(torch::optim::Optimizer& opt, std::vector<torch::Tensor> params, double coef) {
@@ -260,10 +294,65 @@ NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Modu
   return out;
 }
 
+void check_optimizer_state(const NamedTensors& state, const torch::nn::Module& model, OptimizerKind kind,
+                           const std::string& where, const std::function<int64_t(size_t)>* part_length) {
+  const std::vector<std::string> fields = kind == OptimizerKind::kAdamW
+                                              ? std::vector<std::string>{"step", "exp_avg", "exp_avg_sq"}
+                                              : std::vector<std::string>{"momentum_buffer"};
+  std::map<std::string, size_t> param_index;
+  std::vector<torch::Tensor> params;
+  for (const auto& item : model.named_parameters()) {
+    param_index.emplace(item.key(), params.size());
+    params.push_back(item.value());
+  }
+  std::map<std::string, std::map<std::string, const torch::Tensor*>> by_param;
+  for (const auto& [name, t] : state) {
+    const size_t slash = name.rfind('/');
+    const std::string param = slash == std::string::npos ? name : name.substr(0, slash);
+    const std::string field = slash == std::string::npos ? std::string() : name.substr(slash + 1);
+    RETRACE_CHECK(param_index.count(param) && std::find(fields.begin(), fields.end(), field) != fields.end(),
+                  FormatError, where, ": optimizer state entry \"", name, "\" is not a field of a parameter of this "
+                  "model (", optimizer_name(kind), " keeps ", fields.size() == 1 ? fields[0] : "step, exp_avg and exp_avg_sq",
+                  " per parameter); the checkpoint belongs to another model or optimizer, or was altered");
+    RETRACE_CHECK(t.defined(), FormatError, where, ": optimizer state entry ", name, " holds no tensor");
+    const torch::Tensor& p = params[param_index.at(param)];
+    const int64_t part = part_length ? (*part_length)(param_index.at(param)) : -1;
+    if (field == "step") {
+      RETRACE_CHECK(t.scalar_type() == torch::kInt64, FormatError, where, ": optimizer state entry ", name,
+                    " is ", c10::toString(t.scalar_type()), "; a step count is Long (int64)");
+      if (part == 0 && t.numel() == 0) continue;  // a ZeRO rank's: a parameter it owns nothing of
+      RETRACE_CHECK(t.dim() == 0 && t.numel() == 1, FormatError, where, ": optimizer state entry ", name,
+                    " has shape ", t.sizes(), " (", t.numel(), " elements); a step count is one number (shape [])");
+      const int64_t step = t.item<int64_t>();
+      RETRACE_CHECK(step >= 0, FormatError, where, ": optimizer state entry ", name, " is ", step,
+                    "; a step count is not negative");
+    } else {
+      RETRACE_CHECK(t.scalar_type() == p.scalar_type(), FormatError, where, ": optimizer state entry ", name, " is ",
+                    c10::toString(t.scalar_type()), ", the parameter ", param, " is ", c10::toString(p.scalar_type()),
+                    "; the state of a parameter has its dtype");
+      const bool whole = t.sizes() == p.sizes();
+      const bool own_part = part >= 0 && t.dim() == 1 && t.numel() == part;
+      RETRACE_CHECK(whole || own_part, FormatError, where, ": optimizer state entry ", name, " has shape ", t.sizes(),
+                    ", the parameter ", param, " has ", p.sizes(),
+                    part >= 0 ? " (or this rank's " + std::to_string(part) + " elements of it)" : std::string());
+    }
+    by_param[param][field] = &t;
+  }
+  if (kind != OptimizerKind::kAdamW) return;
+  for (const auto& [param, have] : by_param) {
+    auto step = have.find("step");
+    if (step == have.end() || step->second->numel() == 0) continue;
+    for (const char* field : {"exp_avg", "exp_avg_sq"})
+      RETRACE_CHECK(have.count(field), FormatError, where, ": optimizer state of ", param, " has a step count but no ",
+                    field, "; the checkpoint lost part of the optimizer's state");
+  }
+}
+
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
                           OptimizerKind optim_name, const NamedTensors& state) {
   // New state tensors: whatever sums the fused AdamW kept are of tensors that are going away.
-  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->keep_sums(f->keeps_sums());
+  if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->forget_sums();
+  check_optimizer_state(state, model, optim_name, "the optimizer state to load");
   std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
   auto take = [&](const std::string& key, const torch::Tensor& like) -> torch::Tensor {
     auto it = by_name.find(key);

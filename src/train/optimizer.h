@@ -5,7 +5,9 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor_digest.h"
@@ -31,13 +33,31 @@ int64_t fused_adamw_steps(const torch::optim::Optimizer& opt);
 // ".../step" as an int64 scalar). Parameters without state yet are absent. Order: by name.
 NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
                              OptimizerKind optim_name);
-// The fused AdamW's lane sums of what its last step wrote: a parameter, its exp_avg or exp_avg_sq,
-// when `t` is that very tensor and unchanged since (its version counter says so). False for
-// anything else, any other optimizer, or before keep_lane_sums(opt, true).
-bool fused_lane_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]);
-// Whether the fused AdamW takes those sums in its pass (trace.digest_version 2 asks for them).
-void keep_lane_sums(torch::optim::Optimizer& opt, bool keep);
+// The sums the fused AdamW takes of what its pass touches, for the trace's digests: none, the lane
+// sums (trace.digest_version 2) of each parameter, exp_avg and exp_avg_sq it wrote, or their mixed
+// sums (version 3, core/digest.h) and the gradient's as used (after clipping's product).
+enum class KeptSums : uint8_t { kNone, kLanes, kMixed };
+void keep_sums(torch::optim::Optimizer& opt, KeptSums kind);
+// The global position of each parameter's first element for the mixed sums, in the order the
+// optimizer was given them (ZeRO's views start inside their parameter); 0 for any not listed.
+void set_sum_positions(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,
+                       const std::vector<uint64_t>& first_positions);
+// The fused AdamW's sums, of the kind it keeps, of what its last step wrote or used: a
+// parameter, its exp_avg or exp_avg_sq, or (mixed) the parameter's gradient, when `t` is that very
+// tensor and unchanged since (its version counter says so). Lane sums fill out[0..15], a mixed sum
+// out[0]. False for anything else, any other optimizer, or with KeptSums::kNone.
+bool fused_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]);
 
+// The validation layer's check of optimizer state read from a checkpoint, before any of it is
+// installed: every entry is "<param>/<field>" for a parameter of `model` and a field of `kind`
+// (AdamW: step, exp_avg, exp_avg_sq; SGD: momentum_buffer); the step count an int64 scalar, not
+// negative; every other field of the parameter's dtype and shape, or, where `part_length` is given
+// (a ZeRO rank, which reads only its range), a 1-D tensor of part_length(parameter index) elements
+// (0 for a parameter it owns none of, whose step count may then be empty too); an AdamW parameter
+// with a step count has both moments. FormatError naming `where`, the entry, what was expected and
+// what was found.
+void check_optimizer_state(const NamedTensors& state, const torch::nn::Module& model, OptimizerKind kind,
+                           const std::string& where, const std::function<int64_t(size_t)>* part_length = nullptr);
 // Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
 // the first missing or mis-shaped entry.
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "train/faults.h"
 
 namespace retrace::train {
@@ -74,6 +75,11 @@ Digest128 policy_digest(const TrainState& st) {
   return h.digest();
 }
 
+void check_policy_state(const TrainState& st, const std::map<std::string, std::string>& state) {
+  TrainState scratch{model::ModelHandle{}, nullptr, st.scaler, st.skip_guard, st.spike_guard};
+  load_policy_state(scratch, state);
+}
+
 void load_policy_state(TrainState& st, const std::map<std::string, std::string>& state) {
   st.scaler.load_state(state);
   st.skip_guard.load_state(state);
@@ -92,8 +98,11 @@ void load_policy_state(TrainState& st, const std::map<std::string, std::string>&
   if (it != state.end()) {
     for (const auto& item : split(it->second)) {
       auto colon = item.find(':');
-      RETRACE_CHECK(colon != std::string::npos, FormatError, "bad set-aside batch \"", item, "\" in checkpoint");
-      st.set_aside.insert({std::stoull(item.substr(0, colon)), std::stoull(item.substr(colon + 1))});
+      RETRACE_CHECK(colon != std::string::npos, FormatError, "bad set-aside batch \"", item, "\" in checkpoint: "
+                    "an entry is EPOCH:BATCH");
+      const std::string what = "the set-aside batch \"" + item + "\" in the checkpoint's data.set_aside";
+      st.set_aside.insert({parse_u64_field(item.substr(0, colon), what + ", its epoch"),
+                           parse_u64_field(item.substr(colon + 1), what + ", its batch")});
     }
   }
 }

@@ -56,6 +56,9 @@ std::vector<records::ParamInfo> param_info(const TrainState& s);
 // checkpoint's metadata, and back (FormatError for a damaged value).
 std::map<std::string, std::string> policy_state(const TrainState& s);
 void load_policy_state(TrainState& s, const std::map<std::string, std::string>& state);
+// load_policy_state into copies of s's policies, s left as it is: FormatError for any damaged value
+// (the validation layer's check before a checkpoint is applied).
+void check_policy_state(const TrainState& s, const std::map<std::string, std::string>& state);
 // Digest of everything a later step depends on besides model, optimizer and RNG: the policy
 // state above and samples_seen (StepRecord::state_digest).
 Digest128 policy_digest(const TrainState& s);

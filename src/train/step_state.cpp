@@ -121,11 +121,18 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     policy.reduce_loss = nullptr;
   }
   policy.after_last_backward = hooks.after_last_backward;
+  // ZeRO under trace.digest_version 3: the fused AdamW's sums of this rank's range, taken before the
+  // all-gather (zero.h capture_sums), for the digests below.
+  KnownSums zero_known;
+  const bool mixed_digests = with_digests && p.digest_version >= 3;
   if (s.zero) {
     const ZeroShard* zero = s.zero.get();
     policy.optimizer_params = zero->views();
     policy.before_optimizer_step = [zero] { zero->bind_grads(); };
-    policy.after_optimizer_step = hooks.after_optimizer_step;
+    policy.after_optimizer_step = [&s, &zero_known, mixed_digests, after = hooks.after_optimizer_step] {
+      if (mixed_digests) zero_known = capture_sums(*s.optimizer, *s.zero);
+      if (after) after();
+    };
   }
   policy.probe = hooks.probe;
   policy.loss = p.loss;
@@ -158,19 +165,26 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     const DigestKind kind = digest_kind_of(p.digest_version);
     // The fused AdamW summed what it wrote (optimizer.h): those tensors are not read again.
     const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) {
-      return fused_lane_sums(*s.optimizer, t, out);
+      return fused_sums(*s.optimizer, t, out);
     };
     // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
     // zero in between.
     const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;
     if (s.zero) {
       // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3).
-      auto [model_digest, optim_digest] = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module,
-                                                       p.optimizer, with_optimizer, hooks.sum_over_ranks);
-      rec.param_digest = model_digest;
-      if (with_optimizer) rec.optim_digest = optim_digest;
+      const ZeroDigests d = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module, p.optimizer,
+                                         with_optimizer, hooks.sum_over_ranks, zero_known ? &zero_known : nullptr);
+      rec.param_digest = d.model;
+      rec.grad_digest = d.grads;
+      if (with_optimizer) rec.optim_digest = d.optim;
     } else {
       rec.param_digest = digest_named(model_state(s), kind, &known);
+      if (kind == DigestKind::kMixed) {
+        // The gradients as the optimizer used them (reduced, unscaled, clipped), every step.
+        NamedTensors grads;
+        for (const auto& item : s.model.module->named_parameters()) grads.emplace_back(item.key(), item.value().grad());
+        rec.grad_digest = digest_named(std::move(grads), kind, &known);
+      }
       if (with_optimizer)
         rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
     }

@@ -54,14 +54,22 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       state_(initial_state(config, data, registry)) {
   check_model_fits(config, state_.model, policies_.loss, data);
   if (rank_ > 0) rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
-  keep_lane_sums(*state_.optimizer, config.trace.enabled && config.trace.digests && policies_.digest_version == 2 && !state_.zero);
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   state_.model.module->to(device());
   if (config.runtime.zero_stage == 1) {
     // ZeRO: the optimizer steps views of this rank's range of the (moved) parameters.
     state_.zero = std::make_shared<ZeroShard>(state_.model.module->parameters(), rank_, world_size_);
     state_.optimizer = make_optimizer(config.optim, state_.zero->views());
+    std::vector<uint64_t> first;
+    for (const ZeroShard::Part& part : state_.zero->mine()) first.push_back(static_cast<uint64_t>(part.begin));
+    set_sum_positions(*state_.optimizer, state_.zero->views(), first);
   }
+  // The digests' sums taken inside the fused AdamW's pass (optimizer.h).
+  const bool digests = config.trace.enabled && config.trace.digests;
+  keep_sums(*state_.optimizer, !digests                         ? KeptSums::kNone
+                               : policies_.digest_version >= 3 ? KeptSums::kMixed
+                               : policies_.digest_version == 2 && !state_.zero ? KeptSums::kLanes
+                                                                               : KeptSums::kNone);
   for (const auto& f : policies_.faults.faults()) {
     if (f.kind != FaultKind::kPerturbParam && !(f.kind == FaultKind::kInfGrad && !f.arg.empty())) continue;
     bool found = false;

@@ -90,6 +90,9 @@ class Trainer {
 
   std::map<std::string, std::string> policy_state() const { return train::policy_state(state_); }
   void load_policy_state(const std::map<std::string, std::string>& state) { train::load_policy_state(state_, state); }
+  void check_policy_state(const std::map<std::string, std::string>& state) const {
+    train::check_policy_state(state_, state);
+  }
   // Restores counters, cursor and RNG (resume, rollback). Model and optimizer: load_*_state.
   void restore_position(uint64_t step, const rng::RngState& rng, uint64_t samples_seen);
   void load_model_state(const NamedTensors& state) { train::load_model_state(state_, state); }

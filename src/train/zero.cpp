@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "train/optimizer.h"
 
 namespace retrace::train {
 
@@ -159,9 +160,17 @@ NamedTensors zero_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard&
   return out;
 }
 
+std::function<int64_t(size_t)> zero_part_lengths(const ZeroShard& zero) {
+  std::vector<int64_t> length(zero.params().size(), 0);
+  for (const ZeroShard::Part& part : zero.mine()) length[part.param] += part.end - part.begin;
+  return [length](size_t param) { return param < length.size() ? length[param] : int64_t{0}; };
+}
+
 void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
                                OptimizerKind kind, const NamedTensors& state) {
   const std::vector<std::string> names = param_names(model);
+  const std::function<int64_t(size_t)> part_length = zero_part_lengths(zero);
+  check_optimizer_state(state, model, kind, "the optimizer state to load", &part_length);
   std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
   // This part's elements of entry `key`: the whole tensor's slice, or the part itself.
   auto take = [&](const std::string& key, const ZeroShard::Part& part, const torch::Tensor& p) -> torch::Tensor {
@@ -199,13 +208,18 @@ void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& ze
   }
 }
 
-std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt,
-                                             const ZeroShard& zero, const torch::nn::Module& model, OptimizerKind kind,
-                                             bool with_optimizer, const SumOverRanks& sum) {
+ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
+                         const torch::nn::Module& model, OptimizerKind kind, bool with_optimizer,
+                         const SumOverRanks& sum, const KnownSums* known) {
+  const auto mixed = [known](const torch::Tensor& t, uint64_t first_position) {
+    uint64_t out[16];
+    if (known && t.defined() && (*known)(t, out)) return out[0];
+    return tensor_mixed_sum(t, first_position);
+  };
   std::unordered_map<const c10::TensorImpl*, size_t> param_of;
   for (size_t i = 0; i < zero.params().size(); ++i) param_of.emplace(zero.params()[i].unsafeGetTensorImpl(), i);
-  // Sums in a fixed order every rank shares: the model's tensors, then per parameter and field of
-  // the optimizer a (holders, sum) pair.
+  // Sums in a fixed order every rank shares: the model's tensors, per parameter a (holders, sum)
+  // pair of its gradient, then per parameter and field of the optimizer a (holders, sum) pair.
   std::vector<uint64_t> local;
   for (const auto& [name, t] : model_state) {
     auto found = param_of.find(t.unsafeGetTensorImpl());
@@ -215,14 +229,24 @@ std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, to
     } else {
       for (size_t k = 0; k < zero.mine().size(); ++k)
         if (zero.mine()[k].param == found->second)
-          s += tensor_mixed_sum(zero.views()[k], static_cast<uint64_t>(zero.mine()[k].begin));
+          s += mixed(zero.views()[k], static_cast<uint64_t>(zero.mine()[k].begin));
     }
     local.push_back(s);
   }
+  const size_t model_count = local.size(), params = zero.params().size();
+  local.resize(model_count + params * 2, 0);
+  for (size_t k = 0; k < zero.mine().size(); ++k) {
+    const ZeroShard::Part& part = zero.mine()[k];
+    const torch::Tensor& g = zero.views()[k].grad();
+    if (!g.defined()) continue;
+    uint64_t* slot = &local[model_count + part.param * 2];
+    slot[0] += 1;
+    slot[1] += mixed(g, static_cast<uint64_t>(part.begin));
+  }
   const std::vector<std::string> fields = fields_of(kind);
-  const size_t model_count = local.size();
+  const size_t optim_from = local.size();
   if (with_optimizer) {
-    local.resize(model_count + zero.params().size() * fields.size() * 2, 0);
+    local.resize(optim_from + params * fields.size() * 2, 0);
     for (size_t k = 0; k < zero.mine().size(); ++k) {
       const ZeroShard::Part& part = zero.mine()[k];
       auto* st = compat::find_param_state(opt, zero.views()[k]);
@@ -230,10 +254,10 @@ std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, to
       for (size_t f = 0; f < fields.size(); ++f) {
         const torch::Tensor t = field_of(*st, kind, f);
         if (!t.defined()) continue;
-        uint64_t* slot = &local[model_count + (part.param * fields.size() + f) * 2];
+        uint64_t* slot = &local[optim_from + (part.param * fields.size() + f) * 2];
         slot[0] += 1;
         if (t.dim() == 0) slot[1] += part.begin == 0 ? tensor_mixed_sum(t) : 0;  // the step count, once
-        else slot[1] += tensor_mixed_sum(t, static_cast<uint64_t>(part.begin));
+        else slot[1] += mixed(t, static_cast<uint64_t>(part.begin));
       }
     }
   }
@@ -246,22 +270,52 @@ std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, to
     model_entries.push_back({model_state[i].first, t.defined(), t.defined() ? t.scalar_type() : torch::kFloat32,
                              t.defined() ? t.sizes().vec() : std::vector<int64_t>{}, total[i]});
   }
-  Digest128 optim_digest{};
+  const std::vector<std::string> names = param_names(model);
+  std::vector<MixedEntry> grad_entries;
+  for (size_t i = 0; i < params; ++i) {
+    const uint64_t* slot = &total[model_count + i * 2];
+    const torch::Tensor& p = zero.params()[i];
+    grad_entries.push_back({names[i], slot[0] > 0, p.scalar_type(), p.sizes().vec(), slot[1]});
+  }
+  ZeroDigests out{digest_mixed(std::move(model_entries)), {}, digest_mixed(std::move(grad_entries))};
   if (with_optimizer) {
-    const std::vector<std::string> names = param_names(model);
     std::vector<MixedEntry> entries;
-    for (size_t i = 0; i < zero.params().size(); ++i)
+    for (size_t i = 0; i < params; ++i)
       for (size_t f = 0; f < fields.size(); ++f) {
-        const uint64_t* slot = &total[model_count + (i * fields.size() + f) * 2];
+        const uint64_t* slot = &total[optim_from + (i * fields.size() + f) * 2];
         if (slot[0] == 0) continue;
         const torch::Tensor& p = zero.params()[i];
         const bool step = kind == OptimizerKind::kAdamW && f == 0;
         entries.push_back({names[i] + "/" + fields[f], true, step ? torch::kInt64 : p.scalar_type(),
                            step ? std::vector<int64_t>{} : p.sizes().vec(), slot[1]});
       }
-    optim_digest = digest_mixed(std::move(entries));
+    out.optim = digest_mixed(std::move(entries));
   }
-  return {digest_mixed(std::move(model_entries)), optim_digest};
+  return out;
+}
+
+KnownSums capture_sums(torch::optim::Optimizer& opt, const ZeroShard& zero) {
+  auto taken = std::make_shared<std::unordered_map<const c10::TensorImpl*, std::pair<torch::Tensor, uint64_t>>>();
+  const auto take = [&](const torch::Tensor& t) {
+    uint64_t out[16];
+    if (t.defined() && fused_sums(opt, t, out)) taken->emplace(t.unsafeGetTensorImpl(), std::make_pair(t, out[0]));
+  };
+  for (const torch::Tensor& view : zero.views()) {
+    take(view);
+    take(view.grad());
+    if (auto* st = compat::find_param_state(opt, view))
+      if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(st)) {
+        take(adamw->exp_avg());
+        take(adamw->exp_avg_sq());
+      }
+  }
+  // The tensors are held (not their copies), so a looked-up address is always the tensor taken.
+  return [taken](const torch::Tensor& t, uint64_t out[16]) {
+    auto it = taken->find(t.unsafeGetTensorImpl());
+    if (it == taken->end()) return false;
+    out[0] = it->second.second;
+    return true;
+  };
 }
 
 }  // namespace retrace::train

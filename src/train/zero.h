@@ -89,6 +89,9 @@ class ZeroShard {
 // that owns its first element.
 NamedTensors zero_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
                                   OptimizerKind kind, std::vector<SliceOf>& slices);
+// How many elements of each parameter (by index) this rank owns: what it reads of the parameter's
+// optimizer state (check_optimizer_state's part_length).
+std::function<int64_t(size_t)> zero_part_lengths(const ZeroShard& zero);
 // Installs state given as whole tensors (a checkpoint's, of either layout) or as this rank's own
 // slices (a rollback anchor it kept): each part takes its elements. FormatError naming the entry
 // for another size.
@@ -98,11 +101,21 @@ void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& ze
 // Adds vectors of sums over the ranks (modulo 2^64): one all-gather of a few bytes per tensor.
 using SumOverRanks = std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)>;
 // A ZeRO rank's trace digests (DigestKind::kMixed): the model's (parameters by this rank's parts,
-// buffers by rank 0) and, when `with_optimizer`, the optimizer state's, each rank's sums added
-// over the ranks by `sum` (unset: one rank). Equal bitwise to digest_named(..., kMixed) of the
-// whole tensors an unsharded run holds.
-std::pair<Digest128, Digest128> zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt,
-                                             const ZeroShard& zero, const torch::nn::Module& model, OptimizerKind kind,
-                                             bool with_optimizer, const SumOverRanks& sum);
+// buffers by rank 0), the gradients' (this rank's parts of them, as the optimizer used them) and,
+// when `with_optimizer`, the optimizer state's, each rank's sums added over the ranks by `sum`
+// (unset: one rank). Equal bitwise to digest_named(..., kMixed) of the whole tensors an unsharded
+// run holds. `known` (or nullptr): sums already taken of a view, its gradient or its state at
+// their global positions (capture_sums), used instead of reading the tensor again.
+struct ZeroDigests {
+  Digest128 model, optim, grads;
+};
+ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
+                         const torch::nn::Module& model, OptimizerKind kind, bool with_optimizer,
+                         const SumOverRanks& sum, const KnownSums* known = nullptr);
+// The fused AdamW's mixed sums (optimizer.h fused_sums) of this rank's views, their gradients and
+// their state, taken now, before the all-gather writes the other ranks' ranges into the
+// parameters (which bumps the version counter the views share with them, so the optimizer would no
+// longer vouch for them); the views' own elements are not written by it. Looked up by tensor.
+KnownSums capture_sums(torch::optim::Optimizer& opt, const ZeroShard& zero);
 
 }  // namespace retrace::train

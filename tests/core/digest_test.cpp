@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/parse_number.h"
 
 namespace retrace {
 namespace {
@@ -217,6 +218,52 @@ TEST(Digest, LaneSumsOfPartsAppendToThoseOfTheWhole) {
   odd.add(bytes.data(), 60);
   more.add(bytes.data(), 64);
   EXPECT_THROW(odd.append(more), InvariantError);
+}
+
+// Numbers read from files: digits only, in range; never a sign, a space, a suffix or an exponent,
+// and never std::invalid_argument (an internal error) for any of them.
+TEST(ParseNumber, DecimalDigitsOnlyWithinRange) {
+  EXPECT_EQ(parse_decimal_u64("0"), 0u);
+  EXPECT_EQ(parse_decimal_u64("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(parse_decimal_u64("007"), 7u);
+  for (const char* bad : {"", "-1", "+1", " 7", "7 ", "1e3", "a:b", "0x10", "18446744073709551616",
+                          "99999999999999999999999", "1.0"})
+    EXPECT_FALSE(parse_decimal_u64(bad).has_value()) << bad;
+  EXPECT_EQ(parse_u64_field("41", "the field"), 41u);
+  EXPECT_THROW(parse_u64_field("42", "the field", 41), FormatError);
+  try {
+    parse_u64_field("a:b", "checkpoint X metadata \"samples_seen\"");
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("samples_seen\" is \"a:b\""), std::string::npos) << e.what();
+  }
+}
+
+// A digest's hex text: exactly 32 hex digits (std::stoull took a sign, "0x" and trailing junk).
+TEST(ParseNumber, DigestHexIsExactly32HexDigits) {
+  const Digest128 d{0x0123456789abcdefull, 0xfedcba9876543210ull};
+  EXPECT_EQ(parse_digest_hex(d.hex(), "here", "chain"), d);
+  EXPECT_EQ(parse_digest_hex("0123456789ABCDEFFEDCBA9876543210", "here", "chain"), d);
+  for (const std::string& bad : std::vector<std::string>{std::string(31, '0'), std::string(33, '0'),
+                                                          "-123456789abcdeffedcba9876543210",
+                                                          "0x23456789abcdeffedcba9876543210",
+                                                          "0123456789abcdefzzzzzzzzzzzzzzzz",
+                                                          " 123456789abcdeffedcba9876543210"})
+    EXPECT_THROW(parse_digest_hex(bad, "here", "chain"), FormatError) << bad;
+}
+
+// A checkpoint's files are read without following a link at the last component.
+TEST(FileUtil, ReadsRefuseALinkWhenAsked) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "retrace-links-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  fs::write_file_atomic((dir / "real").string(), "bytes");
+  std::filesystem::create_symlink(dir / "real", dir / "link");
+  EXPECT_EQ(fs::read_file((dir / "link").string()), "bytes");
+  EXPECT_THROW(fs::read_file((dir / "link").string(), 100, fs::Links::kRefuse), FormatError);
+  EXPECT_THROW(sha256_file_hex((dir / "link").string(), fs::Links::kRefuse), FormatError);
+  EXPECT_EQ(fs::read_file((dir / "real").string(), 100, fs::Links::kRefuse), "bytes");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace retrace

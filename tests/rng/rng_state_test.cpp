@@ -72,5 +72,22 @@ TEST(RngState, CudaRunFromACpuStateIsAClearError) {
   }
 }
 
+// A torch generator state of another length is a FormatError before restore_torch, where
+// LibTorch's set_state would throw its own error (an internal error, exit 70).
+TEST(RngState, GeneratorStatesOfAnotherSizeAreRefusedBeforeRestoring) {
+  RngState s = capture_torch(7, -1);
+  EXPECT_NO_THROW(check_restorable(s, -1, "here"));
+  for (size_t n : {size_t{0}, size_t{16}, s.cpu_generator.size() - 1, s.cpu_generator.size() + 8}) {
+    RngState bad = s;
+    bad.cpu_generator.resize(n);
+    try {
+      check_restorable(RngState::deserialize(bad.serialize()), -1, "shard X");
+      ADD_FAILURE() << n << " bytes accepted";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("shard X"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace retrace::rng

@@ -114,6 +114,9 @@ TEST(TraceTest, ContentDigestIgnoresTimingsAndCoversEveryOtherField) {
   b = a;
   b.loss_bits ^= 1;
   EXPECT_NE(records::content_digest(a), records::content_digest(b));
+  b = a;
+  b.grad_digest = {5, 6};  // version 3's gradients: in the digest when set
+  EXPECT_NE(records::content_digest(a), records::content_digest(b));
   EXPECT_NE(records::chain_digest({0, 0}, {1, 2}), records::chain_digest({0, 0}, {2, 1}));
 }
 

@@ -93,6 +93,7 @@ inline records::StepRecord sample_step(uint64_t n) {
   r.micro_batch_sizes = {32, 32};
   r.micro_losses = {r.loss * 0.9, r.loss * 1.1};
   r.rank_grad_digests = {{n, 1}, {n, 2}};
+  if (n % 3 == 1) r.grad_digest = {0x7777 * n, 0x8888 + n};  // trace.digest_version 3's; absent in others
   r.timings = {1.0, 2.0, 3.0, 0.5, 0.01 * n};
   return r;
 }
@@ -106,7 +107,8 @@ inline bool steps_equal(const records::StepRecord& a, const records::StepRecord&
          same_bits(a.grad_norm_post, b.grad_norm_post) && same_bits(a.lr, b.lr) &&
          same_bits(a.loss_scale, b.loss_scale) && a.outcome == b.outcome &&
          a.skip_reason == b.skip_reason && a.param_digest == b.param_digest &&
-         a.optim_digest == b.optim_digest && a.rng_digest == b.rng_digest &&
+         a.optim_digest == b.optim_digest && a.rng_digest == b.rng_digest && a.state_digest == b.state_digest &&
+         a.grad_digest == b.grad_digest &&
          a.micro_batch_sizes == b.micro_batch_sizes &&
          a.micro_losses.size() == b.micro_losses.size() &&
          std::equal(a.micro_losses.begin(), a.micro_losses.end(), b.micro_losses.begin(),

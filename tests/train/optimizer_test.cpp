@@ -7,10 +7,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <limits>
 #include <memory>
 #include <vector>
 
+#include "core/error.h"
 #include "core/torch_compat.h"
 #include "model/lanes.h"
 #include "train/adamw_kernel.h"
@@ -215,23 +218,43 @@ TEST(FusedAdamW, VectorAndBaselineLoopsAgreeBitwise) {
   EXPECT_EQ(differing(v, v2), 0);
 }
 
-void check_lane_sums(int lanes) {
+// The sums the fused pass keeps (lane sums, or mixed sums at given first positions, the
+// gradients' included, after clipping's product when `scale`) against sums of the tensors.
+void check_kept_sums(int lanes, KeptSums kind, bool scale) {
   const LanesGuard guard(lanes);
   // Sizes across the pass's 1024-element chunks and its 64k-float pieces, odd ones included (a
   // 4-byte tail word).
   const std::vector<int64_t> sizes{5000, 2048, 7, 1, 2 * 65536 + 1029, int64_t{1} << 20};  // lanes: over 1M
   Params m(sizes, torch::kFloat32, 3);
   auto opt = make_optimizer(adamw(true, 0.01), m);
-  keep_lane_sums(*opt, true);
+  keep_sums(*opt, kind);
+  // Where each parameter's first element lies (ZeRO's views start inside their parameter).
+  std::vector<uint64_t> positions;
+  for (size_t i = 0; i < sizes.size(); ++i) positions.push_back(i % 2 ? 0 : 1000003 * i + 17);
+  set_sum_positions(*opt, m.parameters(), positions);
+  const bool mixed = kind == KeptSums::kMixed;
   auto check_all = [&](bool expect_known, const char* when) {
     auto state = optimizer_state(*opt, m, OptimizerKind::kAdamW);
-    for (const auto& p : m.named_parameters()) state.emplace_back(p.key(), p.value());
-    for (const auto& [name, t] : state) {
+    std::vector<uint64_t> at;  // the parameter's first position of each state entry
+    for (size_t i = 0; i < state.size(); ++i) at.push_back(positions[i / 3]);  // step, exp_avg, exp_avg_sq
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      state.emplace_back(m.named_parameters()[i].key(), m.parameters()[i]);
+      at.push_back(positions[i]);
+      if (!mixed) continue;
+      state.emplace_back(m.named_parameters()[i].key() + ".grad", m.parameters()[i].grad());
+      at.push_back(positions[i]);
+    }
+    for (size_t i = 0; i < state.size(); ++i) {
+      const auto& [name, t] = state[i];
       if (name.size() > 5 && name.substr(name.size() - 5) == "/step") continue;  // not the fused pass's
       uint64_t known[16], want[16];
-      const bool has = fused_lane_sums(*opt, t, known);
+      const bool has = fused_sums(*opt, t, known);
       EXPECT_EQ(has, expect_known) << name << " " << when;
       if (!has) continue;
+      if (mixed) {
+        ASSERT_EQ(known[0], tensor_mixed_sum(t, at[i])) << name << " " << when;
+        continue;
+      }
       lane_sums(t.data_ptr(), t.nbytes(), want);
       for (int l = 0; l < 16; ++l) ASSERT_EQ(known[l], want[l]) << name << " lane " << l << " " << when;
     }
@@ -239,24 +262,96 @@ void check_lane_sums(int lanes) {
   for (int step = 1; step <= 3; ++step) {
     torch::manual_seed(50 + step);
     for (auto& p : m.parameters()) p.mutable_grad() = torch::randn_like(p);
+    if (scale) ASSERT_TRUE(defer_grad_scale(*opt, m.parameters(), 0.37));
     opt->step();
     check_all(true, "after a fused step");
+  }
+  uint64_t out[16];
+  if (mixed) {
+    // A new gradient in the old one's place is not the one summed.
+    const torch::Tensor old = m.parameters()[1].grad();
+    m.parameters()[1].mutable_grad() = old.clone();
+    EXPECT_FALSE(fused_sums(*opt, m.parameters()[1].grad(), out));
+    EXPECT_TRUE(fused_sums(*opt, old, out));
+    torch::NoGradGuard no_grad;
+    old.mul_(2.0f);  // and a write to the summed one
+    EXPECT_FALSE(fused_sums(*opt, old, out));
   }
   {
     torch::NoGradGuard no_grad;
     m.parameters()[0].add_(1.0f);  // a write through a tensor operation
   }
-  uint64_t out[16];
-  EXPECT_FALSE(fused_lane_sums(*opt, m.parameters()[0], out));
+  EXPECT_FALSE(fused_sums(*opt, m.parameters()[0], out));
   load_optimizer_state(*opt, m, OptimizerKind::kAdamW, optimizer_state(*opt, m, OptimizerKind::kAdamW));
   for (const auto& [name, t] : optimizer_state(*opt, m, OptimizerKind::kAdamW))
-    EXPECT_FALSE(fused_lane_sums(*opt, t, out)) << name << " after a load";
+    EXPECT_FALSE(fused_sums(*opt, t, out)) << name << " after a load";
+  // Nothing kept: nothing known.
+  keep_sums(*opt, KeptSums::kNone);
+  for (auto& p : m.parameters()) p.mutable_grad() = torch::randn_like(p);
+  opt->step();
+  EXPECT_FALSE(fused_sums(*opt, m.parameters()[2], out));
 }
 
 TEST(FusedAdamW, LaneSumsOfItsPassAreThoseOfTheTensorsAndLapseWhenTheyChange) {
   if (!compat::kFusedAdamWMatchesLibTorch) GTEST_SKIP() << "no fused AdamW on LibTorch " << compat::libtorch_version();
-  check_lane_sums(1);
-  check_lane_sums(2);
+  check_kept_sums(1, KeptSums::kLanes, false);
+  check_kept_sums(2, KeptSums::kLanes, true);
+}
+
+// The validation layer's optimizer check: what a checkpoint's optimizer state must be before any
+// of it is installed (issue 38: a step count of 0 elements, moments stored as int32).
+TEST(OptimizerState, EveryEntryIsCheckedBeforeAnyIsInstalled) {
+  Params m({6, 4}, torch::kFloat32, 1);
+  auto opt = make_optimizer(adamw(false, 0.01), m);
+  for (auto& p : m.parameters()) p.mutable_grad() = torch::ones_like(p);
+  opt->step();
+  const NamedTensors good = optimizer_state(*opt, m, OptimizerKind::kAdamW);
+  EXPECT_NO_THROW(check_optimizer_state(good, m, OptimizerKind::kAdamW, "here"));
+  auto with = [&](const std::string& name, const torch::Tensor& t) {
+    NamedTensors s = good;
+    bool found = false;
+    for (auto& [n, v] : s)
+      if (n == name) v = t, found = true;
+    if (!found) s.emplace_back(name, t);
+    return s;
+  };
+  auto refused = [&](const NamedTensors& s, const std::string& says) {
+    try {
+      check_optimizer_state(s, m, OptimizerKind::kAdamW, "shard X");
+      return std::string("accepted");
+    } catch (const FormatError& e) {
+      const std::string w = e.what();
+      return w.find("shard X") != std::string::npos && w.find(says) != std::string::npos ? std::string() : w;
+    }
+  };
+  EXPECT_EQ(refused(with("p0/step", torch::zeros({0}, torch::kInt64)), "a step count is one number"), "");
+  EXPECT_EQ(refused(with("p0/step", torch::zeros({2}, torch::kInt64)), "a step count is one number"), "");
+  EXPECT_EQ(refused(with("p0/step", torch::tensor(1.0, torch::kFloat64)), "a step count is Long"), "");
+  EXPECT_EQ(refused(with("p0/step", torch::tensor(int64_t{-3})), "not negative"), "");
+  EXPECT_EQ(refused(with("p0/exp_avg", torch::zeros({6}, torch::kInt32)), "the state of a parameter has its dtype"), "");
+  EXPECT_EQ(refused(with("p0/exp_avg", torch::zeros({3})), "has shape [3]"), "");
+  EXPECT_EQ(refused(with("p0/momentum_buffer", torch::zeros({6})), "is not a field of a parameter"), "");
+  EXPECT_EQ(refused(with("p9/exp_avg", torch::zeros({6})), "is not a field of a parameter"), "");
+  NamedTensors missing;
+  for (const auto& [n, t] : good)
+    if (n != "p1/exp_avg_sq") missing.emplace_back(n, t);
+  EXPECT_EQ(refused(missing, "has a step count but no exp_avg_sq"), "");
+  // Loading goes through the same check: nothing installed from a bad entry.
+  EXPECT_THROW(load_optimizer_state(*opt, m, OptimizerKind::kAdamW, with("p0/exp_avg", torch::zeros({6}, torch::kInt32))),
+               FormatError);
+  // A ZeRO rank's own part of a parameter, and nothing of one it does not own.
+  const std::function<int64_t(size_t)> part = [](size_t i) { return i == 0 ? int64_t{2} : int64_t{0}; };
+  NamedTensors sliced = {{"p0/step", torch::tensor(int64_t{1})}, {"p0/exp_avg", torch::zeros({2})},
+                         {"p0/exp_avg_sq", torch::zeros({2})}, {"p1/step", torch::zeros({0}, torch::kInt64)}};
+  EXPECT_NO_THROW(check_optimizer_state(sliced, m, OptimizerKind::kAdamW, "here", &part));
+  sliced[1].second = torch::zeros({3});
+  EXPECT_THROW(check_optimizer_state(sliced, m, OptimizerKind::kAdamW, "here", &part), FormatError);
+}
+
+TEST(FusedAdamW, MixedSumsOfItsPassAreThoseOfTheTensorsAtTheirPositions) {
+  if (!compat::kFusedAdamWMatchesLibTorch) GTEST_SKIP() << "no fused AdamW on LibTorch " << compat::libtorch_version();
+  check_kept_sums(1, KeptSums::kMixed, false);
+  check_kept_sums(2, KeptSums::kMixed, true);
 }
 
 TEST(FusedAdamW, ContinuesFromStateLoadedOutOfLibTorchsOptimizer) {

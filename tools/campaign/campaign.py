@@ -2,6 +2,7 @@
 """The standing fault campaign against retrace's checkpoints and traces.
 
   tools/campaign/campaign.py RETRACE [--smoke [--quick] | --long] [--work DIR] [--kills N] [--seed S]
+                             [--only TEXT ...]
 
 (a) kills: a run is SIGKILLed at random moments (many of them inside checkpoint saves and
     rotation, which every step does here), then resumed; every resume must load an untorn
@@ -66,7 +67,7 @@ class Campaign:
             self.failures.append(f"{name}: {detail}")
 
     # ------------------------------------------------------------------ (b) damage
-    def damage(self, smoke, quick=False):
+    def damage(self, smoke, quick=False, only=None):
         base = os.path.join(self.work, "base")
         self.record(base, ["--interrupt-at", "30"])  # checkpoints 10, 20, 30; resume runs 31..40
         ck = os.path.join(base, "checkpoints")
@@ -114,9 +115,38 @@ class Campaign:
             for key, value in hostile:
                 cases.append((f"reseal shard of {s}: {key}={value[:24]}", f"checkpoints/{s}/shard-rank00000.safetensors",
                               ("reseal-shard", key, value)))
+        # Malformed numbers in every metadata field of the newest shard, resealed: each must be
+        # refused (or, for a field that is not a number, be seen as another config or run).
+        shard = f"checkpoints/{newest}/shard-rank00000.safetensors"
+        keys = self.metadata_keys(os.path.join(base, shard))
+        bad_numbers = ["a:b", "-1", " 7", "1e3", "99999999999999999999999", ""]
+        for i, key in enumerate(keys):
+            for value in (bad_numbers if not smoke else [bad_numbers[i % len(bad_numbers)]]):
+                cases.append((f"reseal shard of {newest}: {key}={value!r}", shard, ("reseal-shard", key, value)))
+        # A tensor resized (to 0 elements, or half its length), or retyped (F32 as I32, the same
+        # bytes), and an RNG state whose torch CPU generator state is cut to 16 bytes: shard,
+        # manifest table and checksums all resealed to match, so only the values can tell.
+        for s in (steps[-1],) if smoke else (steps[-1], steps[-2]):
+            shard = f"checkpoints/{s}/shard-rank00000.safetensors"
+            names = self.tensor_names(os.path.join(base, shard))
+            step_t = next(n for n in names if n.endswith("/step"))
+            moment = next(n for n in names if n.endswith("/exp_avg"))
+            model_t = next(n for n in names if n.startswith("model/"))
+            for op in [("resize", step_t, 0), ("resize", step_t, 2), ("resize", moment, 0), ("resize", moment, "half"),
+                       ("resize", model_t, "half"), ("dtype", moment, "I32"), ("dtype", step_t, "F64"),
+                       ("dtype", model_t, "I32"), ("rng-cpu", "rng/state", 16), ("rng-cpu", "rng/state", 0)]:
+                cases.append((f"reseal tensor of {s}: {op[0]} {op[1]} {op[2]}", shard, ("reseal-tensor",) + op))
+        # Every file of the run replaced by a link to an identical copy outside the checkpoint (the
+        # bytes verify; the link must not be followed), and the trace header's reserved bytes.
+        for rel in files:
+            cases.append((f"link for {rel}", rel, ("outlink",)))
+        for at in (8, 15):
+            cases.append((f"trace header reserved byte {at}", "trace.rtrace", ("setbyte", at, 1)))
         for how in ("swap", "duplicate", "drop", "reseal-loss"):
             cases.append((f"trace frames: {how}", "trace.rtrace", ("frames", how)))
 
+        if only:
+            cases = [c for c in cases if any(o in c[0] for o in only)]
         if quick:
             # Every third case, so each file and each kind of damage still comes up; for a second
             # build of the same integrity code (CI's LibTorch 2.x build), after the first ran them all.
@@ -167,6 +197,9 @@ class Campaign:
         why = "resume fell back to an older checkpoint" if "skipped checkpoint" in text["resume"] else "resume ran"
         if rel == "checkpoints/LATEST":
             return self.verdict(name, "accepted", "LATEST is a hint, never trusted; " + why)
+        if name == "link for config.toml":
+            return self.verdict(name, "accepted", "the config is only read, and its hash must be the checkpoint's and "
+                                "the trace's; " + why)
         if rel == "trace.rtrace" and "warning" in text.get("inspect", "") + text["resume"]:
             return self.verdict(name, "accepted", "a damaged tail after the last complete frame, kept aside; " + why)
         if self.same_content(run, rel):
@@ -235,6 +268,17 @@ class Campaign:
             self.reseal_shard(path, op[1], op[2])
         elif kind == "frames":
             self.edit_frames(path, op[1])
+        elif kind == "reseal-tensor":
+            self.reseal_tensor(path, *op[1:])
+        elif kind == "outlink":
+            outside = os.path.join(os.path.dirname(run), "outside-" + os.path.basename(path))
+            shutil.copyfile(path, outside)
+            os.remove(path)
+            os.symlink(outside, path)
+        elif kind == "setbyte":
+            with open(path, "r+b") as f:
+                f.seek(op[1])
+                f.write(bytes([op[2]]))
         else:
             raise ValueError(kind)
 
@@ -252,20 +296,81 @@ class Campaign:
                 data[i] = r.randrange(256)
         else:
             header["__metadata__"][key] = value
+        Campaign.write_resealed(path, header, bytes(data))
+
+    @staticmethod
+    def write_resealed(path, header, data, edit_manifest=None):
+        """Writes a shard (its JSON header, metadata included, then the data) and reseals its
+        manifest: the shard's size and sha256, what edit_manifest changes, the manifest checksum."""
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * ((8 - len(text) % 8) % 8)
-        new = struct.pack("<Q", len(text)) + text + bytes(data)
+        new = struct.pack("<Q", len(text)) + text + data
         with open(path, "wb") as f:
             f.write(new)
         manifest = os.path.join(os.path.dirname(path), "manifest.json")
         with open(manifest) as f:
             j = json.load(f)
         j["shards"][0].update(size=len(new), sha256=hashlib.sha256(new).hexdigest())
+        if edit_manifest:
+            edit_manifest(j)
         j.pop("manifest_sha256", None)
         canon = json.dumps(j, sort_keys=True, separators=(",", ":"))
         j["manifest_sha256"] = hashlib.sha256(canon.encode()).hexdigest()
         with open(manifest, "w") as f:
             f.write(json.dumps(j, sort_keys=True, indent=2))
+
+    @staticmethod
+    def read_shard(path):
+        with open(path, "rb") as f:
+            b = f.read()
+        n = struct.unpack_from("<Q", b, 0)[0]
+        return json.loads(b[8:8 + n]), b[8 + n:]
+
+    def metadata_keys(self, path):
+        return sorted(self.read_shard(path)[0]["__metadata__"])
+
+    def tensor_names(self, path):
+        return sorted(k for k in self.read_shard(path)[0] if k != "__metadata__")
+
+    @staticmethod
+    def reseal_tensor(path, how, name, arg):
+        """Rewrites one tensor of a shard (resized, retyped or, for the RNG state, its torch CPU
+        generator state cut), the other tensors kept, then reseals the manifest: the shard's size
+        and sha256, the table's dtype, shape and piece of that tensor, and the manifest checksum."""
+        header, data = Campaign.read_shard(path)
+        meta = header.pop("__metadata__")
+        order = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+        blobs = {k: data[header[k]["data_offsets"][0]:header[k]["data_offsets"][1]] for k in order}
+        t = header[name]
+        size = {"F32": 4, "I32": 4, "F64": 8, "I64": 8, "U8": 1}
+        if how == "resize":
+            count = len(blobs[name]) // size[t["dtype"]]
+            new_count = count // 2 if arg == "half" else arg
+            blobs[name] = blobs[name][:new_count * size[t["dtype"]]] + b"\0" * max(0, new_count - count) * size[t["dtype"]]
+            t["shape"] = [new_count]
+        elif how == "dtype":
+            count = len(blobs[name]) // size[t["dtype"]]
+            t["dtype"] = arg
+            blobs[name] = (blobs[name] * 2)[:count * size[arg]]
+        else:  # rng-cpu: magic, version, seed, then the CPU generator's bytes (a u64 length first)
+            b = blobs[name]
+            n = struct.unpack_from("<Q", b, 24)[0]
+            blobs[name] = b[:24] + struct.pack("<Q", arg) + b[32:32 + arg] + b[32 + n:]
+            t["shape"] = [len(blobs[name])]
+        offset, out = 0, b""
+        for k in order:
+            header[k]["data_offsets"] = [offset, offset + len(blobs[k])]
+            offset += len(blobs[k])
+            out += blobs[k]
+        header["__metadata__"] = meta
+        elements = len(blobs[name]) // size[t["dtype"]]
+
+        def table(j):
+            for entry in j.get("tensors", []):
+                if entry["name"] == name:
+                    entry.update(dtype=t["dtype"], shape=t["shape"],
+                                 pieces=[{"rank": 0, "begin": 0, "end": elements}] if elements else [])
+        Campaign.write_resealed(path, header, out, table)
 
     @staticmethod
     def frames_of(data):
@@ -359,14 +464,17 @@ def main():
     ap.add_argument("--kills", type=int, default=None)
     ap.add_argument("--work", default=None)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--only", action="append", default=None,
+                    help="only the damage cases whose name contains this text (repeatable), and no kills")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="retrace-campaign-")
     os.makedirs(work, exist_ok=True)
     c = Campaign(os.path.abspath(a.retrace), work, random.Random(a.seed))
     try:
-        c.damage(smoke=a.smoke, quick=a.quick)
+        c.damage(smoke=a.smoke, quick=a.quick, only=a.only)
         smoke_kills = 2 if a.quick else 4
-        c.kills(a.kills if a.kills is not None else (1000 if a.long else (smoke_kills if a.smoke else 50)))
+        if not a.only:
+            c.kills(a.kills if a.kills is not None else (1000 if a.long else (smoke_kills if a.smoke else 50)))
     finally:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,40 @@
+// Numbers read from files (a checkpoint's metadata, its records of batches set aside, the guards'
+// and the scaler's states, a manifest): decimal digits only, no sign, space or suffix, within
+// range. std::stoull would take "-1" for 2^64 - 1 and " 7" for 7, and throws std::invalid_argument
+// (an internal error, exit 70) on "a"; these give nullopt, or a FormatError naming the field.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace retrace {
+
+inline std::optional<uint64_t> parse_decimal_u64(std::string_view text) {
+  if (text.empty() || text.size() > 20) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const auto digit = static_cast<uint64_t>(c - '0');
+    if (v > (std::numeric_limits<uint64_t>::max() - digit) / 10) return std::nullopt;
+    v = v * 10 + digit;
+  }
+  return v;
+}
+
+// `what` names the field and where it was read ("checkpoint step-00000010/shard-rank00000
+// metadata \"samples_seen\""); FormatError for anything but a decimal number at most `max`.
+inline uint64_t parse_u64_field(std::string_view text, const std::string& what,
+                                uint64_t max = std::numeric_limits<uint64_t>::max()) {
+  const std::optional<uint64_t> v = parse_decimal_u64(text);
+  RETRACE_CHECK(v.has_value(), FormatError, what, " is \"", std::string(text.substr(0, 64)),
+                text.size() > 64 ? "...\"" : "\"", ", not a non-negative decimal integer");
+  RETRACE_CHECK(*v <= max, FormatError, what, " is ", *v, ", more than its largest value ", max);
+  return *v;
+}
+
+}  // namespace retrace
