@@ -312,8 +312,11 @@ void assign(const Field& f, Config& c, const toml::node& node, const std::string
   };
   switch (f.kind) {
     case Kind::kInt: {
+      // The type first: toml++ 3.3.0's value<int64_t>() of a float casts it unchecked (undefined
+      // for 1e25; found by tools/fuzz/config_fuzzer.cpp).
+      if (!node.is_integer()) type_error();
       auto v = node.value<int64_t>();
-      if (!node.is_integer() || !v) type_error();
+      if (!v) type_error();
       check_range(f, static_cast<double>(*v), where);
       *static_cast<int64_t*>(p) = *v;
       break;
@@ -437,6 +440,33 @@ void validate(Config& c) {
                 "(e.g. --set model.path=model.pt)");
 }
 
+// Whether s is UTF-8 as TOML requires it: no overlong forms, surrogates or code points past U+10FFFF.
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t c = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
+    for (size_t k = 1; k < n; ++k) {
+      const auto cont = static_cast<unsigned char>(s[i + k]);
+      if ((cont & 0xC0) != 0x80) return false;
+      c = (c << 6) | (cont & 0x3Fu);
+    }
+    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (c < least[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+// A --set value that is not TOML, taken as a string: it must be UTF-8 text (TOML's own strings
+// are), or the config written back (to_toml) would not read back as the same text.
+toml::table bare_string(const std::string& value, const std::string& ov) {
+  RETRACE_CHECK(valid_utf8(value), ConfigError, "--set ", ov.substr(0, ov.find('=')),
+                ": the value is not UTF-8 text; give it in UTF-8 (or quoted as a TOML string with escapes)");
+  return toml::table{{"v", value}};
+}
+
 std::string toml_string(const std::string& s) {
   std::ostringstream out;
   out << toml::value<std::string>(s);
@@ -508,7 +538,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
       try {
         t = toml::parse("v = " + value);
       } catch (const toml::parse_error&) {
-        t = toml::table{{"v", value}};
+        t = bare_string(value, ov);
       }
       c.user[key.substr(5)] = value_text(*t.get("v"));
       continue;
@@ -518,7 +548,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
       t = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
       // A bare word is taken as a string, so `--set optim.name=sgd` works without quotes.
-      t = toml::table{{"v", value}};
+      t = bare_string(value, ov);
     }
     assign(f, c, *t.get("v"), "--set " + ov);
   }

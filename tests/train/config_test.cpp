@@ -171,3 +171,23 @@ TEST(Config, EntriesTrackSections) {
 
 
 }  // namespace retrace::train
+
+namespace retrace::train {
+namespace {
+
+// Findings of tools/fuzz/config_fuzzer.cpp: a float where an integer belongs is a type error before
+// toml++ converts it (its value<int64_t>() casts 1e25 unchecked), and a --set value taken as a bare
+// string must be UTF-8 (or the config written back would not read back as the same text).
+TEST(Config, FuzzFindingsAreConfigErrors) {
+  EXPECT_THROW(parse_config("seed = 999999999999999999e7\n", "x", {}), ConfigError);
+  EXPECT_THROW(parse_config("", "x", {"seed=1e25"}), ConfigError);
+  EXPECT_THROW(parse_config("[data]\nbatch_size = 1.0e30\n", "x", {}), ConfigError);
+  EXPECT_THROW(parse_config("", "x", {"model.kind=\x84\x84gpt"}), ConfigError);
+  EXPECT_THROW(parse_config("", "x", {"data.dir=/data/\xed\xa0\x80"}), ConfigError);  // a surrogate
+  EXPECT_THROW(parse_config("", "x", {"data.dir=/data/\xc0\xaf"}), ConfigError);      // overlong '/'
+  const Config c = parse_config("", "x", {"data.dir=/données/ｔｏｋｅｎｓ"});
+  EXPECT_EQ(to_toml(parse_config(to_toml(c), "again", {})), to_toml(c));
+}
+
+}  // namespace
+}  // namespace retrace::train

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the fuzzers with clang++ -fsanitize=fuzzer,address,undefined and runs each on a copy of
 # its seed corpus (tools/fuzz/corpus/<name>/; new inputs stay in the copy): the checkpoint shard
-# reader and manifest parser, the trace file reader (frames, tail, chain) and the record decoder.
+# reader and manifest parser, the trace file reader (frames, tail, chain), the record decoder and
+# the config parser (TOML text and --set overrides; compiled with NDEBUG, as the build compiles it:
+# toml++ 3.3.0 asserts on a table header with no key, "[\n", in a debug build, and reports it as a
+# parse error in the release build).
 #
 #   tools/fuzz/run.sh [SECONDS]   run each fuzzer SECONDS seconds (default 60)
 #   tools/fuzz/run.sh --smoke     CI mode: 10 s or 20000 runs per fuzzer (ctest: fuzz_smoke)
@@ -23,7 +26,7 @@ else
   limits=(-max_total_time="${1:-60}")
 fi
 
-fuzzers=(${FUZZERS:-shard manifest trace record})
+fuzzers=(${FUZZERS:-shard manifest trace record config})
 # The trace schema's generated code, as the build makes it.
 mkdir -p "$out/gen/trace"
 if [[ ! -f "$out/gen/trace/trace.capnp.c++" || "$repo/src/trace/trace.capnp" -nt "$out/gen/trace/trace.capnp.c++" ]]; then
@@ -51,12 +54,27 @@ for src in "${sources[@]}"; do
   fi
   objs+=("$obj")
 done
+# The config parser's own sources, for the config fuzzer only.
+config_objs=()
+newest_train_header="$(find "$repo/src/train" "$repo/src/model" "$repo/src/data" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
+for src in src/train/config.cpp src/train/faults.cpp; do
+  obj="$out/obj/config_$(basename "$src").o"
+  if [[ ! -f "$obj" || "$repo/$src" -nt "$obj" || -n "$newest_header" || -n "$newest_train_header" || ! -f "$out/.built" ]]; then
+    echo "compiling $src"
+    "$cxx" "${flags[@]}" -DNDEBUG -fsanitize=fuzzer-no-link -c "$repo/$src" -o "$obj"
+  fi
+  config_objs+=("$obj")
+done
 for fuzzer in "${fuzzers[@]}"; do
   bin="$out/${fuzzer}_fuzzer"
-  if [[ ! -f "$bin" || "$here/${fuzzer}_fuzzer.cpp" -nt "$bin" || -n "$newest_header" || ! -f "$out/.built" ]]; then
+  extra=()
+  [[ $fuzzer == config ]] && extra=("${config_objs[@]}")
+  stale=""
+  for o in ${extra[@]+"${extra[@]}"}; do [[ "$o" -nt "$bin" ]] && stale=1; done
+  if [[ ! -f "$bin" || "$here/${fuzzer}_fuzzer.cpp" -nt "$bin" || -n "$newest_header" || -n "$stale" || ! -f "$out/.built" ]]; then
     echo "linking ${fuzzer}_fuzzer"
-    "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/${fuzzer}_fuzzer.cpp" "${objs[@]}" -o "$bin" -lcrypto -lxxhash \
-      -lcapnp -lkj -lzstd -pthread
+    "$cxx" "${flags[@]}" -fsanitize=fuzzer "$here/${fuzzer}_fuzzer.cpp" "${objs[@]}" ${extra[@]+"${extra[@]}"} -o "$bin" \
+      -lcrypto -lxxhash -lcapnp -lkj -lzstd -pthread
   fi
 done
 touch "$out/.built"
@@ -74,7 +92,7 @@ for fuzzer in "${fuzzers[@]}"; do
   echo "== ${fuzzer}_fuzzer ${limits[*]}"
   dict=(-dict="$here/json.dict")
   max_len=4096
-  case $fuzzer in trace) dict=(); max_len=16384 ;; record) dict=() ;; esac
+  case $fuzzer in trace) dict=(); max_len=16384 ;; record | config) dict=() ;; esac
   if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" ${dict[@]+"${dict[@]}"} -max_len=$max_len -rss_limit_mb=1024 ${jobs_flag[@]+"${jobs_flag[@]}"} \
        -artifact_prefix="$out/artifacts/${fuzzer}-" -print_final_stats=1 "$work" 2>&1 | tail -n 25; then
     status=1
