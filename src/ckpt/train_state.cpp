@@ -438,22 +438,13 @@ namespace {
 void check_state_values(train::Trainer& trainer, const NamedTensors& model, const NamedTensors& optim,
                         const std::string& rng, const std::map<std::string, std::string>& metadata,
                         const std::string& where) {
-  std::map<std::string, torch::Tensor> expected;
-  for (const auto& [name, t] : train::module_tensors(trainer.module())) expected.emplace(name, t);
-  std::set<std::string> seen;
-  for (const auto& [name, t] : model) {
-    auto it = expected.find(name);
-    RETRACE_CHECK(it != expected.end(), FormatError, where, ": model tensor ", name,
+  const NamedTensors expected = train::module_tensors(trainer.module());
+  train::check_model_state(expected, model, where);
+  std::set<std::string> known;
+  for (const auto& [name, t] : expected) known.insert(name);
+  for (const auto& [name, t] : model)
+    RETRACE_CHECK(known.count(name), FormatError, where, ": model tensor ", name,
                   " is not a parameter or buffer of this model; the checkpoint belongs to another model");
-    const torch::Tensor& want = it->second;
-    RETRACE_CHECK(t.defined() && t.scalar_type() == want.scalar_type() && t.sizes() == want.sizes(), FormatError,
-                  where, ": model tensor ", name, " is ", t.defined() ? c10::toString(t.scalar_type()) : "undefined",
-                  " of shape ", t.defined() ? c10::str(t.sizes()) : std::string("[]"), ", the model's is ",
-                  c10::toString(want.scalar_type()), " of shape ", want.sizes());
-    seen.insert(name);
-  }
-  for (const auto& [name, t] : expected)
-    RETRACE_CHECK(seen.count(name), FormatError, where, ": model tensor ", name, " is missing from the checkpoint");
   const train::ZeroShard* zero = trainer.zero();
   const std::function<int64_t(size_t)> part_length = zero ? train::zero_part_lengths(*zero) : nullptr;
   train::check_optimizer_state(optim, trainer.module(), trainer.config().optim.name, where,
@@ -484,7 +475,8 @@ void check_snapshot_values(train::Trainer& trainer, const LoadedSnapshot& snap) 
   }
 }
 
-RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap,
+// values_checked: load_newest_snapshot's predicate already ran check_snapshot_values on it.
+RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap, bool values_checked,
                       const Reshard* reshard = nullptr) {
   // The config is checked before any tensor is applied: the manifest holds its hash.
   const std::string cfg_hash = reshard ? reshard->config_hash : config_hash(train::to_toml(trainer.config()));
@@ -496,7 +488,7 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
   auto meta_it = snap.metadata.find("optim");
   RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(trainer.config().optim.name),
                 FormatError, snap.where, ": optimizer in checkpoint does not match optim.name");
-  check_snapshot_values(trainer, snap);
+  if (!values_checked) check_snapshot_values(trainer, snap);
 
   StateSnapshot state;
   state.step = m.step;
@@ -566,7 +558,8 @@ KeepRange keep_of(train::Trainer& trainer) {
 }
 
 RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
-  return restore(trainer, dir, load_snapshot(dir, trainer.world_size(), trainer.rank(), keep_of(trainer)));
+  return restore(trainer, dir, load_snapshot(dir, trainer.world_size(), trainer.rank(), keep_of(trainer)),
+                 /*values_checked=*/false);
 }
 
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
@@ -577,7 +570,7 @@ std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, con
   auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer),
                                      [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); });
   if (!newest) return std::nullopt;
-  return restore(trainer, newest->dir, std::move(newest->snapshot), reshard);
+  return restore(trainer, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }
 
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root) {

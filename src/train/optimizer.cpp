@@ -294,11 +294,14 @@ NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Modu
   return out;
 }
 
+std::vector<std::string> optimizer_fields(OptimizerKind kind) {
+  if (kind == OptimizerKind::kAdamW) return {"step", "exp_avg", "exp_avg_sq"};
+  return {"momentum_buffer"};
+}
+
 void check_optimizer_state(const NamedTensors& state, const torch::nn::Module& model, OptimizerKind kind,
                            const std::string& where, const std::function<int64_t(size_t)>* part_length) {
-  const std::vector<std::string> fields = kind == OptimizerKind::kAdamW
-                                              ? std::vector<std::string>{"step", "exp_avg", "exp_avg_sq"}
-                                              : std::vector<std::string>{"momentum_buffer"};
+  const std::vector<std::string> fields = optimizer_fields(kind);
   std::map<std::string, size_t> param_index;
   std::vector<torch::Tensor> params;
   for (const auto& item : model.named_parameters()) {

@@ -48,6 +48,9 @@ void set_sum_positions(torch::optim::Optimizer& opt, const std::vector<torch::Te
 // out[0]. False for anything else, any other optimizer, or with KeptSums::kNone.
 bool fused_sums(const torch::optim::Optimizer& opt, const torch::Tensor& t, uint64_t out[16]);
 
+// The per-parameter fields of an optimizer's state, in a fixed order: AdamW's step count, exp_avg
+// and exp_avg_sq; SGD's momentum_buffer.
+std::vector<std::string> optimizer_fields(OptimizerKind kind);
 // The validation layer's check of optimizer state read from a checkpoint, before any of it is
 // installed: every entry is "<param>/<field>" for a parameter of `model` and a field of `kind`
 // (AdamW: step, exp_avg, exp_avg_sq; SGD: momentum_buffer); the step count an int64 scalar, not

@@ -107,18 +107,25 @@ void load_policy_state(TrainState& st, const std::map<std::string, std::string>&
   }
 }
 
+void check_model_state(const NamedTensors& model, const NamedTensors& state, const std::string& where) {
+  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+  for (const auto& [name, t] : model) {
+    auto it = by_name.find(name);
+    RETRACE_CHECK(it != by_name.end(), FormatError, where, ": model tensor ", name, " is missing from the checkpoint");
+    const torch::Tensor& got = it->second;
+    RETRACE_CHECK(got.defined() && got.sizes() == t.sizes() && got.scalar_type() == t.scalar_type(), FormatError,
+                  where, ": model tensor ", name, " has shape ", got.defined() ? c10::str(got.sizes()) : "[]", " ",
+                  got.defined() ? c10::toString(got.scalar_type()) : "undefined", " in the checkpoint, the model expects ",
+                  t.sizes(), " ", c10::toString(t.scalar_type()));
+  }
+}
+
 void load_model_state(TrainState& s, const NamedTensors& state) {
+  const NamedTensors model = model_state(s);
+  check_model_state(model, state, "the model state to load");
   std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
   torch::NoGradGuard no_grad;
-  for (auto& [name, t] : model_state(s)) {
-    auto it = by_name.find(name);
-    RETRACE_CHECK(it != by_name.end(), FormatError, "model tensor ", name, " is missing from the checkpoint");
-    RETRACE_CHECK(it->second.sizes() == t.sizes() && it->second.scalar_type() == t.scalar_type(), FormatError,
-                  "model tensor ", name, " has shape ", it->second.sizes(), " ",
-                  c10::toString(it->second.scalar_type()), " in the checkpoint, the model expects ", t.sizes(), " ",
-                  c10::toString(t.scalar_type()));
-    t.copy_(it->second);
-  }
+  for (const auto& [name, t] : model) t.copy_(by_name.at(name));
 }
 
 void set_aside_batches(TrainState& s, const data::Cursor& spike, int64_t count, uint64_t batches_per_epoch) {

@@ -64,6 +64,10 @@ void check_policy_state(const TrainState& s, const std::map<std::string, std::st
 Digest128 policy_digest(const TrainState& s);
 // FormatError naming the tensor when one is missing or of another shape or dtype.
 void load_model_state(TrainState& s, const NamedTensors& state);
+// That `state` holds every tensor of `model` (a model's parameters and buffers) by name, of its
+// dtype and shape: FormatError naming `where` and the tensor otherwise. load_model_state's check,
+// and the validation layer's (which also refuses tensors the model lacks).
+void check_model_state(const NamedTensors& model, const NamedTensors& state, const std::string& where);
 // After a rollback: skip the spiking batch and the `count - 1` batches before it.
 void set_aside_batches(TrainState& s, const data::Cursor& spike, int64_t count, uint64_t batches_per_epoch);
 

@@ -120,12 +120,6 @@ std::vector<std::string> param_names(const torch::nn::Module& model) {
   return out;
 }
 
-// The optimizer's per-element fields of a parameter, in a fixed order; AdamW's step count first.
-std::vector<std::string> fields_of(OptimizerKind kind) {
-  if (kind == OptimizerKind::kAdamW) return {"step", "exp_avg", "exp_avg_sq"};
-  return {"momentum_buffer"};
-}
-
 // The field's tensor in `state` (undefined when the optimizer keeps none).
 torch::Tensor field_of(torch::optim::OptimizerParamState& state, OptimizerKind kind, size_t field) {
   if (kind == OptimizerKind::kAdamW) {
@@ -141,7 +135,7 @@ torch::Tensor field_of(torch::optim::OptimizerParamState& state, OptimizerKind k
 NamedTensors zero_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& zero, const torch::nn::Module& model,
                                   OptimizerKind kind, std::vector<SliceOf>& slices) {
   const std::vector<std::string> names = param_names(model);
-  const std::vector<std::string> fields = fields_of(kind);
+  const std::vector<std::string> fields = optimizer_fields(kind);
   NamedTensors out;
   slices.clear();
   for (size_t k = 0; k < zero.mine().size(); ++k) {
@@ -243,7 +237,7 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
     slot[0] += 1;
     slot[1] += mixed(g, static_cast<uint64_t>(part.begin));
   }
-  const std::vector<std::string> fields = fields_of(kind);
+  const std::vector<std::string> fields = optimizer_fields(kind);
   const size_t optim_from = local.size();
   if (with_optimizer) {
     local.resize(optim_from + params * fields.size() * 2, 0);
