@@ -106,11 +106,11 @@ add_test(NAME replay_cli COMMAND bash ${CMAKE_SOURCE_DIR}/tests/replay/replay_cl
 set_tests_properties(replay_cli PROPERTIES TIMEOUT 900)
 
 # Data parallelism through the real binary's launcher (Gloo ranks on loopback).
-retrace_gtest(dist_test tests/dist/dist_test.cpp)
-target_link_libraries(dist_test PRIVATE retrace_replay)
-target_precompile_headers(dist_test REUSE_FROM retrace_core_torch)
-target_compile_definitions(dist_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
-add_dependencies(dist_test retrace)
+retrace_gtest(distributed_test tests/distributed/distributed_test.cpp)
+target_link_libraries(distributed_test PRIVATE retrace_replay)
+target_precompile_headers(distributed_test REUSE_FROM retrace_core_torch)
+target_compile_definitions(distributed_test PRIVATE RETRACE_BIN="$<TARGET_FILE:retrace>")
+add_dependencies(distributed_test retrace)
 
 # The standing fault campaign (tools/campaign/campaign.py), smoke size: every file of a run
 # damaged a few ways, plus a few SIGKILLs; --long runs every position and 1000 kills.
@@ -176,13 +176,13 @@ target_precompile_headers(gpu_test REUSE_FROM retrace_core_torch)
 gtest_discover_tests(gpu_test TEST_PREFIX "gpu." DISCOVERY_TIMEOUT 60
                      PROPERTIES LABELS gpu TIMEOUT 600 SKIP_REGULAR_EXPRESSION "\\\\[  SKIPPED \\\\]")
 
-# Launchers and hosts (tests/dist): a real torchrun from PyPI torch (.venv-torch, made by
+# Launchers and hosts (tests/distributed): a real torchrun from PyPI torch (.venv-torch, made by
 # `tools/setup.sh --torch2`), and two ranks in two network namespaces joined by veth (needs root).
 # Both exit 77, reported as skipped, where their tool is missing.
-add_test(NAME torchrun COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist/torchrun_test.sh $<TARGET_FILE:retrace>
+add_test(NAME torchrun COMMAND bash ${CMAKE_SOURCE_DIR}/tests/distributed/torchrun_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR}/.venv-torch/bin/torchrun ${CMAKE_SOURCE_DIR})
 set_tests_properties(torchrun PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
-add_test(NAME two_hosts COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist/two_hosts_test.sh $<TARGET_FILE:retrace>
+add_test(NAME two_hosts COMMAND bash ${CMAKE_SOURCE_DIR}/tests/distributed/two_hosts_test.sh $<TARGET_FILE:retrace>
          ${CMAKE_SOURCE_DIR})
 set_tests_properties(two_hosts PROPERTIES TIMEOUT 900 SKIP_RETURN_CODE 77)
 

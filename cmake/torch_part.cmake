@@ -108,12 +108,12 @@ target_link_libraries(retrace_train_torch PUBLIC retrace_train retrace_model ret
 retrace_torch_part(retrace_ckpt_torch src/ckpt/train_state.cpp)
 target_link_libraries(retrace_ckpt_torch PUBLIC retrace_ckpt retrace_train_torch)
 
-retrace_torch_part(retrace_dist
-  src/dist/process_group.cpp
-  src/dist/endpoint.cpp
-  src/dist/launcher.cpp
+retrace_torch_part(retrace_distributed
+  src/distributed/process_group.cpp
+  src/distributed/endpoint.cpp
+  src/distributed/launcher.cpp
 )
-target_link_libraries(retrace_dist PUBLIC retrace_train_torch)
+target_link_libraries(retrace_distributed PUBLIC retrace_train_torch)
 # NCCL for data parallelism on CUDA: only against a LibTorch built with CUDA and c10d NCCL (the
 # GPU machines' LibTorch 2.x); Debian's CPU LibTorch has neither, so the CPU build never needs it.
 # CUDA's device properties (train/cuda_info.cpp) need the CUDA runtime's headers: only against a
@@ -123,7 +123,7 @@ if(CAFFE2_USE_CUDA)
 endif()
 option(RETRACE_WITH_NCCL "Build the NCCL process group (needs LibTorch with CUDA and NCCL)" ${CAFFE2_USE_CUDA})
 if(RETRACE_WITH_NCCL)
-  target_compile_definitions(retrace_dist PUBLIC RETRACE_WITH_NCCL USE_C10D_NCCL)
+  target_compile_definitions(retrace_distributed PUBLIC RETRACE_WITH_NCCL USE_C10D_NCCL)
 endif()
 
 # run: the run lifecycle (record, resume, rollback, checkpoint cadence, run-directory layout).
@@ -136,7 +136,7 @@ retrace_torch_part(retrace_run
   src/run/data_parallel.cpp
   src/run/memory_report.cpp
 )
-target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_dist)
+target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_distributed)
 # Everything below replay, for tests and tools that use several parts.
 add_library(retrace_lib INTERFACE)
 target_link_libraries(retrace_lib INTERFACE retrace_run)

@@ -7,7 +7,7 @@
 // AdamW leave parameters, optimizer state, every step's loss bits and the RNG state bitwise equal
 // to one rank with one micro-batch. The W ranks are real Trainers in W threads over a fake
 // process group (an all-to-all through shared memory; the ranks take turns computing, because
-// torch's CPU generator is one per process); tests/dist/dist_test.cpp runs real Gloo ranks.
+// torch's CPU generator is one per process); tests/distributed/distributed_test.cpp runs real Gloo ranks.
 //
 // Negative controls, each of which must FAIL the property (so it can fail):
 //   - the ranks' gradients summed as an all-reduce of per-rank sums would sum them

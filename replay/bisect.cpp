@@ -18,8 +18,8 @@
 #include "train/environment.h"
 #include "train/probe.h"
 #include "train/trainer.h"
-#include "dist/launcher.h"
-#include "dist/process_group.h"
+#include "distributed/launcher.h"
+#include "distributed/process_group.h"
 #include "run/data_parallel.h"
 
 #include <nlohmann/json.hpp>
@@ -44,7 +44,7 @@ std::string run_dir_of(const std::string& p) {
 // under numerics profile `numerics` (one process runs one profile). With a process group, this
 // process is one rank of the recorded world size and re-executes with the others.
 Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uint64_t s, const std::string& label,
-                  train::Numerics numerics, const train::Registry& registry, dist::ProcessGroup* pg = nullptr,
+                  train::Numerics numerics, const train::Registry& registry, distributed::ProcessGroup* pg = nullptr,
                   const run::RunCallbacks* cb = nullptr) {
   train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
   cfg.runtime.numerics = numerics;
@@ -139,7 +139,7 @@ Probed read_probe(const std::string& path) {
 // (`retrace probe-step`, this binary's hidden command), each writing its probe to a file.
 std::vector<Probed> probe_ranks(const std::string& run_dir, uint32_t world, uint64_t s, train::Numerics numerics,
                                 const std::string& prefix) {
-  const int rc = dist::launch_local(world, {"probe-step", run_dir, "--step", std::to_string(s), "--numerics",
+  const int rc = distributed::launch_local(world, {"probe-step", run_dir, "--step", std::to_string(s), "--numerics",
                                             train::numerics_name(numerics), "--out", prefix});
   RETRACE_CHECK(rc == 0, IoError, "bisection: re-executing step ", s, " of ", run_dir, " on ", world,
                 " ranks failed (exit ", rc, "); its output is above");
@@ -150,7 +150,7 @@ std::vector<Probed> probe_ranks(const std::string& run_dir, uint32_t world, uint
 }  // namespace
 
 void write_probe_of_rank(const std::string& run, uint64_t step, train::Numerics numerics,
-                         const train::Registry& registry, dist::ProcessGroup* pg, const std::string& prefix) {
+                         const train::Registry& registry, distributed::ProcessGroup* pg, const std::string& prefix) {
   const std::string dir = run_dir_of(run);
   trace::TraceReader r = trace::TraceReader::open(run::trace_of(run));
   Probed p = probe_step(dir, r.header(), step, "rank " + std::to_string(pg ? pg->rank() : 0), numerics, registry, pg);

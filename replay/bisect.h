@@ -45,6 +45,6 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
 // `retrace probe-step`: this rank's re-execution of `step` of the run `run` (from its newest
 // checkpoint before it), written as JSON to PREFIX.rankN.json for bisect_runs.
 void write_probe_of_rank(const std::string& run, uint64_t step, train::Numerics numerics,
-                         const train::Registry& registry, dist::ProcessGroup* process_group, const std::string& prefix);
+                         const train::Registry& registry, distributed::ProcessGroup* process_group, const std::string& prefix);
 
 }  // namespace retrace::replay

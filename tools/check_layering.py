@@ -28,12 +28,12 @@ BELOW = {
     "train": ["core", "records", "rng", "data", "model"],
     "trace": ["core", "records"],
     "ckpt": ["core", "records", "rng", "data", "model", "train"],
-    "dist": ["core", "records", "train"],
-    "run": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "dist"],
-    "replay": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "dist", "run"],
-    "api": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "dist", "run", "replay",
+    "distributed": ["core", "records", "train"],
+    "run": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed"],
+    "replay": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run"],
+    "api": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run", "replay",
             "retrace"],
-    "cli": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "dist", "run", "replay",
+    "cli": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run", "replay",
             "api", "retrace"],
     "retrace": [],  # include/retrace: the public API
 }
@@ -41,7 +41,7 @@ BELOW = {
 # Where each part's files are (relative to the root).
 FOLDERS = {
     **{p: os.path.join("src", p) for p in
-       ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "dist", "run", "api"]},
+       ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run", "api"]},
     "replay": "replay",
     "cli": os.path.join("tools", "retrace"),
     "retrace": os.path.join("include", "retrace"),

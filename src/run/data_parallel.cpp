@@ -11,7 +11,7 @@
 
 namespace retrace::run {
 
-DataParallel::DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, const train::Config& config) : pg_(pg) {
+DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& pg, const train::Config& config) : pg_(pg) {
   const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
   sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
   if (const train::ZeroShard* zero = trainer.zero()) {

@@ -13,7 +13,7 @@
 
 #include "ckpt/train_state.h"
 #include "core/digest.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "train/config.h"
 #include "train/invariant.h"
 #include "train/trainer.h"
@@ -23,7 +23,7 @@ namespace retrace::run {
 class DataParallel {
  public:
   // Installs the hooks on `trainer` (both must outlive this object, which must not move).
-  DataParallel(train::Trainer& trainer, dist::ProcessGroup& pg, const train::Config& config);
+  DataParallel(train::Trainer& trainer, distributed::ProcessGroup& pg, const train::Config& config);
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -31,11 +31,11 @@ class DataParallel {
   std::vector<Digest128> gather(const Digest128& mine);
   const ckpt::ShardSync& sync() const { return sync_; }
 
-  dist::CollectiveStats stats;              // this step's collectives (reset by the caller)
+  distributed::CollectiveStats stats;              // this step's collectives (reset by the caller)
   std::vector<Digest128> rank_grad_digests;  // this step's, filled by the backward hook
 
  private:
-  dist::ProcessGroup& pg_;
+  distributed::ProcessGroup& pg_;
   ckpt::ShardSync sync_;
   train::ChunkGrads chunks_;  // batch invariance: this step's per-chunk gradients
 };

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "train/config.h"
 
 namespace retrace::run {
@@ -14,6 +14,6 @@ namespace retrace::run {
 // The process group when the variables are set and WORLD_SIZE > 1, else nullptr. Its timeout and
 // device come from `config` (the run's own: the recorded one on resume). ConfigError when
 // world_flag (--world-size, 0 or 1: unset) contradicts WORLD_SIZE.
-std::unique_ptr<dist::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag);
+std::unique_ptr<distributed::ProcessGroup> join_ranks(const train::Config& config, int64_t world_flag);
 
 }  // namespace retrace::run

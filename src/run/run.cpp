@@ -22,7 +22,7 @@
 #include "core/torch_compat.h"
 #include "core/file_util.h"
 #include "core/tensor_digest.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "trace/tensorboard.h"
 #include "trace/trace_reader.h"
 #include "trace/trace_writer.h"
@@ -201,12 +201,12 @@ void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallb
 // The loop shared by record and resume: step, trace, checkpoint, evaluate.
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
               const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-              RunSummary& summary, dist::ProcessGroup* pg, Anchor anchor, bool redo_evaluation = false) {
+              RunSummary& summary, distributed::ProcessGroup* pg, Anchor anchor, bool redo_evaluation = false) {
   // Data parallelism (data_parallel.h): gradient and loss sums, every rank's digests, sharded saves.
   std::optional<DataParallel> dp;
   if (pg) dp.emplace(trainer, *pg, config);
-  dist::CollectiveStats no_stats;
-  dist::CollectiveStats& stats = dp ? dp->stats : no_stats;
+  distributed::CollectiveStats no_stats;
+  distributed::CollectiveStats& stats = dp ? dp->stats : no_stats;
   const auto start = Clock::now();
   auto last_ckpt = start;
   std::set<std::string> left_reported;  // paths rotation left in place, reported once
@@ -283,7 +283,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
                     std::chrono::duration<double>(Clock::now() - last_ckpt).count() >= ck.every_seconds;
     // Clocks differ between ranks: rank 0's decides, or the ranks would part ways in the save.
     if (pg && ck.every_seconds > 0) {
-      dist::CollectiveStats ignored;
+      distributed::CollectiveStats ignored;
       time_due = pg->allreduce_sum(trainer.rank() == 0 && time_due ? 1.0f : 0.0f, ignored) > 0;
     }
     const bool due =
@@ -425,7 +425,7 @@ void check_same_libtorch(const std::vector<records::KeyValue>& recorded, const s
 }
 
 std::vector<records::KeyValue> run_fingerprint(const Config& config, const model::ModelHandle& model,
-                                               uint32_t world_size, const dist::ProcessGroup* pg) {
+                                               uint32_t world_size, const distributed::ProcessGroup* pg) {
   std::vector<records::KeyValue> f = fingerprint(config.runtime, world_size);
   f.insert(f.end(), model.numerics.begin(), model.numerics.end());
   if (pg) {
@@ -461,7 +461,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
                                          options.control.accept_changed_inputs, "", changes,
                                          lead ? cb.on_message : nullptr);
   check_memory_fits(config, data.vocab_size);
-  dist::ProcessGroup* pg = options.process_group;
+  distributed::ProcessGroup* pg = options.process_group;
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   Trainer trainer(config, data, registry, rank, world);
   if (rank == 0) {
@@ -500,7 +500,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 }
 
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-                  dist::ProcessGroup* pg, const Registry& registry) {
+                  distributed::ProcessGroup* pg, const Registry& registry) {
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   const std::string cfg_path = config_path(run_dir);
   RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir, ": there is no such directory; "

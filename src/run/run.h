@@ -17,7 +17,7 @@
 #include "train/config.h"
 #include "train/registry.h"
 
-namespace retrace::dist {
+namespace retrace::distributed {
 class ProcessGroup;
 }
 
@@ -83,7 +83,7 @@ struct RecordOptions {
   // made it as a scratch directory, or with force.
   bool scratch = false;
   LoopControl control;
-  dist::ProcessGroup* process_group = nullptr;  // data parallelism: this process is one rank
+  distributed::ProcessGroup* process_group = nullptr;  // data parallelism: this process is one rank
   // What model.kind, data.kind and train.loss may name; nullptr: the built-ins.
   const train::Registry* registry = nullptr;
   // Replay: the inputs the recorded trace's header lists. The data set and model files must be
@@ -124,7 +124,7 @@ RunSummary record(train::Config config, const RecordOptions& options, const RunC
 // corrupt ones, each reported through on_message), truncating the trace to the checkpoint's
 // position after setting the frames beyond it aside, and appending a "resume" event.
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks,
-                  dist::ProcessGroup* process_group = nullptr,
+                  distributed::ProcessGroup* process_group = nullptr,
                   const train::Registry& registry = train::builtin_registry());
 
 // A run recorded with one LibTorch continues or replays as the same bits only with the same one:
@@ -140,7 +140,7 @@ std::string utc_now();
 // model's own numerics settings (a TorchScript model's executor); with ranks, the process group's
 // backend (on CUDA), this rank's endpoint, its peers and its launcher as information.
 std::vector<records::KeyValue> run_fingerprint(const train::Config& config, const model::ModelHandle& model,
-                                               uint32_t world_size, const dist::ProcessGroup* pg = nullptr);
+                                               uint32_t world_size, const distributed::ProcessGroup* pg = nullptr);
 
 
 }  // namespace retrace::run

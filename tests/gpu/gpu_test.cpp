@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/tensor_digest.h"
 #include "core/torch_compat.h"
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "model/activation_checkpoint.h"
 #include "rng/rng_state.h"
 #include "train/cuda_info.h"
@@ -96,12 +96,12 @@ TEST(GpuNccl, WorldSizeOneAllReduce) {
 #if !defined(RETRACE_WITH_NCCL)
   GTEST_SKIP() << "built without NCCL (RETRACE_WITH_NCCL)";
 #else
-  dist::DistEnv env;
+  distributed::DistEnv env;
   env.master_addr = "127.0.0.1";
   env.master_port = static_cast<uint16_t>(29000 + std::rand() % 2000);
-  dist::ProcessGroup pg(env, std::chrono::milliseconds(60000), /*cuda=*/true);
+  distributed::ProcessGroup pg(env, std::chrono::milliseconds(60000), /*cuda=*/true);
   EXPECT_EQ(pg.backend().rfind("nccl ", 0), 0u) << pg.backend();
-  dist::CollectiveStats stats;
+  distributed::CollectiveStats stats;
   EXPECT_EQ(pg.allreduce_sum(2.5f, stats), 2.5f);
   EXPECT_EQ(stats.calls, 1u);
 #endif

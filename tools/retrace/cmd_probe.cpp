@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "common.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "replay/bisect.h"
 #include "trace/trace_reader.h"
 #include "train/registry.h"
@@ -30,8 +30,8 @@ int run_probe(const ProbeArgs& a, const Context& ctx) {
   const records::TraceHeader& h = r.header();
   const train::Config config =
       train::parse_config(h.config_toml, a.run + " (header)", {}, train::ConfigSource::kRecorded);
-  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, h.world_size);
-  if (!pg && h.world_size > 1) return dist::launch_local(h.world_size, ctx.argv);
+  std::unique_ptr<distributed::ProcessGroup> pg = join_ranks(config, h.world_size);
+  if (!pg && h.world_size > 1) return distributed::launch_local(h.world_size, ctx.argv);
   replay::write_probe_of_rank(a.run, static_cast<uint64_t>(a.step), *numerics_probe(a), ctx.registry, pg.get(), a.out);
   return 0;
 }

@@ -8,7 +8,7 @@
 #include "common.h"
 #include "core/error.h"
 #include "core/file_util.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "replay/accum_grid.h"
 #include "replay/compare.h"
 #include "replay/resume_check.h"
@@ -63,17 +63,17 @@ int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& 
       --i;
     }
   std::printf("== uninterrupted %u-rank run -> %s\n", static_cast<unsigned>(a.world_size), un.c_str());
-  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), first)) return rc;
+  if (int rc = distributed::launch_local(static_cast<uint32_t>(a.world_size), first)) return rc;
   std::vector<std::string> second = with_flag(with_flag(base, "--out", re), "--interrupt-at", std::to_string(interrupt_at));
   std::printf("== %u-rank run interrupted after step %llu -> %s\n", static_cast<unsigned>(a.world_size),
               static_cast<ull>(interrupt_at), re.c_str());
-  if (int rc = dist::launch_local(static_cast<uint32_t>(a.world_size), second)) return rc;
+  if (int rc = distributed::launch_local(static_cast<uint32_t>(a.world_size), second)) return rc;
   const int64_t resume_world = a.resume_world_size > 0 ? a.resume_world_size : a.world_size;
   std::vector<std::string> resume_args = {"resume", re, "--plain", "--world-size", std::to_string(resume_world)};
   if (resume_world != a.world_size) resume_args.push_back("--reshard");
   std::printf("== resume %s on %lld ranks%s\n", re.c_str(), static_cast<long long>(resume_world),
               resume_world != a.world_size ? " (--reshard)" : "");
-  if (int rc = dist::launch_local(static_cast<uint32_t>(resume_world), resume_args)) return rc;
+  if (int rc = distributed::launch_local(static_cast<uint32_t>(resume_world), resume_args)) return rc;
   const replay::ResumeCheck r = replay::resume_verdict(run::trace_path(un), run::trace_path(re));
   print_resume_check(r);
   return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
@@ -179,13 +179,13 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   uint64_t interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   if (a.verify_resume && interrupt_at == 0 && !a.checkpoint_at.empty())
     interrupt_at = static_cast<uint64_t>(a.checkpoint_at.front());
-  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
+  std::unique_ptr<distributed::ProcessGroup> pg = join_ranks(config, a.world_size);
   if (!pg && a.world_size > 1) {
     if (a.verify_resume) {
       RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
       return verify_resume_launched(a, argv, interrupt_at);
     }
-    return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);  // ranks print plain rows: a pipe
+    return distributed::launch_local(static_cast<uint32_t>(a.world_size), argv);  // ranks print plain rows: a pipe
   }
   const bool quiet = pg && pg->rank() != 0;
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));

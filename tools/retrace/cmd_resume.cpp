@@ -6,7 +6,7 @@
 
 #include "common.h"
 #include "trace/tensorboard.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "train/registry.h"
 
 namespace retrace::cli {
@@ -52,8 +52,8 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   const std::string cfg = run::config_path(a.run);
   const train::Config config = std::filesystem::exists(cfg) ? train::load_config(cfg, {}, train::ConfigSource::kRecorded)
                                                              : train::Config{};
-  std::unique_ptr<dist::ProcessGroup> pg = join_ranks(config, a.world_size);
-  if (!pg && a.world_size > 1) return dist::launch_local(static_cast<uint32_t>(a.world_size), argv);
+  std::unique_ptr<distributed::ProcessGroup> pg = join_ranks(config, a.world_size);
+  if (!pg && a.world_size > 1) return distributed::launch_local(static_cast<uint32_t>(a.world_size), argv);
   const bool quiet = pg && pg->rank() != 0;
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
   run::LoopControl control;

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 #include "trace/trace_reader.h"
 
 namespace retrace::cli {

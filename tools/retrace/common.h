@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 #include "records/records.h"
 #include "run/ranks.h"
 #include "run/run.h"

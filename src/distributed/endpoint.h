@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace retrace::dist {
+namespace retrace::distributed {
 
 struct Endpoint {
   std::vector<std::string> interfaces;  // e.g. {"eth0"}; several only from GLOO_SOCKET_IFNAME
@@ -44,4 +44,4 @@ struct Launcher {
 };
 Launcher launcher_from_environment();
 
-}  // namespace retrace::dist
+}  // namespace retrace::distributed

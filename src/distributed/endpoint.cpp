@@ -1,4 +1,4 @@
-#include "dist/endpoint.h"
+#include "distributed/endpoint.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 
-namespace retrace::dist {
+namespace retrace::distributed {
 namespace {
 
 std::string address_text(const sockaddr* sa) {
@@ -167,4 +167,4 @@ Launcher launcher_from_environment() {
   return l;
 }
 
-}  // namespace retrace::dist
+}  // namespace retrace::distributed

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-namespace retrace::dist {
+namespace retrace::distributed {
 
 // `args` are the arguments after argv[0] for every rank. Returns 0 when every rank exited 0,
 // otherwise the first failing rank's exit code (4 when it was killed by a signal).
 int launch_local(uint32_t world_size, const std::vector<std::string>& args);
 
-}  // namespace retrace::dist
+}  // namespace retrace::distributed

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/endpoint.h"
+#include "distributed/endpoint.h"
 
-namespace retrace::dist {
+namespace retrace::distributed {
 
 struct DistEnv {
   uint32_t rank = 0;
@@ -52,7 +52,7 @@ class ProcessGroup {
 
   uint32_t rank() const { return env_.rank; }
   uint32_t world_size() const { return env_.world_size; }
-  // Where this rank's transport is bound and how it was chosen (dist/endpoint.h); how the rank was
+  // Where this rank's transport is bound and how it was chosen (distributed/endpoint.h); how the rank was
   // launched; the other ranks' endpoints ("rank 1 at eth0 10.0.0.2 (...)"). For the fingerprint's
   // information fields and for the messages of failed collectives.
   const Endpoint& endpoint() const { return endpoint_; }
@@ -91,4 +91,4 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace retrace::dist
+}  // namespace retrace::distributed

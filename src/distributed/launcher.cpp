@@ -1,4 +1,4 @@
-#include "dist/launcher.h"
+#include "distributed/launcher.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -17,7 +17,7 @@
 #include "core/error.h"
 #include "train/launch.h"
 
-namespace retrace::dist {
+namespace retrace::distributed {
 namespace {
 
 uint16_t free_port() {
@@ -172,4 +172,4 @@ int launch_local(uint32_t world_size, const std::vector<std::string>& args) {
   return result;
 }
 
-}  // namespace retrace::dist
+}  // namespace retrace::distributed

@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "distributed/process_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 
-namespace retrace::dist {
+namespace retrace::distributed {
 namespace {
 uint64_t env_u64(const char* name, uint64_t fallback, bool required) {
   const char* v = std::getenv(name);
@@ -260,4 +260,4 @@ void ProcessGroup::barrier() {
   collective("barrier", [&] { return impl_->pg->barrier()->wait(); });
 }
 
-}  // namespace retrace::dist
+}  // namespace retrace::distributed
