@@ -1,5 +1,5 @@
 # cmake --install: the libraries of every part, the public headers and the CMake package, so that
-# a project of its own does find_package(retrace) and links retrace::retrace (README "Your own model").
+# a project of its own does find_package(retrace) and links retrace::retrace (docs/getting-started.md).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 

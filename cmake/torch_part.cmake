@@ -53,6 +53,15 @@ function(retrace_torch_part name)
   target_precompile_headers(${name} REUSE_FROM retrace_core_torch)
 endfunction()
 
+# Unity builds where a cold build spent its time instantiating the same LibTorch (and CLI11)
+# templates file after file (tools/ci/compile-times; docs/development.md, "Compile time"): BATCH
+# files per unity source, so each batch instantiates them once. Not for the numerics of the model
+# and the step (retrace_model, retrace_train_torch): there, what one file's code may inline from
+# another stays what it was. Files with their own compile options (the kernels) are never merged.
+function(retrace_unity target batch)
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${batch})
+endfunction()
+
 retrace_torch_part(retrace_rng_torch src/rng/rng_state.cpp)
 target_link_libraries(retrace_rng_torch PUBLIC retrace_rng retrace_core_torch)
 
@@ -137,6 +146,7 @@ retrace_torch_part(retrace_run
   src/run/memory_report.cpp
 )
 target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_distributed)
+retrace_unity(retrace_run 8)
 # Everything below replay, for tests and tools that use several parts.
 add_library(retrace_lib INTERFACE)
 target_link_libraries(retrace_lib INTERFACE retrace_run)
@@ -153,6 +163,7 @@ add_library(retrace_replay STATIC
 )
 target_include_directories(retrace_replay PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}>)
 target_link_libraries(retrace_replay PUBLIC retrace_diff retrace_run tomlplusplus::tomlplusplus)
+retrace_unity(retrace_replay 8)
 target_precompile_headers(retrace_replay REUSE_FROM retrace_core_torch)
 
 # api: the public API's registry and the recorder for users' own loops (include/retrace/).
@@ -180,6 +191,9 @@ set(RETRACE_CLI_SOURCES
 )
 retrace_torch_part(retrace_cli ${RETRACE_CLI_SOURCES})
 target_link_libraries(retrace_cli PUBLIC retrace_api PRIVATE CLI11::CLI11)
+# Two unity files: each command's file spent about 20 s of a cold build instantiating CLI11
+# (header-only, about 8 s a file) and LibTorch's templates again.
+retrace_unity(retrace_cli 8)
 target_include_directories(retrace_cli PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/retrace)
 
 # The trainer is retrace-core; `retrace` is a small launcher without LibTorch that puts portable

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The parts of retrace depend one way (README "Layout of the code"); this checks every include.
+"""The parts of retrace depend one way (docs/development.md, "Layout of the code"; each part's README.md); this checks every include.
 
 Each folder below is one part. A file of a part may include headers of the parts listed for it,
 and of its own part; anything else in quotes is a wrong-way include and fails the check. The public

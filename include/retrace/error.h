@@ -10,7 +10,7 @@
 
 namespace retrace {
 
-// Exit codes documented in README.md ("Exit codes").
+// Exit codes documented in docs/reliability.md ("Exit codes").
 enum class ExitCode : int {
   kOk = 0,
   kVerificationFailed = 1,  // a divergence or a failed verification (a report, not an Error)

@@ -131,7 +131,7 @@ class Registry {
 };
 
 // retrace's command line over `registry`: what `retrace ARGS...` does, with your components.
-// Returns the exit code (README "Exit codes"); a command that trains re-executes the binary once
+// Returns the exit code (docs/reliability.md, "Exit codes"); a command that trains re-executes the binary once
 // to pin the numerics profile, so call it first in main, before any other work.
 int run_cli(int argc, char** argv, const Registry& registry);
 
@@ -180,7 +180,7 @@ class Recorder {
   Recorder& operator=(Recorder&&) noexcept;
 
   // Appends step `step` (1, 2, ...: strictly increasing) with digests of every parameter and
-  // buffer, the optimizer's state (AdamW, Adam and SGD; other optimizers: zero) and torch's CPU
+  // buffer, the optimizer's state (AdamW and SGD; other optimizers: zero) and torch's CPU
   // generator, hash-chained to the previous step.
   void step(uint64_t step, double loss, const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
             const StepInfo& info = {});

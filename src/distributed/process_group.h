@@ -6,7 +6,7 @@
 // Determinism: Gloo's ring all-reduce adds the ranks' contributions in an order fixed by the world
 // size and the bucket layout, so for a fixed world size the reduced gradients are the same bits
 // on every run. Across world sizes the order (and so the rounding) differs: equal within float
-// rounding, not bitwise (README, "Data parallelism").
+// rounding, not bitwise (docs/distributed.md).
 #pragma once
 
 #include <torch/types.h>

@@ -1,6 +1,6 @@
 // A run's records as TensorBoard event files: `retrace export RUN --tensorboard DIR` after the fact,
 // `record/resume --tensorboard DIR` live (a RecordSink on the trace writer). Both map records to
-// the same tags (tensorboard_tags(), listed in the README):
+// the same tags (tensorboard_tags(), listed in docs/traces.md):
 //
 //   step   train/loss, train/learning_rate, train/grad_norm_pre_clip, train/grad_norm_post_clip,
 //          train/loss_scale, train/skipped (1 for SKIP, 0 for STEP), train/skip_reason (text, SKIP

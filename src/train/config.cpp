@@ -567,6 +567,27 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text, path, overrides, source);
 }
 
+// A field's value as TOML text, the way to_toml writes it.
+static std::string field_text(const Field& f, Config& c) {
+  std::ostringstream value;
+  void* p = f.ref(c);
+  switch (f.kind) {
+    case Kind::kInt: value << *static_cast<int64_t*>(p); break;
+    case Kind::kFloat: value << number(*static_cast<double*>(p)); break;
+    case Kind::kBool: value << (*static_cast<bool*>(p) ? "true" : "false"); break;
+    case Kind::kString: value << toml_string(*static_cast<std::string*>(p)); break;
+    case Kind::kChoice: value << toml_string(f.choices.at(*static_cast<uint8_t*>(p))); break;
+    case Kind::kIntList: {
+      value << "[";
+      const auto& v = *static_cast<std::vector<int64_t>*>(p);
+      for (size_t i = 0; i < v.size(); ++i) value << (i ? ", " : "") << v[i];
+      value << "]";
+      break;
+    }
+  }
+  return value.str();
+}
+
 std::string to_toml(const Config& cfg, TomlForm form) {
   Config c = cfg;
   resolve_defaults(c);
@@ -578,30 +599,15 @@ std::string to_toml(const Config& cfg, TomlForm form) {
     auto dot = f.key.find('.');
     std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
     std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
-    std::ostringstream value;
-    void* p = f.ref(c);
-    switch (f.kind) {
-      case Kind::kInt: value << *static_cast<int64_t*>(p); break;
-      case Kind::kFloat: value << number(*static_cast<double*>(p)); break;
-      case Kind::kBool: value << (*static_cast<bool*>(p) ? "true" : "false"); break;
-      case Kind::kString: value << toml_string(*static_cast<std::string*>(p)); break;
-      case Kind::kChoice: value << toml_string(f.choices.at(*static_cast<uint8_t*>(p))); break;
-      case Kind::kIntList: {
-        value << "[";
-        const auto& v = *static_cast<std::vector<int64_t>*>(p);
-        for (size_t i = 0; i < v.size(); ++i) value << (i ? ", " : "") << v[i];
-        value << "]";
-        break;
-      }
-    }
-    if (form == TomlForm::kCanonical && !f.legacy.empty() && value.str() == f.legacy) continue;
+    const std::string value = field_text(f, c);
+    if (form == TomlForm::kCanonical && !f.legacy.empty() && value == f.legacy) continue;
     // A section's header comes with its first key written: a section whose keys all hold their
     // legacy values ([eval] of an older run) adds nothing to the text.
     if (sec != section) {
       out << "\n[" << sec << "]\n";
       section = sec;
     }
-    out << name << " = " << value.str() << "\n";
+    out << name << " = " << value << "\n";
   }
   // Users' keys last, sorted; a config without any writes no [user] section (older hashes stay).
   if (!c.user.empty()) {
@@ -620,6 +626,53 @@ std::string describe_keys() {
     out << "): " << f.help << "\n";
   }
   (void)c;
+  return out.str();
+}
+
+std::string config_reference() {
+  Config c;  // the defaults a config file gets for the keys it leaves out
+  std::ostringstream out;
+  std::string section;
+  bool first = true;
+  auto cell = [](std::string text) {  // Markdown table cell: no bare '|'
+    std::string o;
+    for (char ch : text) o += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    return o;
+  };
+  for (const auto& f : fields()) {
+    const auto dot = f.key.find('.');
+    const std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    if (first || sec != section) {
+      out << (first ? "" : "\n") << (sec.empty() ? std::string("### Top level") : "### `[" + sec + "]`") << "\n\n"
+          << "| key | type | default | meaning |\n|---|---|---|---|\n";
+      section = sec;
+      first = false;
+    }
+    std::string type = kind_name(f.kind);
+    if (!f.choices.empty()) {
+      type += ":";
+      for (size_t i = 0; i < f.choices.size(); ++i) type += (i ? ", `" : " `") + f.choices[i] + "`";
+    }
+    const bool numeric = f.kind == Kind::kInt || f.kind == Kind::kFloat || f.kind == Kind::kIntList;
+    if (numeric && (f.min != -INFINITY || f.max != INFINITY)) {
+      std::ostringstream range;
+      const bool integer = f.kind == Kind::kInt || f.kind == Kind::kIntList;
+      auto bound = [&](double v) {
+        if (std::isinf(v)) return std::string(v < 0 ? "-inf" : "inf");
+        return integer ? std::to_string(static_cast<long long>(v)) : number(v);
+      };
+      range << ", in " << (f.min_open ? "(" : "[") << bound(f.min) << ", " << bound(f.max) << (f.max_open ? ")" : "]");
+      type += range.str();
+    }
+    std::string meaning = f.help;
+    if (!f.legacy.empty())
+      meaning += ". A config retrace recorded without this key reads as `" + f.legacy + "` (what retrace did before it)";
+    if (f.era == Field::Era::kRetired) meaning += ". Written back only in configs that use it";
+    out << "| `" << f.key << "` | " << cell(type) << " | `" << cell(field_text(f, c)) << "` | " << cell(meaning)
+        << " |\n";
+  }
+  out << "\n### `[user]`\n\nKeys of your own components (`user.NAME = value`, any TOML value): written back sorted, "
+         "part of the config hash.\n";
   return out.str();
 }
 

@@ -227,5 +227,9 @@ std::string to_toml(const Config& c, TomlForm form = TomlForm::kCanonical);
 std::map<std::string, std::string> config_entries(const std::string& toml_text);
 // One line per key: name, type, default, choices, meaning.
 std::string describe_keys();
+// Every key as Markdown tables, one per section: type, choices and range, default, meaning, legacy
+// value. `retrace record --help-config` prints it; docs/configuration.md holds it, checked by ctest
+// `config_reference` (tools/docs/config_reference.py).
+std::string config_reference();
 
 }  // namespace retrace::train

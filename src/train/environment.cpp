@@ -121,7 +121,7 @@ void check_device(const RuntimeConfig& runtime) {
   const CudaInfo cu = cuda_info(-1);
   RETRACE_CHECK(cu.built, ConfigError, "runtime.device = \"cuda\" but this retrace is built against LibTorch ",
                 compat::libtorch_version(), " without CUDA (Debian's LibTorch is CPU-only); use --set "
-                "runtime.device=cpu, or build against a LibTorch with CUDA (README, \"LibTorch 2.x, CUDA and NCCL\")");
+                "runtime.device=cpu, or build against a LibTorch with CUDA (docs/gpu.md)");
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   RETRACE_CHECK(cu.devices > 0, IoError, "runtime.device = \"cuda\" but no CUDA device is visible to this process "
                 "(LibTorch ", compat::libtorch_version(), " with CUDA ", cu.runtime, ", CUDA_VISIBLE_DEVICES=",

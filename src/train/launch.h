@@ -25,7 +25,7 @@ EnvPlan plan_environment(Numerics n, BlasKind blas);
 // tools/bench/vs-pytorch gives matched PyTorch the same value. On a 2-core Intel VM
 // (tools/bench/binary-ab, steps/s with it / without it, 6 paired rounds): GPT 1.139
 // [1.128, 1.154], MLP 1.000 [0.962, 1.030]; at 2^16 the MLP lost 12 %, at 2^24 the GPT gained
-// nothing (README, "Figures: OpenBLAS's idle worker"). Where ranks share the cores (two ranks on
+// nothing (docs/performance.md, OpenBLAS's idle worker). Where ranks share the cores (two ranks on
 // two), a sleeping worker made the GPT about 20 % slower (steps/s 0.81x), so there it is not set.
 inline constexpr NumericsPin kThreadTimeout{"OPENBLAS_THREAD_TIMEOUT", "22", "OpenBLAS worker spin"};
 

@@ -47,7 +47,7 @@ const char* numerics_name(Numerics n);
 struct NumericsPin {
   const char* variable;
   const char* value;
-  const char* what;  // for messages and the README
+  const char* what;  // for messages and docs/determinism.md
 };
 // The pins for the BLAS this process links (MKL's when blas_in_process() finds it, else
 // OpenBLAS's), then ATen's.

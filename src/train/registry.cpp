@@ -41,9 +41,9 @@ const T& find(const std::map<std::string, T>& m, const char* key, const std::str
 }
 
 constexpr const char* kHowModel =
-    "A model of your own is registered in your binary with retrace::Registry::add_model (README, \"Your own model\")";
+    "A model of your own is registered in your binary with retrace::Registry::add_model (docs/getting-started.md)";
 constexpr const char* kHowData =
-    "A data set of your own is registered with retrace::Registry::add_data (README, \"Your own model\")";
+    "A data set of your own is registered with retrace::Registry::add_data (docs/getting-started.md)";
 constexpr const char* kHowLoss = "A loss of your own is registered with retrace::Registry::add_loss";
 
 std::string shape_text(const torch::Tensor& t) {

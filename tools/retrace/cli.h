@@ -1,7 +1,7 @@
 // The retrace command line, as a library: the `retrace` binary and a user's own binary
 // (include/retrace/retrace.h, retrace::run_cli) run the same commands. One file per command
 // (cmd_*.cpp): it adds its options, parses, calls one library function and prints. main maps error
-// kinds to exit codes (README "Exit codes").
+// kinds to exit codes (docs/reliability.md, "Exit codes").
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -28,6 +28,7 @@ struct RecordArgs {
   bool scratch = false;
   bool plain = false;
   bool print_config = false;
+  bool help_config = false;  // print the config reference (Markdown) and exit
   int64_t interrupt_at = 0;
   std::vector<int64_t> checkpoint_at;
   bool verify_resume = false;

@@ -24,7 +24,7 @@ void add_export(CLI::App& app, ExportArgs& args) {
   ex->add_option("--tensorboard", args.tensorboard,
                  "TensorBoard event files into this directory (created; a non-empty one needs --force): loss, "
                  "learning rate, gradient norms, loss scale, skips, step times per phase, evaluations and events "
-                 "under stable tags (see the README)");
+                 "under stable tags (see docs/traces.md)");
   ex->add_flag("--force", args.force, "with --tensorboard: replace the event files in a non-empty directory");
   ex->add_option("--out", args.out, "write to this file (atomically) instead of standard output");
   ex->add_option("--steps", args.steps, "step range A:B (inclusive)");

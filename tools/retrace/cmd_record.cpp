@@ -98,6 +98,9 @@ void add_record(CLI::App& app, RecordArgs& args) {
                   "perturb-param:PARAM (sets faults.inject; recorded and replayed)");
   rec->add_flag("--plain", r.plain, "print one row per step even on a terminal");
   rec->add_flag("--print-config", r.print_config, "print the resolved config and exit");
+  rec->add_flag("--help-config", r.help_config,
+                "print every config key (type, choices, default, meaning) as the Markdown tables of "
+                "docs/configuration.md and exit");
   rec->add_option("--interrupt-at", r.interrupt_at,
                   "stop right after this step and its checkpoint, as if killed (resume with `retrace resume`)");
   rec->add_option("--checkpoint-at", r.checkpoint_at, "also checkpoint after these steps (repeatable)");
@@ -129,12 +132,16 @@ void add_record(CLI::App& app, RecordArgs& args) {
 }
 
 std::optional<train::Numerics> numerics_record(const RecordArgs& args) {
-  if (args.print_config) return std::nullopt;
+  if (args.print_config || args.help_config) return std::nullopt;
   return resolve_config(args.config_path, args.sets, args.steps, args.inject).runtime.numerics;
 }
 
 int run_record(const RecordArgs& a, const Context& ctx) {
   const std::vector<std::string>& argv = ctx.argv;
+  if (a.help_config) {
+    std::printf("%s", train::config_reference().c_str());
+    return 0;
+  }
   train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
   if (a.print_config) {
     std::printf("%s", train::to_toml(config, train::TomlForm::kComplete).c_str());

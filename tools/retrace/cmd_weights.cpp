@@ -74,7 +74,7 @@ void pick_and_read(const std::string& path, Model& model) {
     for (const auto& [dir, reason] : skipped) why += "\n  " + dir + ": " + reason;
     if (skipped.empty())
       RETRACE_FAIL(IoError, "retrace weights: no checkpoint in ", root.string(),
-                   " (a run writes them with checkpoint.every_steps or --checkpoint-every)");
+                   " (a run writes them with checkpoint.every_steps or --checkpoint-at)");
     RETRACE_FAIL(IntegrityError, "retrace weights: no checkpoint in ", root.string(), " verifies:", why);
   }
   for (const auto& [dir, reason] : skipped)
