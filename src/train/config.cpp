@@ -440,37 +440,26 @@ void validate(Config& c) {
                 "(e.g. --set model.path=model.pt)");
 }
 
-// Whether s is UTF-8 as TOML requires it: no overlong forms, surrogates or code points past U+10FFFF.
-bool valid_utf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t c = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
-    for (size_t k = 1; k < n; ++k) {
-      const auto cont = static_cast<unsigned char>(s[i + k]);
-      if ((cont & 0xC0) != 0x80) return false;
-      c = (c << 6) | (cont & 0x3Fu);
-    }
-    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < least[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return false;
-    i += n;
-  }
-  return true;
-}
-
-// A --set value that is not TOML, taken as a string: it must be UTF-8 text (TOML's own strings
-// are), or the config written back (to_toml) would not read back as the same text.
-toml::table bare_string(const std::string& value, const std::string& ov) {
-  RETRACE_CHECK(valid_utf8(value), ConfigError, "--set ", ov.substr(0, ov.find('=')),
-                ": the value is not UTF-8 text; give it in UTF-8 (or quoted as a TOML string with escapes)");
-  return toml::table{{"v", value}};
-}
-
 std::string toml_string(const std::string& s) {
   std::ostringstream out;
   out << toml::value<std::string>(s);
   return out.str();
+}
+
+// A --set value that is not TOML, taken as a string. The config written back (to_toml) must read
+// back as the same text, so the string must come back from toml++ as it went in; toml++ refuses
+// text that is not UTF-8 (overlong forms, surrogates, code points past U+10FFFF), as TOML does.
+toml::table bare_string(const std::string& value, const std::string& ov) {
+  bool reads_back = false;
+  try {
+    const toml::table t = toml::parse("v = " + toml_string(value));
+    const std::optional<std::string> back = t["v"].value<std::string>();
+    reads_back = back && *back == value;
+  } catch (const toml::parse_error&) {
+  }
+  RETRACE_CHECK(reads_back, ConfigError, "--set ", ov.substr(0, ov.find('=')),
+                ": the value is not UTF-8 text; give it in UTF-8 (or quoted as a TOML string with escapes)");
+  return toml::table{{"v", value}};
 }
 
 // The shortest decimal that reads back as the same double, so resolved configs stay readable
