@@ -17,13 +17,14 @@ message(STATUS "retrace builds against LibTorch ${Torch_VERSION} from ${TORCH_IN
 # The torch-free pieces of rng, data and train: their tests do not pay for torch.
 add_library(retrace_rng STATIC src/rng/philox.cpp src/rng/shuffle.cpp src/rng/feistel.cpp)
 target_link_libraries(retrace_rng PUBLIC retrace_core)
-add_library(retrace_data STATIC src/data/sampler.cpp src/data/idx.cpp)
+add_library(retrace_data STATIC src/data/sampler.cpp src/data/idx.cpp src/data/token_header.cpp)
 target_link_libraries(retrace_data PUBLIC retrace_rng retrace_records ZLIB::ZLIB)
 add_library(retrace_train STATIC
   src/train/config.cpp
   src/train/numerics.cpp
   src/train/faults.cpp
   src/train/guards.cpp
+  src/train/policy_records.cpp
   src/train/adamw_kernel.cpp
 )
 # The fused AdamW must round exactly like LibTorch's kernels: no contraction the source does not

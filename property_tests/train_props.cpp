@@ -657,6 +657,10 @@ int main() {
     const bool adamw = *rc::gen::arbitrary<bool>();
     const int steps = *rc::gen::inRange(1, 4);
     const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+    // Digest version 3's mix or version 4's: both add up over slices.
+    const bool v4 = *rc::gen::arbitrary<bool>();
+    const DigestKind kind = v4 ? DigestKind::kMixed4 : DigestKind::kMixed;
+    const Mix mix = mix_of(kind);
     RC_TAG(adamw ? "adamw" : "sgd", world);
 
     // The ranges: a partition of [0, total) in order, each cut at an aligned element of its tensor
@@ -696,7 +700,7 @@ int main() {
       std::vector<uint64_t> first;
       for (const auto& part : zeros[r]->mine()) first.push_back(static_cast<uint64_t>(part.begin));
       train::set_sum_positions(*opts[r], zeros[r]->views(), first);
-      train::keep_sums(*opts[r], train::KeptSums::kMixed);
+      train::keep_sums(*opts[r], v4 ? train::KeptSums::kMixed4 : train::KeptSums::kMixed);
     }
     // Sums the optimizer took in its pass, captured before the all-gather (as the trainer does).
     std::vector<KnownSums> captured(world);
@@ -756,21 +760,21 @@ int main() {
     std::vector<std::vector<uint64_t>> locals(world);
     for (uint32_t r = 0; r < world; ++r)
       train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
-                          [&](const std::vector<uint64_t>& mine) { return locals[r] = mine; });
+                          [&](const std::vector<uint64_t>& mine) { return locals[r] = mine; }, nullptr, mix);
     const train::SumOverRanks sum = [&](const std::vector<uint64_t>&) {
       std::vector<uint64_t> out(locals[0].size(), 0);
       for (const auto& l : locals)
         for (size_t i = 0; i < out.size(); ++i) out[i] += l[i];
       return out;
     };
-    const Digest128 model_whole = digest_named(named(whole), DigestKind::kMixed);
-    const Digest128 optim_whole = digest_named(state, DigestKind::kMixed);
+    const Digest128 model_whole = digest_named(named(whole), kind);
+    const Digest128 optim_whole = digest_named(state, kind);
     NamedTensors whole_grads;
     for (const auto& item : whole.named_parameters()) whole_grads.emplace_back(item.key(), item.value().grad());
-    const Digest128 grads_whole = digest_named(whole_grads, DigestKind::kMixed);
+    const Digest128 grads_whole = digest_named(whole_grads, kind);
     for (uint32_t r = 0; r < world; ++r) {
       const train::ZeroDigests d =
-          train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true, sum);
+          train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true, sum, nullptr, mix);
       RC_ASSERT(d.model == model_whole);
       RC_ASSERT(d.optim == optim_whole);
       RC_ASSERT(d.grads == grads_whole);
@@ -779,11 +783,12 @@ int main() {
     std::vector<std::vector<uint64_t>> known_locals(world);
     for (uint32_t r = 0; r < world; ++r)
       train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
-                          [&](const std::vector<uint64_t>& mine) { return known_locals[r] = mine; }, &captured[r]);
+                          [&](const std::vector<uint64_t>& mine) { return known_locals[r] = mine; }, &captured[r],
+                          mix);
     RC_ASSERT(known_locals == locals);
     for (uint32_t r = 0; r < world; ++r) {
       const train::ZeroDigests k = train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name,
-                                                       true, sum, &captured[r]);
+                                                       true, sum, &captured[r], mix);
       RC_ASSERT(k.grads == grads_whole);
     }
   });

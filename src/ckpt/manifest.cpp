@@ -81,7 +81,14 @@ json to_json(const Manifest& m) {
   json tensors = json::array();
   for (const TensorLayout& t : m.tensors) {
     json pieces = json::array();
-    for (const TensorPiece& p : t.pieces) pieces.push_back({{"rank", p.rank}, {"begin", p.begin}, {"end", p.end}});
+    for (const TensorPiece& p : t.pieces) {
+      json piece = {{"rank", p.rank}, {"begin", p.begin}, {"end", p.end}};
+      if (p.hashed()) {
+        piece["offset"] = p.offset;
+        piece["xxh3"] = p.xxh3;
+      }
+      pieces.push_back(std::move(piece));
+    }
     tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"pieces", pieces}});
   }
   return json{{"schema", kSchemaCurrent},
@@ -103,8 +110,11 @@ std::string canonical_sha256(const json& j) {
 }
 
 // The "tensors" table, checked: known dtypes, shapes within the limits, names unique, and each
-// tensor's pieces (in order) a partition of [0, numel) among ranks < world.
-std::vector<TensorLayout> tensor_table(const json& v, uint32_t world, const std::string& path) {
+// tensor's pieces (in order) a partition of [0, numel) among ranks < world. `hashed`: every piece
+// says where its bytes are in its rank's shard and their xxh3 (ckpt.v3), within that shard's size.
+std::vector<TensorLayout> tensor_table(const json& v, const std::vector<ShardEntry>& shards, bool hashed,
+                                       const std::string& path) {
+  const uint32_t world = static_cast<uint32_t>(shards.size());
   RETRACE_CHECK(v.is_array(), FormatError, "manifest ", path, ": \"tensors\" must be an array, found ",
                 json_type_text(v));
   RETRACE_CHECK(v.size() <= kMaxManifestTensors, FormatError, "manifest ", path, ": \"tensors\" lists ", v.size(),
@@ -147,8 +157,8 @@ std::vector<TensorLayout> tensor_table(const json& v, uint32_t world, const std:
                   kMaxManifestPieces, " pieces in \"tensors\"");
     uint64_t next = 0;
     for (const json& p : pieces) {
-      RETRACE_CHECK(p.is_object() && p.size() == 3, FormatError, "manifest ", path, ": ", where,
-                    ": a piece must be an object of rank, begin, end");
+      RETRACE_CHECK(p.is_object() && p.size() == (hashed ? 5u : 3u), FormatError, "manifest ", path, ": ", where,
+                    ": a piece must be an object of rank, begin, end", hashed ? ", offset, xxh3" : "");
       Reader pr(p, path);
       TensorPiece piece;
       piece.rank = uint32_t(pr.u64(pr.field("rank"), where + ".pieces[].rank", world - 1));
@@ -164,6 +174,18 @@ std::vector<TensorLayout> tensor_table(const json& v, uint32_t world, const std:
                                              std::to_string(piece.begin) + ", " + std::to_string(piece.end) +
                                              ") overlaps the one before it",
                     "; the manifest is not one retrace wrote");
+      if (hashed) {
+        const uint64_t bytes = (piece.end - piece.begin) * *dtype_size(L.dtype), size = shards[piece.rank].size;
+        piece.offset = pr.u64(pr.field("offset"), where + ".pieces[].offset");
+        RETRACE_CHECK(piece.offset >= 8 && piece.offset <= size && bytes <= size - piece.offset, FormatError,
+                      "manifest ", path, ": ", where, ": elements [", piece.begin, ", ", piece.end, ") are ", bytes,
+                      " bytes at offset ", piece.offset, " of ", shards[piece.rank].file, ", which has ", size,
+                      " bytes; the manifest is not one retrace wrote");
+        piece.xxh3 = pr.str(pr.field("xxh3"), where + ".pieces[].xxh3");
+        RETRACE_CHECK(piece.xxh3.size() == 32 && is_hex(piece.xxh3), FormatError, "manifest ", path, ": ", where,
+                      ": the xxh3 of elements [", piece.begin, ", ", piece.end, ") is \"", piece.xxh3,
+                      "\"; expected 32 lowercase hex digits");
+      }
       next = piece.end;
       L.pieces.push_back(piece);
     }
@@ -174,7 +196,7 @@ std::vector<TensorLayout> tensor_table(const json& v, uint32_t world, const std:
   return out;
 }
 
-Manifest from_json(const json& j, const std::string& path) {
+Manifest from_json(const json& j, const std::string& path, bool hashed_pieces) {
   static const std::set<std::string> kKeys = {"schema", "step", "world_size", "config_hash", "versions",
                                               "rng_format_version", "trace_position", "trace_chain_hex",
                                               "shards", "extra", "tensors"};
@@ -232,7 +254,7 @@ Manifest from_json(const json& j, const std::string& path) {
   }
   std::sort(m.shards.begin(), m.shards.end(),
             [](const ShardEntry& a, const ShardEntry& b) { return a.rank < b.rank; });
-  m.tensors = tensor_table(r.field("tensors"), m.world_size, path);
+  m.tensors = tensor_table(r.field("tensors"), m.shards, hashed_pieces, path);
   return m;
 }
 
@@ -265,7 +287,7 @@ Manifest parse_manifest(const std::string& bytes, const std::string& path) {
   // A foreign file has no checksum: report its schema first, that is the more useful message.
   if (!j.contains(kChecksumKey) || !j[kChecksumKey].is_string()) {
     RETRACE_CHECK(j.contains("schema") && j["schema"].is_string(), FormatError, "unknown schema \"\" in ", path,
-                  ": the manifest has no \"schema\" string; this binary reads ckpt.v0, ckpt.v1 and ckpt.v2. Point "
+                  ": the manifest has no \"schema\" string; this binary reads ckpt.v0 to ckpt.v3. Point "
                   "retrace at a checkpoint directory written by retrace");
     (void)schema_version(j["schema"].get<std::string>(), path);
     RETRACE_FAIL(IntegrityError, "manifest checksum mismatch in ", path, ": \"", kChecksumKey,
@@ -280,11 +302,11 @@ Manifest parse_manifest(const std::string& bytes, const std::string& path) {
                 "; the manifest was damaged or edited, so this checkpoint cannot be trusted; resume "
                 "from an older checkpoint");
   RETRACE_CHECK(j.contains("schema") && j["schema"].is_string(), FormatError, "unknown schema \"\" in ", path,
-                ": the manifest has no \"schema\" string; this binary reads ckpt.v0, ckpt.v1 and ckpt.v2");
+                ": the manifest has no \"schema\" string; this binary reads ckpt.v0 to ckpt.v3");
   const std::string schema_on_disk = j["schema"].get<std::string>();
   int version = schema_version(schema_on_disk, path);
   migrate_manifest_json(j, version, "manifest " + path);
-  Manifest m = from_json(j, path);
+  Manifest m = from_json(j, path, /*hashed_pieces=*/version >= 3);
   m.schema = schema_on_disk;
   return m;
 }
@@ -331,6 +353,27 @@ std::vector<TensorLayout> split_among_ranks(std::vector<TensorLayout> tensors, u
     start += n * size[i];
   }
   return tensors;
+}
+
+void set_piece_records(std::vector<TensorLayout>& tensors, const std::vector<PieceRecord>& records,
+                       const std::string& dir) {
+  std::map<std::string, TensorLayout*> by_name;
+  for (TensorLayout& t : tensors) by_name[t.name] = &t;
+  for (const PieceRecord& r : records) {
+    auto it = by_name.find(r.name);
+    TensorPiece* piece = nullptr;
+    if (it != by_name.end())
+      for (TensorPiece& p : it->second->pieces)
+        if (p.rank == r.rank && p.begin == r.begin) piece = &p;
+    RETRACE_CHECK(piece != nullptr, InvariantError, dir, ": rank ", r.rank, " wrote elements from ", r.begin, " of ",
+                  r.name, ", which the table does not give it");
+    piece->offset = r.offset;
+    piece->xxh3 = r.xxh3;
+  }
+  for (const TensorLayout& t : tensors)
+    for (const TensorPiece& p : t.pieces)
+      RETRACE_CHECK(p.hashed(), InvariantError, dir, ": no rank reports writing elements [", p.begin, ", ", p.end,
+                    ") of ", t.name, " (rank ", p.rank, ")");
 }
 
 TensorView piece_view(const TensorLayout& t, const TensorPiece& piece, const void* data) {

@@ -7,12 +7,13 @@
 // nlohmann::json::dump() (compact, keys sorted) of the object without "manifest_sha256". The digest
 // covers the content, not the whitespace.
 //
-//   {"schema": "ckpt.v2", "step": 10, "world_size": 4, "config_hash": "...",
+//   {"schema": "ckpt.v3", "step": 10, "world_size": 4, "config_hash": "...",
 //    "versions": {"libtorch": "1.13.1", ...}, "rng_format_version": 1, "trace_position": 123,
 //    "trace_chain_hex": "...", "shards": [{"rank": 0, "file": "shard-rank00000.safetensors",
 //    "size": 1234, "sha256": "..."}, ...], "extra": {...},
 //    "tensors": [{"name": "model/w", "dtype": "F32", "shape": [4, 8],
-//                 "pieces": [{"rank": 0, "begin": 0, "end": 20}, {"rank": 1, "begin": 20, "end": 32}]}],
+//                 "pieces": [{"rank": 0, "begin": 0, "end": 20, "offset": 512, "xxh3": "..."},
+//                            {"rank": 1, "begin": 20, "end": 32, "offset": 256, "xxh3": "..."}]}],
 //    "manifest_sha256": "..."}
 //
 // Older schemas are migrated on parse (schema.h).
@@ -48,9 +49,18 @@ struct ShardEntry {
 // name, with the tensor's shape when the piece is the whole tensor and as a 1-D run of elements
 // otherwise. A TensorLayout says where the elements of one tensor are: its pieces, in order of
 // `begin`, partition [0, numel) (elements of the row-major flattened tensor).
+// Since ckpt.v3 each piece also says where its bytes are in its rank's file (`offset`, from the
+// file's first byte) and their xxh3-128 (`xxh3`, 32 lowercase hex digits), so that a process reads
+// and checks exactly the pieces it needs from another rank's shard (read_pieces) instead of the
+// whole file; pieces of a migrated ckpt.v2 manifest have neither (`xxh3` empty) and their shards
+// are read whole. xxh3 guards against damage (a bad disk, a bad copy), as sha256 of the whole file
+// does; neither is a signature: whoever can edit the files can reseal the manifest.
 struct TensorPiece {
   uint32_t rank = 0;
   uint64_t begin = 0, end = 0;  // elements [begin, end), begin < end
+  uint64_t offset = 0;          // the piece's first byte in the file of `rank` (ckpt.v3)
+  std::string xxh3;             // xxh3-128 hex of the piece's bytes; empty: not recorded (ckpt.v2)
+  bool hashed() const { return !xxh3.empty(); }
 };
 struct TensorLayout {
   std::string name;  // as in the shards: "model/<name>", "optim/<name>", "anchor/model/<name>", ...
@@ -74,8 +84,21 @@ std::vector<TensorLayout> split_among_ranks(std::vector<TensorLayout> tensors, u
 // run of elements otherwise.
 TensorView piece_view(const TensorLayout& t, const TensorPiece& piece, const void* data);
 
+// Where a rank wrote one piece (write_shard's offsets and xxh3), for the manifest.
+struct PieceRecord {
+  std::string name;
+  uint32_t rank = 0;
+  uint64_t begin = 0;
+  uint64_t offset = 0;
+  std::string xxh3;
+};
+// Sets each piece's offset and xxh3 from `records`. InvariantError naming `dir` when a piece has no
+// record or a record no piece (the ranks disagree about the table).
+void set_piece_records(std::vector<TensorLayout>& tensors, const std::vector<PieceRecord>& records,
+                       const std::string& dir);
+
 struct Manifest {
-  std::string schema = "ckpt.v2";  // as found on disk (content is migrated); written as current
+  std::string schema = "ckpt.v3";  // as found on disk (content is migrated); written as current
   uint64_t step = 0;
   uint32_t world_size = 0;
   std::string config_hash;
@@ -85,7 +108,7 @@ struct Manifest {
   std::string trace_chain_hex;
   std::vector<ShardEntry> shards;  // exactly one per rank, sorted by rank
   std::map<std::string, std::string> extra;
-  // ckpt.v2: where each replicated tensor's elements are. Empty: every shard holds its rank's whole
+  // ckpt.v2 and later: where each replicated tensor's elements are. Empty: every shard holds its rank's whole
   // state (checkpoints of ckpt.v1 and older, migrated).
   std::vector<TensorLayout> tensors;
 };

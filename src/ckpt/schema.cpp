@@ -10,7 +10,7 @@ namespace {
 
 using nlohmann::json;
 
-const char* kReadable = "ckpt.v0 and ckpt.v1 (migrated on load) and ckpt.v2";
+const char* kReadable = "ckpt.v0, ckpt.v1 and ckpt.v2 (migrated on load) and ckpt.v3";
 
 void rename_key(json& j, const char* from, const char* to, const std::string& where) {
   RETRACE_CHECK(j.contains(from), FormatError, where, ": schema ckpt.v0 requires key \"", from,
@@ -35,6 +35,9 @@ const std::vector<std::function<void(json&, const std::string&)>>& manifest_migr
         j["tensors"] = json::array();
         j["schema"] = "ckpt.v2";
       },
+      // v2 -> v3: the pieces gain "offset" and "xxh3"; a v2 table has neither, and its shards are
+      // read whole (TensorPiece::hashed).
+      [](json& j, const std::string&) { j["schema"] = "ckpt.v3"; },
   };
   return kChain;
 }
@@ -54,6 +57,7 @@ shard_migrations() {
             m["schema"] = "ckpt.v1";
           },
           [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v2"; },
+          [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v3"; },
       };
   return kChain;
 }

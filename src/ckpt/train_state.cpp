@@ -27,7 +27,9 @@ namespace {
 
 std::string dtype_name(torch::ScalarType t) {
   auto d = safetensors::dtype_of(t);
-  RETRACE_CHECK(d.has_value(), InvariantError, "no checkpoint dtype for ", c10::toString(t));
+  // A user's model (a TorchScript file, a module of the library's user) may hold any dtype.
+  RETRACE_CHECK(d.has_value(), ConfigError, "a tensor of the state is ", c10::toString(t), ", a dtype a checkpoint "
+                "cannot store (F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL); convert the model's tensors");
   return *d;
 }
 
@@ -157,9 +159,15 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
     add_optim("anchor/optim/", *anchor);
   }
   layouts = split_among_ranks(std::move(layouts), world);
+  // This rank's pieces by their view: (tensor name, first element), for the manifest's offsets
+  // and hashes once the shard is written.
+  std::vector<std::pair<std::string, uint64_t>> own_pieces;
   for (size_t i = 0; i < layouts.size(); ++i)
     for (const TensorPiece& p : layouts[i].pieces)
-      if (p.rank == rank) views.push_back(piece_view(layouts[i], p, replicated[i].data_ptr()));
+      if (p.rank == rank) {
+        views.push_back(piece_view(layouts[i], p, replicated[i].data_ptr()));
+        own_pieces.emplace_back(layouts[i].name, p.begin);
+      }
   // Every rank takes this branch or none (a rank may hold no slice at all).
   if (snap.optim_sliced || (anchor_apart && anchor->optim_sliced)) {
     std::vector<TensorLayout> own = sliced_layouts(sliced, rank, world, sync, dir);
@@ -170,8 +178,37 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
       // piece_view reads the piece at its offset from the whole tensor's first byte.
       const auto* first = static_cast<const char*>(part.tensor.data_ptr()) - part.slice.begin * part.tensor.element_size();
       views.push_back(piece_view(t, piece, first));
+      own_pieces.emplace_back(t.name, piece.begin);
     }
     for (TensorLayout& t : own) layouts.push_back(std::move(t));
+  }
+  // The manifest must fit parse_manifest's limits (size, tensors, pieces): tried before any shard
+  // is written, with the longest values its fields can take, so that a model with too many tensors
+  // is a ConfigError here rather than a manifest refused after the shards.
+  {
+    Manifest trial;
+    trial.step = step;
+    trial.world_size = world;
+    trial.config_hash = snap.config_hash;
+    trial.versions = versions();
+    trial.trace_chain_hex = pos.chain.hex();
+    for (uint32_t r = 0; r < world; ++r) trial.shards.push_back({r, shard_file_name(r), uint64_t{1} << 62, std::string(64, '0')});
+    trial.tensors = layouts;
+    size_t pieces = 0;
+    for (TensorLayout& t : trial.tensors)
+      for (TensorPiece& p : t.pieces) {
+        p.offset = uint64_t{1} << 61;
+        p.xxh3.assign(32, '0');
+        ++pieces;
+      }
+    try {
+      (void)serialize_manifest(trial);
+    } catch (const InvariantError& e) {
+      RETRACE_FAIL(ConfigError, "cannot checkpoint step ", step, " in ", dir, ": its manifest would list ",
+                   trial.tensors.size(), " tensors in ", pieces, " pieces, over what a manifest may hold (",
+                   kMaxManifestBytes, " bytes, ", kMaxManifestTensors, " tensors, ", kMaxManifestPieces,
+                   " pieces): ", e.what(), "; a model with fewer tensors checkpoints (or set checkpoint.every_steps = 0)");
+    }
   }
   views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
   if (anchor_apart)
@@ -190,21 +227,36 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   const std::string shard_path = dir + "/" + shard_file_name(rank);
   ShardFileInfo info = write_shard(shard_path, meta, views);
 
+  // What this rank wrote: its file, and where each of its pieces is in it and its xxh3.
+  std::vector<PieceRecord> records;
+  for (size_t v = 0; v < own_pieces.size(); ++v)
+    records.push_back({own_pieces[v].first, rank, own_pieces[v].second, info.offsets[v], info.xxh3[v]});
   std::vector<ShardEntry> shards = {{rank, info.file, info.size, info.sha256}};
   if (sync) {
     // Phase one: every shard is durable (write_shard fsyncs); gather what each rank wrote.
     shards.clear();
-    const auto all = sync->allgather(info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256);
+    std::string said = info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256 + "\n";
+    for (const PieceRecord& p : records)
+      said += std::to_string(p.begin) + '\t' + std::to_string(p.offset) + '\t' + p.xxh3 + '\t' + p.name + '\n';
+    const auto all = sync->allgather(said);
+    records.clear();
     for (uint32_t r = 0; r < all.size(); ++r) {
       std::istringstream in(all[r]);
       ShardEntry e;
       e.rank = r;
-      std::string size;
+      std::string size, line;
       std::getline(in, e.file);
       std::getline(in, size);
       std::getline(in, e.sha256);
-      e.size = parse_u64_field(size, "the size rank " + std::to_string(r) + " reports of its shard");
+      const std::string what = "rank " + std::to_string(r) + "'s report of its shard";
+      e.size = parse_u64_field(size, "the size in " + what);
       shards.push_back(e);
+      while (std::getline(in, line)) {
+        const size_t a = line.find('\t'), b = line.find('\t', a + 1), c = line.find('\t', b + 1);
+        RETRACE_CHECK(c != std::string::npos, InvariantError, what, ": a piece line without four fields");
+        records.push_back({line.substr(c + 1), r, parse_u64_field(line.substr(0, a), what),
+                           parse_u64_field(line.substr(a + 1, b - a - 1), what), line.substr(b + 1, c - b - 1)});
+      }
     }
   }
   if (rank != 0) {
@@ -220,6 +272,7 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   m.trace_position = pos.bytes;
   m.trace_chain_hex = pos.chain.hex();
   m.shards = shards;
+  set_piece_records(layouts, records, dir);
   m.tensors = std::move(layouts);
   // Phase two: the manifest is the commit point.
   std::string committed = commit_checkpoint(root, m, keep_last, rotation);
@@ -294,7 +347,7 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
       kept.push_back(true);
     }
   }
-  read_pieces(
+  out.bytes_read = read_pieces(
       dir, m, [&](const TensorLayout& t) { return kept[static_cast<size_t>(&t - m.tensors.data())]; },
       [&](size_t i) { return tensors[i].data_ptr(); }, rank,
       [&](const ShardData& shard) {
@@ -340,6 +393,7 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
     // shard retrace wrote): the state is read once, into memory it keeps, not copied a second time.
     auto owner = std::make_shared<ShardData>(load_shard(dir, m, rank, /*check_digest=*/true));
     const ShardData& shard = *owner;
+    out.bytes_read = shard.bytes.size();
     out.where = shard.source;
     out.metadata = shard.metadata;
     for (const auto& e : shard.tensors) {
@@ -413,19 +467,47 @@ uint64_t metadata_u64(const LoadedSnapshot& s, const std::string& key) { return 
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
                                                    std::vector<std::pair<std::string, std::string>>* skipped,
                                                    const KeepRange& keep,
-                                                   const std::function<void(const LoadedSnapshot&)>& check) {
+                                                   const std::function<void(const LoadedSnapshot&)>& check,
+                                                   const ShardSync* ranks) {
+  auto attempt = [&](const std::string& dir) {
+    LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep);
+    if (check) check(s);
+    return s;
+  };
   std::vector<std::pair<std::string, std::string>> skips;
-  auto found = newest_step_dir_that(
-      root,
-      [&](const std::string& dir) {
-        LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep);
-        if (check) check(s);
-        return s;
-      },
-      skips);
+  std::optional<NewestSnapshot> out;
+  if (!ranks) {
+    auto found = newest_step_dir_that(root, attempt, skips);
+    if (found) out = NewestSnapshot{found->first, std::move(found->second), {}};
+  } else {
+    // Each rank reads only what it needs of the other ranks' shards, so each may find damage the
+    // others do not see: every candidate is taken by all ranks or skipped by all, with the first
+    // complaining rank's reason.
+    for (const auto& entry : list_step_dirs(root)) {
+      const std::string& dir = entry.second;
+      std::optional<LoadedSnapshot> s;
+      std::string why;
+      try {
+        s = attempt(dir);
+      } catch (const WorldSizeMismatch&) {
+        throw;  // the manifest's, the same on every rank
+      } catch (const Error& e) {
+        why = e.what();
+        if (why.empty()) why = "failed to load";
+      }
+      const std::vector<std::string> all = ranks->allgather(why);
+      size_t bad = 0;
+      while (bad < all.size() && all[bad].empty()) ++bad;
+      if (bad == all.size()) {
+        out = NewestSnapshot{dir, std::move(*s), {}};
+        break;
+      }
+      skips.emplace_back(dir, !why.empty() ? why : "rank " + std::to_string(bad) + " cannot load it: " + all[bad]);
+    }
+  }
   if (skipped) *skipped = skips;
-  if (!found) return std::nullopt;
-  return NewestSnapshot{found->first, std::move(found->second), std::move(skips)};
+  if (out) out->skipped = std::move(skips);
+  return out;
 }
 
 namespace {
@@ -509,6 +591,7 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
 
   RestoredState out;
   out.dir = dir;
+  out.bytes_read = snap.bytes_read;
   out.manifest = m;
   out.position = snap.position;
   for (const auto& [k, v] : snap.metadata)
@@ -564,11 +647,11 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
 
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
-                                                    const Reshard* reshard) {
+                                                    const Reshard* reshard, const ShardSync* ranks) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
   auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer),
-                                     [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); });
+                                     [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); }, ranks);
   if (!newest) return std::nullopt;
   return restore(trainer, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }

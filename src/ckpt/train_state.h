@@ -88,6 +88,7 @@ struct LoadedSnapshot {
   std::map<std::string, std::string> metadata;
   TracePosition position;
   std::string where;  // the shard, for messages
+  uint64_t bytes_read = 0;  // of the checkpoint's shards, by this process
   // The rollback anchor stored with the state: none (a run without one, or an older checkpoint),
   // at the checkpoint's own step (anchor_is_self), or an earlier state.
   std::optional<StateSnapshot> anchor;
@@ -106,8 +107,8 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
 // The newest checkpoint under `root` that loads: each step directory, newest first, goes through
 // load_snapshot, and one that fails to verify or parse is skipped (in `skipped`, with why). So a
 // resume reads and hashes its own shard once, in the pass that parses it, where picking the
-// checkpoint with find_newest_valid first and loading it then hashed it twice. Every rank checks
-// every other rank's shard, so ranks agree on what to skip. WorldSizeMismatch propagates.
+// checkpoint with find_newest_valid first and loading it then hashed it twice. WorldSizeMismatch
+// propagates.
 struct NewestSnapshot {
   std::string dir;
   LoadedSnapshot snapshot;
@@ -115,15 +116,21 @@ struct NewestSnapshot {
 };
 // `check`, when given, runs on each snapshot loaded: one it throws an Error for is skipped too
 // (a resume's validation layer, so a checkpoint holding a wrong value gives way to an older one).
+// `ranks`, when given (the ranks of a data-parallel resume, each calling this): a rank reads only
+// the pieces of other ranks' shards it needs (read_pieces), so it may see damage the others do not;
+// after each candidate the ranks exchange their verdicts (one all-gather of the reasons) and all
+// take it or all skip it, with the first complaining rank's reason.
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
                                                    std::vector<std::pair<std::string, std::string>>* skipped = nullptr,
                                                    const KeepRange& keep = {},
-                                                   const std::function<void(const LoadedSnapshot&)>& check = {});
+                                                   const std::function<void(const LoadedSnapshot&)>& check = {},
+                                                   const ShardSync* ranks = nullptr);
 // A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
 uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
 
 struct RestoredState {
   std::string dir;
+  uint64_t bytes_read = 0;  // of the checkpoint's shards, by this process
   Manifest manifest;
   TracePosition position;
   std::map<std::string, std::string> extra;  // without the "x." prefix
@@ -149,7 +156,8 @@ struct Reshard {
 // when none does (`skipped` then says why each was skipped).
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
-                                                    const Reshard* reshard = nullptr);
+                                                    const Reshard* reshard = nullptr,
+                                                    const ShardSync* ranks = nullptr);
 // The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);
 

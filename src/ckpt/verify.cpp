@@ -1,6 +1,7 @@
 #include "ckpt/verify.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -248,23 +249,88 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
   return shard;
 }
 
-void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
-                 const std::function<void*(size_t)>& destination, uint32_t own_rank,
-                 const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window) {
-  // The wanted pieces by the rank that holds them. Every shard is read and hashed, one without a
-  // wanted piece too: every rank checks the whole checkpoint, as verify_checkpoint does, so ranks
-  // agree on what they skip.
-  std::vector<std::vector<std::pair<size_t, const TensorPiece*>>> by_rank(manifest.world_size);
+namespace {
+
+uint64_t data_start_offset(const ShardData& shard, const TensorEntry& e) { return shard.data_start + e.offset; }
+
+// The wanted pieces of one rank's shard: the index of each piece's tensor in the table.
+using RankPieces = std::vector<std::pair<size_t, const TensorPiece*>>;
+
+// Reads the pieces of `entry`'s shard that overlap their windows, each from its recorded offset,
+// and checks each against its recorded xxh3 before it is used (ckpt.v3): the process reads what it
+// needs of another rank's shard and nothing else.
+uint64_t read_hashed_pieces(const std::string& dir, const Manifest& manifest, const ShardEntry& entry,
+                            const RankPieces& pieces, const std::function<void*(size_t)>& destination,
+                            const ElementWindow& window) {
+  const std::string path = join(dir, entry.file);
+  uint64_t size = 0;
+  const int fd = fs::open_regular_file_within(path, entry.size, size, fs::Links::kRefuse);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  RETRACE_CHECK(size == entry.size, IntegrityError, "sha256 mismatch on rank ", entry.rank, ": ", path, " has ", size,
+                " bytes, the manifest records ", entry.size, "; ", kResumeHint);
+  std::vector<char> staging;
+  uint64_t read = 0;
+  for (const auto& [index, piece] : pieces) {
+    const TensorLayout& t = manifest.tensors[index];
+    const uint64_t elem = *dtype_size(t.dtype), bytes = (piece->end - piece->begin) * elem;
+    const auto [first, last] = window ? window(index) : std::pair<uint64_t, uint64_t>{0, t.numel()};
+    const uint64_t lo = std::max(first, piece->begin), hi = std::min(last, piece->end);
+    if (lo >= hi) continue;  // none of it is wanted here
+    // A piece wanted whole goes straight to its place; a part of one is read whole (its hash is
+    // of the whole piece) and the wanted part copied.
+    const bool whole = lo == piece->begin && hi == piece->end;
+    char* out = static_cast<char*>(destination(index)) + (lo - first) * elem;
+    if (!whole) {
+      staging.resize(bytes);
+      out = staging.data();
+    }
+    const uint64_t got = fs::read_at(fd, piece->offset, out, bytes, path);
+    read += got;
+    const std::string found = got == bytes ? xxh3_128(out, bytes).hex() : std::string("(a short read)");
+    RETRACE_CHECK(found == piece->xxh3, IntegrityError, "shard ", path, ": ", t.name, " elements [", piece->begin,
+                  ", ", piece->end, ") (bytes [", piece->offset, ", ", piece->offset + bytes, ")) have xxh3 ", found,
+                  ", the manifest records ", piece->xxh3, "; the shard was damaged after the save; ", kResumeHint);
+    if (!whole) std::memcpy(static_cast<char*>(destination(index)) + (lo - first) * elem,
+                            staging.data() + (lo - piece->begin) * elem, (hi - lo) * elem);
+  }
+  return read;
+}
+
+}  // namespace
+
+uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
+                     const std::function<bool(const TensorLayout&)>& wanted,
+                     const std::function<void*(size_t)>& destination, uint32_t own_rank,
+                     const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window) {
+  // The wanted pieces by the rank that holds them. The own rank's shard is read whole and hashed
+  // (sha256) in the pass that parses it. Another rank's is read piece by piece when the manifest
+  // records the pieces' offsets and hashes (ckpt.v3), only the pieces this process needs; without
+  // them (ckpt.v2) it is read whole and hashed like the own one.
+  std::vector<RankPieces> by_rank(manifest.world_size);
+  std::vector<bool> whole_file(manifest.world_size, false);
   for (size_t i = 0; i < manifest.tensors.size(); ++i) {
     if (!wanted(manifest.tensors[i])) continue;
-    for (const TensorPiece& p : manifest.tensors[i].pieces) by_rank[p.rank].emplace_back(i, &p);
+    for (const TensorPiece& p : manifest.tensors[i].pieces) {
+      by_rank[p.rank].emplace_back(i, &p);
+      if (!p.hashed()) whole_file[p.rank] = true;
+    }
   }
+  if (own_rank < manifest.world_size) whole_file[own_rank] = true;
   std::atomic<uint32_t> next{0};
+  std::atomic<uint64_t> read{0};
   std::vector<std::exception_ptr> errors(manifest.world_size);
   auto work = [&] {
     for (uint32_t r = next++; r < manifest.world_size; r = next++) {
       try {
+        if (!whole_file[r]) {
+          read += read_hashed_pieces(dir, manifest, manifest.shards[r], by_rank[r], destination, window);
+          continue;
+        }
         const ShardData shard = load_shard(dir, manifest, r, /*check_digest=*/true);
+        read += shard.bytes.size();
         for (const auto& [index, piece] : by_rank[r]) {
           const TensorLayout& t = manifest.tensors[index];
           const TensorEntry* e = shard.find(t.name);
@@ -276,6 +342,10 @@ void read_pieces(const std::string& dir, const Manifest& manifest, const std::fu
                         ": ", t.name, " elements [", piece->begin, ", ", piece->end, ") should be ", count, " ",
                         t.dtype, " (", count * size, " bytes), the shard holds ", e->dtype, " of ", e->nbytes,
                         " bytes; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
+          RETRACE_CHECK(!piece->hashed() || data_start_offset(shard, *e) == piece->offset, IntegrityError, "shard ",
+                        shard.source, ": ", t.name, " elements [", piece->begin, ", ", piece->end, ") are at byte ",
+                        data_start_offset(shard, *e), ", the manifest records ", piece->offset,
+                        "; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
           if (!window) {
             std::memcpy(static_cast<char*>(destination(index)) + piece->begin * size, shard.data(*e), e->nbytes);
             continue;
@@ -298,6 +368,7 @@ void read_pieces(const std::string& dir, const Manifest& manifest, const std::fu
   for (auto& t : pool) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
+  return read;
 }
 
 std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,

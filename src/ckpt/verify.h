@@ -85,22 +85,30 @@ nlohmann::json verify_report_json(const std::string& dir,
 // current schema. Throws IntegrityError / FormatError naming the file.
 ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest = true);
 
-// The replicated tensors of a ckpt.v2 checkpoint (manifest.tensors), gathered from the shards that
-// hold their pieces: every shard is read once, hashed in the same pass (load_shard) and parsed, up
-// to two at a time (so a shard without a wanted piece is verified too); each piece is
-// checked against the table (its entry present, of the tensor's dtype, with the piece's length,
-// IntegrityError naming the file and range otherwise) and copied to
-// destination(index into manifest.tensors) + begin * element size. Only tensors whose name
-// `wanted` accepts are copied. `own_shard` is called, on one of the reading threads, with the own
-// rank's parsed shard (its metadata, its rank-own tensors) while it is alive. The destination buffers are the caller's,
-// each large enough for its tensor; distinct tensors' buffers must not overlap.
+// The replicated tensors of a ckpt.v2/v3 checkpoint (manifest.tensors), gathered from the shards
+// that hold their pieces, up to two shards at a time. `own_rank`'s shard is read whole, hashed
+// (sha256) in the same pass (load_shard) and parsed. Another rank's shard, when the manifest records
+// its pieces' offsets and xxh3 (ckpt.v3), is read piece by piece: only the pieces whose elements
+// this process keeps, each checked against its xxh3 before use (IntegrityError naming the file, the
+// tensor, the elements and the bytes otherwise), so a shard with nothing wanted is not read at all;
+// the other ranks' damage is theirs to find (the ranks of a resume agree on what they skip, see
+// load_newest_snapshot). Without them (ckpt.v2) every shard is read whole and hashed. Each piece
+// read from a parsed shard is checked against the table (its entry present, of the tensor's dtype,
+// with the piece's length and, in v3, at the recorded offset; IntegrityError naming the file and
+// range otherwise). A piece is copied to destination(index into manifest.tensors) + begin *
+// element size. Only tensors whose name `wanted` accepts are copied. `own_shard` is called, on one
+// of the reading threads, with the own rank's parsed shard (its metadata, its rank-own tensors)
+// while it is alive. The destination buffers are the caller's, each large enough for its tensor;
+// distinct tensors' buffers must not overlap.
 // `window`, when given: the elements [first, last) of tensor i the caller keeps (a ZeRO rank's
 // range of the optimizer state); destination(i) then holds those only, element `first` at its
 // start, and the pieces are copied where they overlap it.
 using ElementWindow = std::function<std::pair<uint64_t, uint64_t>(size_t)>;
-void read_pieces(const std::string& dir, const Manifest& manifest, const std::function<bool(const TensorLayout&)>& wanted,
-                 const std::function<void*(size_t)>& destination, uint32_t own_rank,
-                 const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window = {});
+// Returns the bytes it read of the shards.
+uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
+                     const std::function<bool(const TensorLayout&)>& wanted,
+                     const std::function<void*(size_t)>& destination, uint32_t own_rank,
+                     const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window = {});
 // read_pieces into byte buffers of their own: the bytes of each wanted tensor, in table order
 // (empty for the others); `rank`'s rng/state into `rng` when given.
 std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,

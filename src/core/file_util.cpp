@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -111,6 +112,19 @@ size_t read_into(int fd, char* out, size_t size) {
 }
 
 }  // namespace
+
+uint64_t read_at(int fd, uint64_t offset, void* out, uint64_t size, const std::string& path) {
+  uint64_t done = 0;
+  while (done < size) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(size - done, uint64_t{1} << 30));
+    ssize_t n = ::pread(fd, static_cast<char*>(out) + done, want, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    RETRACE_CHECK(n >= 0, IoError, "cannot read ", path, " at byte ", offset + done, ": ", errno_text(errno));
+    if (n == 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  return done;
+}
 
 std::string read_file(const std::string& path, uint64_t max_bytes, Links links) {
   uint64_t size = 0;

@@ -56,6 +56,10 @@ int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64
 // at `path` is not a regular file (or, with kRefuse, is a symbolic link), IoError when it cannot
 // be opened. The caller owns the fd.
 int open_regular_file(const std::string& path, Links links = Links::kFollow);
+// Reads bytes [offset, offset + size) of the open file `fd` into `out` (pread, so several threads
+// may read one fd). Returns how many came: fewer only at the end of the file. IoError naming
+// `path` for a read error.
+uint64_t read_at(int fd, uint64_t offset, void* out, uint64_t size, const std::string& path);
 // Creates a directory and its parents; throws IoError naming the path if that fails or if the
 // directory cannot be written to.
 void make_writable_dir(const std::string& dir);

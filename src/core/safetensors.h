@@ -17,7 +17,8 @@
 // (largest first), then by name, so every tensor starts aligned to its element size.
 //
 // The writer never copies the tensors: it writes straight from the caller's memory while a second
-// thread computes the sha256 of the same bytes, so the digest costs no extra pass over the disk.
+// thread computes the sha256 of the same bytes, so the digest costs no extra pass over the disk
+// (and, in the same pass, each tensor's xxh3-128: a checkpoint's manifest records it per piece).
 // Durability: final_path + ".tmp" is written, fsynced, renamed to final_path, and the directory is
 // fsynced. A failure removes the .tmp and touches no other file.
 //
@@ -58,6 +59,10 @@ struct ShardFileInfo {
   std::string file;
   uint64_t size = 0;
   std::string sha256;  // 64 lowercase hex digits of the whole file
+  // Per tensor, in the order given: where its bytes start in the file, and their xxh3-128 (32 hex
+  // digits), computed in the pass that computes the sha256.
+  std::vector<uint64_t> offsets;
+  std::vector<std::string> xxh3;
 };
 
 // Test seam, in the spirit of leveldb's fault-injection env: make the write fail once

@@ -55,7 +55,18 @@ TensorEntry parse_tensor(const std::string& src, const std::string& name, const 
     if (dim != 0 && count > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
     else count *= dim;
   }
-  // A zero dim makes the tensor empty whatever the other dims are.
+  // A zero dim makes the tensor empty whatever the other dims are; but LibTorch refuses a shape
+  // whose other dims multiply past int64 even then (its size check multiplies every dim), so such a
+  // shape is refused here, where it is read, not there.
+  uint64_t nonzero = 1;
+  bool too_many = false;
+  for (int64_t d : e.shape) {
+    if (d == 0) continue;
+    if (nonzero > uint64_t(std::numeric_limits<int64_t>::max()) / uint64_t(d)) too_many = true;
+    else nonzero *= uint64_t(d);
+  }
+  RETRACE_CHECK(!too_many, FormatError, "shard ", src, ", tensor \"", name, "\": shape ", json_text(shape),
+                " has more elements than fit in int64 (a zero dim does not make it valid for LibTorch)");
   if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
     count = 0;
     overflow = false;

@@ -156,12 +156,21 @@ class ShardFileWriter {
   uint64_t writeback_from_ = 0;
 };
 
-void hash_segments(const std::vector<Segment>& segments, Sha256* sha, const std::atomic<bool>* stop) {
-  for (const Segment& s : segments) {
+// The sha256 of the file and the xxh3-128 of each segment after the first (the header), chunk by
+// chunk, so the second digest reads bytes the first has just brought into the cache.
+void hash_segments(const std::vector<Segment>& segments, Sha256* sha, std::vector<std::string>* xxh3,
+                   const std::atomic<bool>* stop) {
+  Xxh3 piece;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Segment& s = segments[k];
+    piece.reset();
     for (uint64_t done = 0; done < s.size; done += kHashChunk) {
       if (stop->load(std::memory_order_relaxed)) return;
-      sha->update(s.data + done, static_cast<size_t>(std::min(kHashChunk, s.size - done)));
+      const size_t n = static_cast<size_t>(std::min(kHashChunk, s.size - done));
+      sha->update(s.data + done, n);
+      if (k > 0) piece.update(s.data + done, n);
     }
+    if (k > 0) (*xxh3)[k - 1] = piece.digest().hex();
   }
 }
 
@@ -187,8 +196,10 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   const std::string header = build_header(final_path, metadata, tensors, &order);
   std::vector<Segment> segments{{header.data(), header.size()}};
   uint64_t total = header.size();
+  std::vector<uint64_t> offsets(tensors.size());
   for (size_t i : order) {
     segments.push_back({static_cast<const char*>(tensors[i].data), tensors[i].nbytes});
+    offsets[i] = total;
     total += tensors[i].nbytes;
   }
 
@@ -201,7 +212,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   Sha256 sha;
   std::atomic<bool> stop{false};
   std::thread hasher;
-  if (total > kHashInThreadAbove) hasher = std::thread(hash_segments, std::cref(segments), &sha, &stop);
+  std::vector<std::string> xxh3(tensors.size());  // by segment, then put in the order given
+  if (total > kHashInThreadAbove) hasher = std::thread(hash_segments, std::cref(segments), &sha, &xxh3, &stop);
 
   ShardFileWriter writer(fd, final_path, tmp, total, faults);
   try {
@@ -233,7 +245,7 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
     RETRACE_CHECK(rc == 0, IoError, "cannot write checkpoint shard ", final_path, ": close of ", tmp,
                   " failed: ", fs::errno_text(errno));
     if (hasher.joinable()) hasher.join();
-    else hash_segments(segments, &sha, &stop);
+    else hash_segments(segments, &sha, &xxh3, &stop);
     RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp,
                   " to ", final_path, ": ", fs::errno_text(errno));
   } catch (...) {
@@ -245,7 +257,9 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   }
   std::filesystem::path p(final_path);
   fs::fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");
-  return ShardFileInfo{p.filename().string(), total, sha.finish_hex()};
+  std::vector<std::string> by_tensor(tensors.size());
+  for (size_t k = 0; k < order.size(); ++k) by_tensor[order[k]] = std::move(xxh3[k]);
+  return ShardFileInfo{p.filename().string(), total, sha.finish_hex(), std::move(offsets), std::move(by_tensor)};
 }
 
 }  // namespace retrace::safetensors

@@ -23,9 +23,9 @@ void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind, const 
     return;
   }
   header_into(h, t.scalar_type(), t.sizes());
-  if (kind == DigestKind::kMixed) {
+  if (is_mixed(kind)) {
     uint64_t known_sum[16];
-    h.update_u64(known && (*known)(t, known_sum) ? known_sum[0] : tensor_mixed_sum(t));
+    h.update_u64(known && (*known)(t, known_sum) ? known_sum[0] : tensor_mixed_sum(t, 0, mix_of(kind)));
     return;
   }
   torch::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(torch::kCPU).contiguous();
@@ -67,7 +67,7 @@ torch::Tensor shift_right_logical(const torch::Tensor& z, int s) {
 
 }  // namespace
 
-uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position) {
+uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position, Mix mix) {
   if (!t.defined() || t.numel() == 0) return 0;
   const int64_t size = static_cast<int64_t>(t.element_size());
   torch::ScalarType word_type;
@@ -92,6 +92,12 @@ uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position) {
     if (size < 8) z.bitwise_and_(mask);
     const int64_t first = as_signed(first_position + static_cast<uint64_t>(begin) + 1);
     z.add_(torch::arange(n, long_options).add_(first).mul_(as_signed(0x9E3779B97F4A7C15ull)));
+    if (mix == Mix::kHalves) {
+      // lo(x) * hi(x) + x: both halves below 2^32, so the int64 product wraps to the bits of the
+      // unsigned one.
+      total.add_(z.bitwise_and(as_signed(0xffffffffull)).mul_(shift_right_logical(z, 32)).add_(z).sum(torch::kInt64));
+      continue;
+    }
     z.bitwise_xor_(shift_right_logical(z, 33)).mul_(as_signed(0xFF51AFD7ED558CCDull));
     z.bitwise_xor_(shift_right_logical(z, 33)).mul_(as_signed(0xC4CEB9FE1A85EC53ull));
     z.bitwise_xor_(shift_right_logical(z, 33));
@@ -103,11 +109,17 @@ uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position) {
   return out;
 }
 
-uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position) {
+uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position, Mix mix) {
   if (!t.defined() || t.numel() == 0) return 0;
-  if (!t.device().is_cpu()) return mixed_sum_on_device(t, first_position);
+  // The tensor may be a user's (a model file's, a library user's module): a dtype of another width
+  // is theirs to change, not a bug.
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  RETRACE_CHECK(size == 1 || size == 2 || size == 4 || size == 8, ConfigError, "a tensor of dtype ",
+                t.scalar_type(), " (", size, " bytes an element) cannot be digested by mixed sums (trace.digest_version "
+                "3 and 4 read elements of 1, 2, 4 or 8 bytes); convert the model's tensors or use trace.digest_version = 2");
+  if (!t.device().is_cpu()) return mixed_sum_on_device(t, first_position, mix);
   const torch::Tensor c = t.contiguous();
-  return mixed_sum(c.data_ptr(), c.element_size(), static_cast<uint64_t>(c.numel()), first_position);
+  return mixed_sum(c.data_ptr(), c.element_size(), static_cast<uint64_t>(c.numel()), first_position, mix);
 }
 
 Digest128 digest_mixed(std::vector<MixedEntry> entries) {

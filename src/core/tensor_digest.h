@@ -20,11 +20,18 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 // state every step at half the cost). kMixed: their mixed_sum (digest.h), computed where the tensor
 // lives (version 3: the sums of a tensor's slices add up to the whole's, so ranks that each hold
 // part of it, as under ZeRO, give the world-1 digest; see MixedEntry).
-enum class DigestKind : uint8_t { kXxh3 = 1, kLanes = 2, kMixed = 3 };
-// The kind of trace.digest_version `version` (1, 2 or 3).
+// kMixed4: the same with version 4's cheaper mix (digest.h, mix_halves).
+enum class DigestKind : uint8_t { kXxh3 = 1, kLanes = 2, kMixed = 3, kMixed4 = 4 };
+// The kind of trace.digest_version `version` (1 to 4).
 inline DigestKind digest_kind_of(int64_t version) {
-  return version >= 3 ? DigestKind::kMixed : version == 2 ? DigestKind::kLanes : DigestKind::kXxh3;
+  return version >= 4   ? DigestKind::kMixed4
+         : version == 3 ? DigestKind::kMixed
+         : version == 2 ? DigestKind::kLanes
+                        : DigestKind::kXxh3;
 }
+// Whether the kind digests by mixed sums (versions 3 and 4), and with which mix.
+inline bool is_mixed(DigestKind kind) { return kind == DigestKind::kMixed || kind == DigestKind::kMixed4; }
+inline Mix mix_of(DigestKind kind) { return kind == DigestKind::kMixed4 ? Mix::kHalves : Mix::kFmix64; }
 
 // Where a tensor that is part of a larger one lies in it: the whole tensor's shape and the flat
 // position of the part's first element (ZeRO's slices of the optimizer state). `write`: whether
@@ -50,10 +57,10 @@ void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind = Diges
 // multiplies, masked right shifts, an int64 sum), in chunks of 1M elements: on a GPU only the
 // 8-byte sum crosses to the host. Equals mixed_sum of the same bytes (a test checks it on the CPU).
 // t of any dtype of 1, 2, 4 or 8 bytes (InvariantError otherwise); undefined or empty: 0.
-uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position = 0);
+uint64_t mixed_sum_on_device(const torch::Tensor& t, uint64_t first_position = 0, Mix mix = Mix::kFmix64);
 // mixed_sum of t's elements at global positions first_position, ...: on the CPU the C++ loop
 // (digest.h), elsewhere mixed_sum_on_device. Undefined or empty: 0.
-uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position = 0);
+uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position = 0, Mix mix = Mix::kFmix64);
 // One tensor of a version-3 digest: its name, dtype and whole shape and the mixed_sum of all its
 // elements, which ranks holding parts of it get by adding their parts' sums (modulo 2^64).
 struct MixedEntry {

@@ -1,4 +1,5 @@
 #include "data/token_files.h"
+#include "data/token_header.h"
 
 #include <torch/torch.h>
 
@@ -31,14 +32,7 @@ constexpr uint64_t kHeaderBytes = kTokenHeaderInts * 4;
 // the block while it is in cache.
 constexpr uint64_t kPassBlockBytes = 1ull << 20;
 
-constexpr const char* kLayout =
-    "expected a directory of llm.c token files: training shards named *train*.bin and validation shards "
-    "named *val*.bin (e.g. fineweb_train_000001.bin, or train.bin and val.bin), each a header of 256 "
-    "little-endian int32 (magic 20240520, version 1, token count: uint16 tokens; or 20240801, 7: uint32 "
-    "tokens) followed by the tokens; llm.c's dev/data scripts write them, tools/data/write_tokens.py writes "
-    "one from a text file";
-
-int32_t le_i32(const unsigned char* p) { return static_cast<int32_t>(get_u32(p)); }
+constexpr const char* kLayout = kTokenLayout;
 
 // A read-only mapping of a whole file; unmapped when the last copy goes.
 class Mapping {
@@ -118,32 +112,10 @@ Shard open_shard(const std::string& path, uint32_t& largest, int64_t vocab) {
                 "-byte header of an llm.c token file; the file is truncated or not a token file (", kLayout, ")");
   s.map = std::make_shared<Mapping>(path, file_size);
   const unsigned char* h = s.map->data();
-  const int32_t magic = le_i32(h), version = le_i32(h + 4), count = le_i32(h + 8);
-  if (magic == kTokenMagicGpt2) {
-    RETRACE_CHECK(version == kTokenVersionGpt2, FormatError, "token shard ", path, ": header[1] (version) is ",
-                  version, " with the GPT-2 magic ", kTokenMagicGpt2, ", expected ", kTokenVersionGpt2,
-                  " (uint16 tokens); the header is damaged or from an unknown writer");
-    s.width = 2;
-  } else if (magic == kTokenMagicLlama3) {
-    RETRACE_CHECK(version == kTokenVersionLlama3, FormatError, "token shard ", path, ": header[1] (version) is ",
-                  version, " with the LLaMA-3 magic ", kTokenMagicLlama3, ", expected ", kTokenVersionLlama3,
-                  " (uint32 tokens); the header is damaged or from an unknown writer");
-    s.width = 4;
-  } else {
-    RETRACE_FAIL(FormatError, "token shard ", path, ": header[0] (magic) is ", magic, ", expected ", kTokenMagicGpt2,
-                 " (GPT-2, uint16 tokens) or ", kTokenMagicLlama3,
-                 " (LLaMA-3, uint32 tokens); this is not an llm.c token file (", kLayout, ")");
-  }
-  RETRACE_CHECK(count >= 0, FormatError, "token shard ", path, ": header[2] (token count) is ", count,
-                ", expected a count >= 0; the header is damaged");
-  const uint64_t expected = kHeaderBytes + uint64_t{s.width} * static_cast<uint64_t>(count);
-  RETRACE_CHECK(file_size == expected, FormatError, "token shard ", path, ": header[2] says ", count,
-                " tokens of ", s.width, " bytes, which need ", expected, " bytes, but the file has ", file_size,
-                " bytes (room for ", (file_size - kHeaderBytes) / s.width, " tokens); the file is ",
-                file_size < expected ? "truncated" : "longer than its header says");
-  RETRACE_CHECK(count > 0, FormatError, "token shard ", path,
-                " holds no tokens (header[2] is 0); remove it from the data directory or write it again");
-  s.tokens = static_cast<uint64_t>(count);
+  const TokenHeader header = check_token_header(h, file_size, path);
+  s.width = header.width;
+  const uint64_t count = header.tokens;
+  s.tokens = count;
 
   // One pass: sha256 of every byte, and the tokens' range, block by block.
   s.map->advise(MADV_SEQUENTIAL);

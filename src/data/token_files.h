@@ -30,14 +30,10 @@
 #include <string>
 
 #include "data/dataset.h"
+#include "data/token_header.h"
 
 namespace retrace::data {
 
-inline constexpr int32_t kTokenMagicGpt2 = 20240520;
-inline constexpr int32_t kTokenVersionGpt2 = 1;  // uint16 tokens
-inline constexpr int32_t kTokenMagicLlama3 = 20240801;
-inline constexpr int32_t kTokenVersionLlama3 = 7;  // uint32 tokens
-inline constexpr int64_t kTokenHeaderInts = 256;
 
 // Reads DIR's shards (train split from *train*.bin, test split from *val*.bin): each is mapped,
 // its header checked, and its bytes hashed (sha256) and its tokens checked against the vocabulary

@@ -229,8 +229,11 @@ torch::Tensor GptImpl::run_blocks(torch::Tensor x, int64_t begin, int64_t end, b
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
-  RETRACE_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, InvariantError,
-                "gpt forward: expected int64 token ids [batch, time], got ", idx.dim(), "-d ", idx.scalar_type());
+  // The inputs come from the user's data set: a mismatch is the config's (data.kind), not a bug.
+  RETRACE_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, ConfigError,
+                "model.kind = \"gpt\" reads int64 token ids [batch, time], and the data set gives ", idx.dim(),
+                "-d ", idx.scalar_type(), " inputs; give it token data (data.kind = \"text\" or \"tokens\", or "
+                "\"tensors\" whose inputs are I64 [samples, time])");
   const int64_t t = idx.size(1);
   RETRACE_CHECK(t >= 1 && t <= options_.context, ConfigError, "gpt forward: sequence length ", t,
                 " is outside 1..model.context = ", options_.context);

@@ -10,6 +10,7 @@
 
 #include "core/child_process.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "data/dataset.h"
 #include "model/gpt.h"
 #include "rng/rng_state.h"
@@ -82,11 +83,12 @@ uint64_t available_memory_bytes() {
   std::ifstream max_in("/sys/fs/cgroup/memory.max"), current_in("/sys/fs/cgroup/memory.current");
   std::string max_text;
   uint64_t current = 0;
-  if (max_in >> max_text && max_text != "max" && current_in >> current) {
-    const uint64_t limit = std::stoull(max_text);
-    const uint64_t left = limit > current ? limit - current : 0;
-    if (available == 0 || left < available) available = left;
-  }
+  // A system file, but read strictly all the same: anything but a decimal number is no limit.
+  if (max_in >> max_text && max_text != "max" && current_in >> current)
+    if (const std::optional<uint64_t> limit = parse_decimal_u64(max_text)) {
+      const uint64_t left = *limit > current ? *limit - current : 0;
+      if (available == 0 || left < available) available = left;
+    }
   return available;
 }
 
@@ -142,11 +144,9 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   std::vector<std::vector<ChildResult>> results(out.size());
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < out.size(); ++i) {
-      auto r = run_in_child<ChildResult>(
-          [&] { return measure_child(config, vocab, out[i].policy, out[i].k, steps); });
-      RETRACE_CHECK(r.has_value(), InvariantError, "measuring policy ", out[i].name,
-                    " failed in its child process (see its message above)");
-      results[i].push_back(*r);
+      results[i].push_back(run_in_child<ChildResult>(
+          [&] { return measure_child(config, vocab, out[i].policy, out[i].k, steps); },
+          "measuring activation checkpointing policy " + out[i].name));
       if (progress) progress(static_cast<uint64_t>(round) * out.size() + i + 1, static_cast<uint64_t>(rounds) * out.size());
     }
   }

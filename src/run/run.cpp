@@ -128,6 +128,13 @@ uint64_t directory_bytes(const std::string& dir) {
   return n;
 }
 
+// "1503.2 MB" (MB = 10^6 bytes).
+std::string mb_text(uint64_t bytes) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
 // "1503.2 MB in 2.10 s, 716 MB/s" (MB = 10^6 bytes), for messages.
 std::string bytes_and_speed(uint64_t bytes, Clock::time_point start) {
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -373,7 +380,7 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
     RETRACE_CHECK(*zero_stage == 0 || !config.trace.enabled || !config.trace.digests || config.trace.digest_version >= 3,
                   ConfigError, "resume --zero-stage 1: this run records trace.digest_version ",
                   config.trace.digest_version, ", whose optimizer digests need every rank to hold all of the state; "
-                  "ZeRO needs digests that add up over slices (trace.digest_version = 3), which a recorded run "
+                  "ZeRO needs digests that add up over slices (trace.digest_version = 3 or 4), which a recorded run "
                   "cannot change. Resume without --zero-stage");
   }
   RETRACE_CHECK(found, ConfigError, "resume --reshard: the newest checkpoint in ", root, " (", n,
@@ -543,10 +550,14 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   // The newest checkpoint that verifies and parses; this rank's shard is read and hashed once.
   std::vector<std::pair<std::string, std::string>> skipped;
   const auto load_start = Clock::now();
-  std::optional<ckpt::RestoredState> loaded =
-      ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr);
+  std::optional<ckpt::ShardSync> ranks;
+  if (pg) ranks = ckpt::ShardSync{[pg](const std::string& b) { return pg->allgather(b); }, [pg] { pg->barrier(); }};
+  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(
+      trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr, ranks ? &*ranks : nullptr);
   if (loaded && cb.on_message && rank == 0)
-    cb.on_message("loaded " + loaded->dir + " (" + bytes_and_speed(directory_bytes(loaded->dir), load_start) +
+    cb.on_message("loaded " + loaded->dir + " (" + (world > 1 ? "rank 0: " : "") +
+                  bytes_and_speed(loaded->bytes_read, load_start) +
+                  (world > 1 ? ", of the checkpoint's " + mb_text(directory_bytes(loaded->dir)) : std::string()) +
                   ", verified while read)");
   for (const auto& [dir, why] : skipped)
     if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);

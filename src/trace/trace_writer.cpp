@@ -102,14 +102,19 @@ TraceWriter TraceWriter::create(const std::string& path, const records::TraceHea
   RETRACE_CHECK(raw_fd >= 0, IoError, "cannot create trace ", path, ": ",
                 fs::errno_text(errno));
   TraceWriter w(path, UniqueFd(raw_fd), zstd_level, 0);
-  uint8_t file_header[kFileHeaderSize];
-  encode_file_header(file_header);
-  write_full(w.fd_.get(), file_header, kFileHeaderSize, path);
-  w.bytes_written_ = kFileHeaderSize;
   records::TraceHeader with_dictionary = header;
-  with_dictionary.step_dictionary = step_dictionary_for(header, micro_batches);
-  serialize_header(with_dictionary, w.raw_);
-  w.append_frame(static_cast<uint8_t>(FrameKind::kHeader), 0);
+  try {
+    uint8_t file_header[kFileHeaderSize];
+    encode_file_header(file_header);
+    write_full(w.fd_.get(), file_header, kFileHeaderSize, path);
+    w.bytes_written_ = kFileHeaderSize;
+    with_dictionary.step_dictionary = step_dictionary_for(header, micro_batches);
+    serialize_header(with_dictionary, w.raw_);
+    w.append_frame(static_cast<uint8_t>(FrameKind::kHeader), 0);
+  } catch (...) {
+    ::unlink(path.c_str());  // made here (O_EXCL) and not yet a trace: no file without its header
+    throw;
+  }
   w.step_dictionary_ = std::move(with_dictionary.step_dictionary);  // after the header frame: it has none
   // The trace's existence is durable from the start, so a checkpoint never points at a trace
   // that a power loss could make vanish.
@@ -229,8 +234,12 @@ void TraceWriter::set_sink(std::unique_ptr<RecordSink> sink) { sink_ = std::move
 
 void TraceWriter::append_frame(uint8_t kind, uint64_t step) {
   RETRACE_CHECK(fd_.valid(), InvariantError, "append to a moved-from TraceWriter");
-  RETRACE_CHECK(raw_.size() <= kMaxPayloadLen, InvariantError, "a ", kind_name(kind),
-                " record of ", raw_.size(), " bytes exceeds the frame limit of ", kMaxPayloadLen);
+  // A record's size follows the run's inputs (the header lists every parameter and input file):
+  // too many of them is the config's matter, not a bug.
+  RETRACE_CHECK(raw_.size() <= kMaxPayloadLen, ConfigError, "the trace's ", kind_name(kind), " record would be ",
+                raw_.size(), " bytes, over the frame limit of ", kMaxPayloadLen, " bytes (the header lists every "
+                "parameter and input file of the run, a step every rank's digests); this run has too many to trace: "
+                "use fewer (or record with --set trace.enabled=false)");
   size_t bound = ZSTD_compressBound(raw_.size());
   if (frame_.size() < kFrameHeaderSize + bound) frame_.resize(kFrameHeaderSize + bound);
   const bool with_dictionary = kind == static_cast<uint8_t>(FrameKind::kStep) && !step_dictionary_.empty();

@@ -66,7 +66,7 @@ void update_generic(float* __restrict p, float* __restrict g, float* __restrict 
 }  // namespace
 
 void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c, bool allow_simd,
-                  LaneSums* sums, const float* grad_scale, uint64_t* mixed, uint64_t first_position) {
+                  LaneSums* sums, const float* grad_scale, uint64_t* mixed, uint64_t first_position, Mix mix) {
   const float s = grad_scale ? *grad_scale : 1.0f;
   auto update = [&](int64_t off, int64_t len) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -94,10 +94,10 @@ void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamW
     }
     if (mixed) {
       const uint64_t at = first_position + static_cast<uint64_t>(off), count = static_cast<uint64_t>(len);
-      mixed[0] += mixed_sum(p + off, sizeof(float), count, at);
-      mixed[1] += mixed_sum(m + off, sizeof(float), count, at);
-      mixed[2] += mixed_sum(v + off, sizeof(float), count, at);
-      mixed[3] += mixed_sum(g + off, sizeof(float), count, at);
+      mixed[0] += mixed_sum(p + off, sizeof(float), count, at, mix);
+      mixed[1] += mixed_sum(m + off, sizeof(float), count, at, mix);
+      mixed[2] += mixed_sum(v + off, sizeof(float), count, at, mix);
+      mixed[3] += mixed_sum(g + off, sizeof(float), count, at, mix);
     }
   }
 }

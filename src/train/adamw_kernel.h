@@ -39,10 +39,11 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 // store come almost free, where clipping on its own is another pass over every gradient.
 // mixed (four, or nullptr): receive, added to what they hold, the mixed sums (core/digest.h) of
 // the new p, m and v and of the gradient as used (after grad_scale), element i at global position
-// first_position + i, chunk by chunk from the cache as the lane sums are (trace.digest_version 3).
+// first_position + i, chunk by chunk from the cache as the lane sums are (trace.digest_version 3,
+// or 4 with mix = Mix::kHalves).
 void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
                   bool allow_simd = true, LaneSums* sums = nullptr, const float* grad_scale = nullptr,
-                  uint64_t* mixed = nullptr, uint64_t first_position = 0);
+                  uint64_t* mixed = nullptr, uint64_t first_position = 0, Mix mix = Mix::kFmix64);
 
 // The instruction set adamw_update runs with on this CPU: "avx2+fma" or "generic". Both give the
 // same bits (a fused multiply-add is correctly rounded in hardware and in libm).

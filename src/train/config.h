@@ -154,7 +154,8 @@ struct TraceConfig {
   bool enabled = true;
   bool digests = true;
   int64_t optimizer_digest_every = 1;  // steps between optimizer-state digests (1: every step)
-  // What a step's digests are. 3: as 2 with DigestKind::kMixed (sums that add up over slices). 2: parameters and optimizer state by lane checksums
+  // What a step's digests are. 4: as 3 with DigestKind::kMixed4 (the cheaper mix). 3: as 2 with
+  // DigestKind::kMixed (sums that add up over slices). 2: parameters and optimizer state by lane checksums
   // (DigestKind::kLanes), the rest of the state in StepRecord::state_digest, every rank's RNG
   // digest. 1 (what runs recorded before the key read as): xxh3 of the bytes, neither of the others.
   int64_t digest_version = 2;

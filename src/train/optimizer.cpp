@@ -108,8 +108,10 @@ class FusedAdamW final : public torch::optim::AdamW {
       for (int64_t b = 0; b < n || b == 0; b += kPiece) pieces.push_back({i, b, std::min(n, b + kPiece), {}, {}});
     }
     const KeptSums keep = keep_sums_;
+    const bool mixed_keep = keep == KeptSums::kMixed || keep == KeptSums::kMixed4;
+    const Mix mix = keep == KeptSums::kMixed4 ? Mix::kHalves : Mix::kFmix64;
     std::vector<uint64_t> first_positions(items.size(), 0);
-    if (keep == KeptSums::kMixed)
+    if (mixed_keep)
       for (size_t i = 0; i < items.size(); ++i) {
         auto found = positions_.find(items[i].p.unsafeGetTensorImpl());
         if (found != positions_.end()) first_positions[i] = found->second;
@@ -123,8 +125,8 @@ class FusedAdamW final : public torch::optim::AdamW {
         adamw_update(it.p.data_ptr<float>() + b, it.p.grad().data_ptr<float>() + b, s.exp_avg().data_ptr<float>() + b,
                      s.exp_avg_sq().data_ptr<float>() + b, piece.end - b, coefficients[piece.item], true,
                      keep == KeptSums::kLanes ? piece.sums : nullptr, scaled[piece.item] ? &scale_f : nullptr,
-                     keep == KeptSums::kMixed ? piece.mixed : nullptr,
-                     first_positions[piece.item] + static_cast<uint64_t>(b));
+                     mixed_keep ? piece.mixed : nullptr, first_positions[piece.item] + static_cast<uint64_t>(b),
+                     mix);
       }
     };
     if (floats >= model::kAfterBackwardLanesFrom) model::for_each_tile(static_cast<int64_t>(pieces.size()), 1, update);
@@ -147,7 +149,7 @@ class FusedAdamW final : public torch::optim::AdamW {
       for (int k = 0; k < 4; ++k) {
         c10::TensorImpl* impl = touched[k]->unsafeGetTensorImpl();
         if (k < 3) impl->bump_version();
-        if (keep == KeptSums::kNone || (k == 3 && keep != KeptSums::kMixed)) continue;
+        if (keep == KeptSums::kNone || (k == 3 && !mixed_keep)) continue;
         Known& known = sums_[impl];
         known.alive = Weak(touched[k]->getIntrusivePtr());
         known.version = impl->version_counter().current_version();

@@ -35,8 +35,9 @@ NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Modu
                              OptimizerKind optim_name);
 // The sums the fused AdamW takes of what its pass touches, for the trace's digests: none, the lane
 // sums (trace.digest_version 2) of each parameter, exp_avg and exp_avg_sq it wrote, or their mixed
-// sums (version 3, core/digest.h) and the gradient's as used (after clipping's product).
-enum class KeptSums : uint8_t { kNone, kLanes, kMixed };
+// sums (version 3, core/digest.h; kMixed4: version 4's mix) and the gradient's as used (after
+// clipping's product).
+enum class KeptSums : uint8_t { kNone, kLanes, kMixed, kMixed4 };
 void keep_sums(torch::optim::Optimizer& opt, KeptSums kind);
 // The global position of each parameter's first element for the mixed sums, in the order the
 // optimizer was given them (ZeRO's views start inside their parameter); 0 for any not listed.

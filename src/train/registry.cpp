@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/safetensors_torch.h"
 #include "data/fashion_mnist.h"
 #include "data/tensor_files.h"
 #include "data/text_corpus.h"
@@ -184,8 +185,21 @@ data::Dataset Registry::load_data(const Config& config) const {
   return d;
 }
 
+void check_state_dtypes(const torch::nn::Module& module, const std::string& model_path) {
+  auto stored = [&](const std::string& name, const torch::Tensor& t) {
+    if (!t.defined()) return;
+    RETRACE_CHECK(safetensors::dtype_of(t.scalar_type()).has_value(), ConfigError, "model tensor ", name, " is ",
+                  t.scalar_type(), ", a dtype retrace cannot checkpoint or digest (it stores F64, F32, F16, BF16, "
+                  "I64, I32, I16, I8, U8 and BOOL)", model_path.empty() ? "" : " (model.path = " + model_path + ")",
+                  "; convert the model's tensors to one of these before saving it");
+  };
+  for (const auto& item : module.named_parameters()) stored(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) stored(item.key(), item.value());
+}
+
 void check_model_fits(const Config& config, const model::ModelHandle& model, const LossFn& loss,
                       const data::Dataset& data) {
+  check_state_dtypes(*model.module, config.model.path);
   const int64_t n = std::min<int64_t>(2, data.train.size());
   const data::Samples first = data.train.range(0, n);
   const torch::Tensor& x = first.inputs;

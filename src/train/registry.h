@@ -74,6 +74,11 @@ const Registry& builtin_registry();
 // over every target element.
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets);
 
+// Every parameter and buffer of `module` is of a dtype a checkpoint stores and a digest reads (a
+// model file, a TorchScript one, may hold any): ConfigError naming the tensor, its dtype and
+// `model_path` (when not empty) otherwise. check_model_fits runs it first.
+void check_state_dtypes(const torch::nn::Module& module, const std::string& model_path);
+
 // Runs the model on the first two training samples (eval mode, no gradients, the RNG state put
 // back afterwards) and the loss on its outputs, so that a model that does not fit the data or the
 // loss fails before anything is written: ConfigError naming model.kind, train.loss, the shapes and

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/parse_number.h"
 #include "train/faults.h"
+#include "train/policy_records.h"
 
 namespace retrace::train {
 
@@ -84,27 +85,12 @@ void load_policy_state(TrainState& st, const std::map<std::string, std::string>&
   st.scaler.load_state(state);
   st.skip_guard.load_state(state);
   st.spike_guard.load_state(state);
-  auto split = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream in(s);
-    std::string item;
-    while (std::getline(in, item, ',')) if (!item.empty()) out.push_back(item);
-    return out;
-  };
   auto it = state.find("faults.fired");
   if (it != state.end())
-    for (const auto& f : split(it->second)) st.fired.insert(f);
+    for (const auto& f : split_list(it->second)) st.fired.insert(f);
   it = state.find("data.set_aside");
-  if (it != state.end()) {
-    for (const auto& item : split(it->second)) {
-      auto colon = item.find(':');
-      RETRACE_CHECK(colon != std::string::npos, FormatError, "bad set-aside batch \"", item, "\" in checkpoint: "
-                    "an entry is EPOCH:BATCH");
-      const std::string what = "the set-aside batch \"" + item + "\" in the checkpoint's data.set_aside";
-      st.set_aside.insert({parse_u64_field(item.substr(0, colon), what + ", its epoch"),
-                           parse_u64_field(item.substr(colon + 1), what + ", its batch")});
-    }
-  }
+  if (it != state.end())
+    for (const auto& batch : parse_set_aside(it->second)) st.set_aside.insert(batch);
 }
 
 void check_model_state(const NamedTensors& model, const NamedTensors& state, const std::string& where) {

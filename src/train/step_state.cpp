@@ -171,15 +171,17 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     // zero in between.
     const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;
     if (s.zero) {
-      // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3).
+      // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3
+      // or 4).
       const ZeroDigests d = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module, p.optimizer,
-                                         with_optimizer, hooks.sum_over_ranks, zero_known ? &zero_known : nullptr);
+                                         with_optimizer, hooks.sum_over_ranks, zero_known ? &zero_known : nullptr,
+                                         mix_of(kind));
       rec.param_digest = d.model;
       rec.grad_digest = d.grads;
       if (with_optimizer) rec.optim_digest = d.optim;
     } else {
       rec.param_digest = digest_named(model_state(s), kind, &known);
-      if (kind == DigestKind::kMixed) {
+      if (is_mixed(kind)) {
         // The gradients as the optimizer used them (reduced, unscaled, clipped), every step.
         NamedTensors grads;
         for (const auto& item : s.model.module->named_parameters()) grads.emplace_back(item.key(), item.value().grad());

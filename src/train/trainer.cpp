@@ -67,7 +67,8 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
   // The digests' sums taken inside the fused AdamW's pass (optimizer.h).
   const bool digests = config.trace.enabled && config.trace.digests;
   keep_sums(*state_.optimizer, !digests                         ? KeptSums::kNone
-                               : policies_.digest_version >= 3 ? KeptSums::kMixed
+                               : policies_.digest_version >= 4 ? KeptSums::kMixed4
+                               : policies_.digest_version == 3 ? KeptSums::kMixed
                                : policies_.digest_version == 2 && !state_.zero ? KeptSums::kLanes
                                                                                : KeptSums::kNone);
   for (const auto& f : policies_.faults.faults()) {

@@ -204,11 +204,11 @@ void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& ze
 
 ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
                          const torch::nn::Module& model, OptimizerKind kind, bool with_optimizer,
-                         const SumOverRanks& sum, const KnownSums* known) {
-  const auto mixed = [known](const torch::Tensor& t, uint64_t first_position) {
+                         const SumOverRanks& sum, const KnownSums* known, Mix mix) {
+  const auto mixed = [known, mix](const torch::Tensor& t, uint64_t first_position) {
     uint64_t out[16];
     if (known && t.defined() && (*known)(t, out)) return out[0];
-    return tensor_mixed_sum(t, first_position);
+    return tensor_mixed_sum(t, first_position, mix);
   };
   std::unordered_map<const c10::TensorImpl*, size_t> param_of;
   for (size_t i = 0; i < zero.params().size(); ++i) param_of.emplace(zero.params()[i].unsafeGetTensorImpl(), i);
@@ -219,7 +219,7 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
     auto found = param_of.find(t.unsafeGetTensorImpl());
     uint64_t s = 0;
     if (found == param_of.end()) {
-      if (zero.rank() == 0) s = tensor_mixed_sum(t);  // a buffer: every rank holds it whole
+      if (zero.rank() == 0) s = tensor_mixed_sum(t, 0, mix);  // a buffer: every rank holds it whole
     } else {
       for (size_t k = 0; k < zero.mine().size(); ++k)
         if (zero.mine()[k].param == found->second)
@@ -250,7 +250,7 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
         if (!t.defined()) continue;
         uint64_t* slot = &local[optim_from + (part.param * fields.size() + f) * 2];
         slot[0] += 1;
-        if (t.dim() == 0) slot[1] += part.begin == 0 ? tensor_mixed_sum(t) : 0;  // the step count, once
+        if (t.dim() == 0) slot[1] += part.begin == 0 ? tensor_mixed_sum(t, 0, mix) : 0;  // the step count, once
         else slot[1] += mixed(t, static_cast<uint64_t>(part.begin));
       }
     }

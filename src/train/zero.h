@@ -100,7 +100,7 @@ void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& ze
 
 // Adds vectors of sums over the ranks (modulo 2^64): one all-gather of a few bytes per tensor.
 using SumOverRanks = std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)>;
-// A ZeRO rank's trace digests (DigestKind::kMixed): the model's (parameters by this rank's parts,
+// A ZeRO rank's trace digests (DigestKind::kMixed, or kMixed4 with mix = Mix::kHalves): the model's (parameters by this rank's parts,
 // buffers by rank 0), the gradients' (this rank's parts of them, as the optimizer used them) and,
 // when `with_optimizer`, the optimizer state's, each rank's sums added over the ranks by `sum`
 // (unset: one rank). Equal bitwise to digest_named(..., kMixed) of the whole tensors an unsharded
@@ -111,7 +111,7 @@ struct ZeroDigests {
 };
 ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
                          const torch::nn::Module& model, OptimizerKind kind, bool with_optimizer,
-                         const SumOverRanks& sum, const KnownSums* known = nullptr);
+                         const SumOverRanks& sum, const KnownSums* known = nullptr, Mix mix = Mix::kFmix64);
 // The fused AdamW's mixed sums (optimizer.h fused_sums) of this rank's views, their gradients and
 // their state, taken now, before the all-gather writes the other ranks' ranges into the
 // parameters (which bumps the version counter the views share with them, so the optimizer would no

@@ -329,7 +329,7 @@ TEST(Rotation, NeverRemovesWhatItCannotProveItsOwn) {
   TempDir tmp;
   const std::string root = tmp.path();
   for (uint64_t s = 1; s <= 4; ++s) save_checkpoint(root, s, 1, 256);
-  reseal_manifest(root + "/step-00000001", [](nlohmann::json& j) { j["schema"] = "ckpt.v3"; });  // a newer retrace's
+  reseal_manifest(root + "/step-00000001", [](nlohmann::json& j) { j["schema"] = "ckpt.v4"; });  // a newer retrace's
   write_all(root + "/step-00000002/manifest.json", "{\"damaged\": true}");                        // checksum fails
   stdfs::remove(root + "/step-00000003/manifest.json");                                          // no manifest ...
   write_all(root + "/step-00000003/notes.txt", "my notes");                                      // ... and a user's file
@@ -341,7 +341,7 @@ TEST(Rotation, NeverRemovesWhatItCannotProveItsOwn) {
   EXPECT_EQ(read_all(root + "/step-00000003/notes.txt"), "my notes");
   ASSERT_EQ(r.left.size(), 3u);
   std::map<std::string, std::string> why(r.left.begin(), r.left.end());
-  EXPECT_NE(why[root + "/step-00000001"].find("unknown schema \"ckpt.v3\""), std::string::npos) << why[root + "/step-00000001"];
+  EXPECT_NE(why[root + "/step-00000001"].find("unknown schema \"ckpt.v4\""), std::string::npos) << why[root + "/step-00000001"];
   EXPECT_NE(why[root + "/step-00000003"].find("notes.txt"), std::string::npos);
 }
 

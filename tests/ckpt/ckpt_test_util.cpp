@@ -106,16 +106,24 @@ std::string write_sharded(const std::string& root, uint64_t step, uint32_t world
   m.world_size = world;
   m.config_hash = "c";
   m.tensors = split;
+  std::vector<PieceRecord> records;
   for (uint32_t r = 0; r < world; ++r) {
     std::vector<TensorView> views;
+    std::vector<std::pair<std::string, uint64_t>> pieces;
     for (size_t i = 0; i < split.size(); ++i)
       for (const TensorPiece& p : split[i].pieces)
-        if (p.rank == r) views.push_back(piece_view(split[i], p, values[i].data()));
+        if (p.rank == r) {
+          views.push_back(piece_view(split[i], p, values[i].data()));
+          pieces.emplace_back(split[i].name, p.begin);
+        }
     const std::string rng = "rng of rank " + std::to_string(r);
     views.push_back({"rng/state", "U8", {static_cast<int64_t>(rng.size())}, rng.data(), rng.size()});
     const ShardFileInfo info = write_shard(dir + "/" + shard_file_name(r), shard_metadata(step, r, world), views);
     m.shards.push_back({r, info.file, info.size, info.sha256});
+    for (size_t v = 0; v < pieces.size(); ++v)
+      records.push_back({pieces[v].first, r, pieces[v].second, info.offsets[v], info.xxh3[v]});
   }
+  set_piece_records(m.tensors, records, dir);
   commit_checkpoint(root, m);
   return dir;
 }

@@ -39,14 +39,14 @@ std::string save_checkpoint(const std::string& root, uint64_t step, uint32_t wor
 // an empty string or the first difference.
 std::string check_checkpoint_content(const std::string& dir, const Manifest& m);
 
-// Writes and commits a ckpt.v2 checkpoint of `step` under root the way save_snapshot lays one
+// Writes and commits a ckpt.v3 checkpoint of `step` under root the way save_snapshot lays one
 // out: `tensors` (name, dtype, shape) with the bytes `values` split among `world` ranks
 // (split_among_ranks), each rank's shard with its pieces and a "rng/state" of "rng of rank R".
 // Returns the step directory.
 std::string write_sharded(const std::string& root, uint64_t step, uint32_t world, const std::vector<TensorLayout>& tensors,
                           const std::vector<std::vector<char>>& values);
 
-// Every tensor of a ckpt.v2 checkpoint gathered from its pieces (read_pieces), in table order;
+// Every tensor of a ckpt.v3 checkpoint gathered from its pieces (read_pieces), in table order;
 // `rng` (if given) receives rank `own`'s rng/state.
 std::vector<std::vector<char>> read_sharded(const std::string& dir, uint32_t own = 0, std::string* rng = nullptr);
 

@@ -62,7 +62,7 @@ TEST(Manifest, RoundTrip) {
   Manifest m = sample_manifest();
   std::string text = serialize_manifest(m);
   Manifest p = parse_manifest(text, "m.json");
-  EXPECT_EQ(p.schema, "ckpt.v2");
+  EXPECT_EQ(p.schema, "ckpt.v3");
   EXPECT_EQ(p.step, m.step);
   EXPECT_EQ(p.world_size, m.world_size);
   EXPECT_EQ(p.config_hash, m.config_hash);
@@ -179,12 +179,13 @@ TEST(Schema, NewerThanBinary) {
 
 TEST(Schema, ShardMetadataDispatch) {
   auto md = migrate_shard_metadata({{"schema", "ckpt.v0"}, {"global_step", "5"}, {"rank", "0"}}, "s");
-  EXPECT_EQ(md, (std::map<std::string, std::string>{{"schema", "ckpt.v2"}, {"step", "5"}, {"rank", "0"}}));
-  EXPECT_EQ(migrate_shard_metadata({{"schema", "ckpt.v1"}, {"step", "5"}}, "s").at("schema"), "ckpt.v2");
+  EXPECT_EQ(md, (std::map<std::string, std::string>{{"schema", "ckpt.v3"}, {"step", "5"}, {"rank", "0"}}));
+  EXPECT_EQ(migrate_shard_metadata({{"schema", "ckpt.v1"}, {"step", "5"}}, "s").at("schema"), "ckpt.v3");
+  EXPECT_EQ(migrate_shard_metadata({{"schema", "ckpt.v2"}, {"step", "5"}}, "s").at("schema"), "ckpt.v3");
   EXPECT_THROW(migrate_shard_metadata({{"schema", "ckpt.v0"}, {"step", "5"}}, "s"), FormatError);
   EXPECT_THROW(migrate_shard_metadata({{"schema", "gguf"}}, "s"), FormatError);
   EXPECT_THROW(migrate_shard_metadata({{"step", "5"}}, "s"), FormatError);
-  EXPECT_THROW(migrate_shard_metadata({{"schema", "ckpt.v3"}}, "s"), FormatError);
+  EXPECT_THROW(migrate_shard_metadata({{"schema", "ckpt.v4"}}, "s"), FormatError);
 }
 
 // ---- the ckpt.v0 fixture ------------------------------------------------------------------------
@@ -228,7 +229,7 @@ TEST(Schema, V0FixtureMigrates) {
   EXPECT_EQ(m.trace_position, 30u);
   for (uint32_t r = 0; r < 2; ++r) {
     ShardData s = load_shard(dir, m, r);
-    EXPECT_EQ(s.metadata.at("schema"), "ckpt.v2");
+    EXPECT_EQ(s.metadata.at("schema"), "ckpt.v3");
     EXPECT_EQ(s.metadata.at("step"), "3");
     EXPECT_EQ(s.metadata.count("global_step"), 0u);
     const float* w = static_cast<const float*>(s.data(*s.find("w")));
@@ -236,7 +237,7 @@ TEST(Schema, V0FixtureMigrates) {
   }
   // Re-serializing migrates it to the current schema.
   Manifest again = parse_manifest(serialize_manifest(m), "x");
-  EXPECT_EQ(again.schema, "ckpt.v2");
+  EXPECT_EQ(again.schema, "ckpt.v3");
   EXPECT_TRUE(again.tensors.empty()) << "a migrated checkpoint keeps each rank's whole state in its shard";
   EXPECT_EQ(again.step, 3u);
   json report = verify_report_json(dir);
@@ -262,8 +263,8 @@ TEST(Manifest, TwoRanksCannotShareAShardFile) {
 // Regression: the newer-schema error lacked the `unknown schema` wording users search for.
 TEST(Schema, NewerSchemaSaysUnknownSchema) {
   json j = json::parse(serialize_manifest(sample_manifest()));
-  j["schema"] = "ckpt.v3";
-  std::string what = expect_error<FormatError>(signed_text(j), "unknown schema \"ckpt.v3\"");
+  j["schema"] = "ckpt.v4";
+  std::string what = expect_error<FormatError>(signed_text(j), "unknown schema \"ckpt.v4\"");
   EXPECT_EQ(what.rfind("unknown schema", 0), 0u) << what;
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <fstream>
 #include <numeric>
 
 #include "ckpt/checkpoint_dir.h"
@@ -55,15 +56,28 @@ TEST(Pieces, SplitPartitionsEveryTensorAndBalancesTheBytes) {
     m.step = 1;
     m.world_size = world;
     m.config_hash = "c";
-    for (uint32_t r = 0; r < world; ++r) m.shards.push_back({r, shard_file_name(r), 1, std::string(64, 'a')});
+    for (uint32_t r = 0; r < world; ++r) m.shards.push_back({r, shard_file_name(r), 1ull << 40, std::string(64, 'a')});
     m.tensors = split;
+    uint64_t at = 8;
+    for (TensorLayout& t : m.tensors)
+      for (TensorPiece& p : t.pieces) {
+        p.offset = at++;
+        p.xxh3 = Digest128{at, ~at}.hex();
+      }
     const Manifest back = parse_manifest(serialize_manifest(m), "m.json");
     ASSERT_EQ(back.tensors.size(), split.size());
     for (size_t i = 0; i < split.size(); ++i) {
       EXPECT_EQ(back.tensors[i].name, split[i].name);
       EXPECT_EQ(back.tensors[i].shape, split[i].shape);
       ASSERT_EQ(back.tensors[i].pieces.size(), split[i].pieces.size());
+      for (size_t k = 0; k < split[i].pieces.size(); ++k) {
+        EXPECT_EQ(back.tensors[i].pieces[k].offset, m.tensors[i].pieces[k].offset);
+        EXPECT_EQ(back.tensors[i].pieces[k].xxh3, m.tensors[i].pieces[k].xxh3);
+      }
     }
+    // Without the pieces' offsets and hashes the current schema refuses to write the table.
+    m.tensors = split;
+    EXPECT_THROW(serialize_manifest(m), InvariantError);
   }
 }
 
@@ -127,6 +141,115 @@ TEST(Pieces, EveryRankWritesItsRangeAndTheTensorsComeBackWhole) {
   }
 }
 
+// The bytes this process has read so far (/proc/self/io rchar: every read and pread).
+uint64_t bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value)
+    if (key == "rchar:") return value;
+  return 0;
+}
+
+uint64_t piece_bytes(const TensorLayout& t, const TensorPiece& p) { return (p.end - p.begin) * *dtype_size(t.dtype); }
+
+// Another rank's shard is read piece by piece: exactly the pieces wanted, each checked against its
+// hash; damage elsewhere in that file is not this process's to find (nor to pay for).
+TEST(Pieces, AnotherRanksShardIsReadByRangeOnlyWhereWanted) {
+  TempDir tmp;
+  const Written w = write_sharded(tmp.path(), 5, 4);
+  const Manifest m = verify_checkpoint(w.dir, std::nullopt);
+  ASSERT_EQ(m.schema, "ckpt.v3");
+  auto is_model = [](const TensorLayout& t) { return t.name.rfind("model/", 0) == 0; };
+  uint64_t own = 0, wanted = 0, pieces_elsewhere = 0;
+  for (const ShardEntry& s : m.shards)
+    if (s.rank == 0) own = s.size;
+  for (const TensorLayout& t : m.tensors)
+    for (const TensorPiece& p : t.pieces)
+      if (p.rank != 0) {
+        pieces_elsewhere += piece_bytes(t, p);
+        if (is_model(t)) wanted += piece_bytes(t, p);
+      }
+  ASSERT_GT(pieces_elsewhere, wanted);
+  ASSERT_GT(wanted, 0u);
+  std::vector<std::vector<char>> out(m.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) out[i].resize(bytes_of(m.tensors[i]));
+  // Reading /proc/self/io counts too: what one look costs is taken off.
+  const uint64_t look = bytes_read_so_far(), before = bytes_read_so_far(), one_look = before - look;
+  const uint64_t reported = read_pieces(
+      w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0, [](const ShardData&) {});
+  const uint64_t read = bytes_read_so_far() - before - one_look;
+  EXPECT_EQ(reported, own + wanted);
+  // Rank 0's shard whole, and of the others exactly the model's pieces.
+  EXPECT_EQ(read, own + wanted) << "pieces elsewhere " << pieces_elsewhere;
+  for (size_t i = 0; i < m.tensors.size(); ++i)
+    if (is_model(m.tensors[i])) EXPECT_EQ(out[i], w.values[i]) << m.tensors[i].name;
+
+  // Damage in rank 2's shard outside what is wanted: not read, so not seen; inside: an
+  // IntegrityError naming the file, the tensor, its elements and bytes.
+  const std::string path = w.dir + "/" + shard_file_name(2);
+  const std::string original = read_all(path);
+  const TensorLayout* optim = nullptr;
+  const TensorPiece* optim_piece = nullptr;
+  const TensorLayout* model = nullptr;
+  const TensorPiece* model_piece = nullptr;
+  for (const TensorLayout& t : m.tensors)
+    for (const TensorPiece& p : t.pieces)
+      if (p.rank == 2 && !is_model(t)) optim = &t, optim_piece = &p;
+      else if (p.rank == 2) model = &t, model_piece = &p;
+  ASSERT_TRUE(optim && model);
+  std::string damaged = original;
+  damaged[optim_piece->offset] ^= 1;
+  write_all(path, damaged);
+  EXPECT_NO_THROW(read_pieces(
+      w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0, [](const ShardData&) {}));
+  damaged = original;
+  damaged[model_piece->offset + piece_bytes(*model, *model_piece) - 1] ^= 1;
+  write_all(path, damaged);
+  try {
+    read_pieces(
+        w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0, [](const ShardData&) {});
+    ADD_FAILURE() << "a damaged piece was accepted";
+  } catch (const IntegrityError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find(path), std::string::npos) << text;
+    EXPECT_NE(text.find(model->name + " elements [" + std::to_string(model_piece->begin)), std::string::npos) << text;
+    EXPECT_NE(text.find("(bytes [" + std::to_string(model_piece->offset)), std::string::npos) << text;
+  }
+  write_all(path, original);
+}
+
+// A checkpoint written before ckpt.v3 (pieces without offsets and hashes) still reads: its shards
+// are read whole and hashed, as they were.
+TEST(Pieces, AVersionTwoManifestIsReadWhole) {
+  TempDir tmp;
+  const Written w = write_sharded(tmp.path(), 5, 3);
+  auto j = nlohmann::json::parse(read_all(w.dir + "/manifest.json"));
+  j["schema"] = "ckpt.v2";
+  for (auto& t : j["tensors"])
+    for (auto& p : t["pieces"]) {
+      p.erase("offset");
+      p.erase("xxh3");
+    }
+  j.erase("manifest_sha256");
+  const std::string canon = j.dump();
+  j["manifest_sha256"] = sha256_hex(canon.data(), canon.size());
+  write_all(w.dir + "/manifest.json", j.dump(2));
+  const Manifest m = verify_checkpoint(w.dir, std::nullopt);
+  EXPECT_EQ(m.schema, "ckpt.v2");
+  for (const TensorLayout& t : m.tensors)
+    for (const TensorPiece& p : t.pieces) EXPECT_FALSE(p.hashed()) << t.name;
+  std::vector<std::vector<char>> back;
+  EXPECT_EQ(read_back(w.dir, back, 1), "rng of rank 1");
+  EXPECT_EQ(back, w.values);
+  // Read whole: damage anywhere in another rank's shard is found by its sha256.
+  const std::string path = w.dir + "/" + shard_file_name(2);
+  std::string damaged = read_all(path);
+  damaged[damaged.size() - 1] ^= 1;
+  write_all(path, damaged);
+  EXPECT_THROW(read_back(w.dir, back, 1), IntegrityError);
+}
+
 // Rewrites a checkpoint's manifest with `edit` applied and a valid checksum.
 void reseal(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
   auto j = nlohmann::json::parse(read_all(dir + "/manifest.json"));
@@ -188,12 +311,41 @@ TEST(Pieces, BadTablesAndFilesAreClearErrorsNamingFileAndRange) {
              if (t["name"] == "model/w") t["dtype"] = "I32";
          },
          "integrity error", "should be");
+  const std::string any_xxh3(32, '0');
   expect("a tensor no file holds",
-         [](nlohmann::json& j) {
+         [&](nlohmann::json& j) {
            j["tensors"].push_back({{"name", "model/ghost"}, {"dtype", "F32"}, {"shape", {2}},
-                                   {"pieces", {{{"rank", 1}, {"begin", 0}, {"end", 2}}}}});
+                                   {"pieces", {{{"rank", 0}, {"begin", 0}, {"end", 2}, {"offset", 8},
+                                                {"xxh3", any_xxh3}}}}});
          },
          "integrity error", "lacks elements [0, 2) of model/ghost");
+  // In another rank's shard, read by range: the bytes at the offset are not the piece's.
+  expect("a tensor no file holds, in a shard read by range",
+         [&](nlohmann::json& j) {
+           j["tensors"].push_back({{"name", "model/ghost"}, {"dtype", "F32"}, {"shape", {2}},
+                                   {"pieces", {{{"rank", 1}, {"begin", 0}, {"end", 2}, {"offset", 8},
+                                                {"xxh3", any_xxh3}}}}});
+         },
+         "integrity error", "shard-rank00001.safetensors: model/ghost elements [0, 2) (bytes [8, 16)) have xxh3");
+  expect("a piece whose offset moved",
+         [](nlohmann::json& j) {
+           auto& p = pieces_of(j, "model/w")[1];
+           p["offset"] = p["offset"].get<uint64_t>() + 4;
+         },
+         "integrity error", "have xxh3");
+  expect("a piece whose offset moved, in the shard parsed whole",
+         [](nlohmann::json& j) {
+           auto& p = pieces_of(j, "model/w")[0];
+           p["offset"] = p["offset"].get<uint64_t>() + 4;
+         },
+         "integrity error", "the manifest records");
+  expect("a piece past the end of its file",
+         [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["offset"] = uint64_t{1} << 40; },
+         "format error", "bytes at offset 1099511627776 of shard-rank00001.safetensors");
+  expect("a piece without its hash", [](nlohmann::json& j) { pieces_of(j, "model/w")[1].erase("xxh3"); },
+         "format error", "a piece must be an object of rank, begin, end, offset, xxh3");
+  expect("a hash that is not hex", [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["xxh3"] = "xyz"; },
+         "format error", "expected 32 lowercase hex digits");
   // A file from another step: its metadata says so (and its sha256 is not the manifest's).
   write_all(w.dir + "/manifest.json", good);
   TempDir other;

@@ -157,7 +157,15 @@ TEST(Shard, ReaderRejectsHostileHeaders) {
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8), "needs 12 bytes");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d8), "reach past the data section");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", d8),
+                      "more elements than fit in int64");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,8]}})", d8),
                       "more bytes than fit in 64 bits");
+  // Regression (exit 70 from LibTorch's size check): a zero dim beside dims whose product passes
+  // int64 reads as empty for safetensors, but torch::empty refuses it.
+  expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", ""),
+                      "a zero dim does not make it valid");
+  EXPECT_EQ(parse_shard(raw_shard(R"({"t":{"dtype":"F32","shape":[0,4294967296],"data_offsets":[0,0]}})", ""), "z")
+                .tensors.at(0).nbytes, 0u);
   expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8), "expected 0");
   expect_format_error(raw_shard(R"({"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8),
                       "expected 6");

@@ -21,6 +21,13 @@ expect missing-config 2 "cannot read config file" -- \
   "$RETRACE" record --config "$tmp/none.toml" --out "$tmp/r4"
 [[ -e "$tmp/r2" || -e "$tmp/r3" || -e "$tmp/r4" ]] && { echo "FAIL config errors left a run directory"; fails=$((fails+1)); }
 
+# Regressions (exit 70 before issue 38): the data set's inputs do not suit the model; a run in a
+# child process (the accumulation grid) fails for a reason of its own, which keeps its kind.
+expect gpt-on-images 2 "model.kind = \"gpt\" reads int64 token ids .*2-d Float inputs" -- \
+  "$RETRACE" record --steps 1 --out "$tmp/g1" --set model.kind=gpt --set data.kind=fashion-mnist
+expect grid-child-error 4 "accumulation grid's run with train.accum_steps = 1: data set file missing" -- \
+  "$RETRACE" record --steps 2 --out "$tmp/grid" --accum-grid 1,2 --set data.dir=/nonexistent
+
 mkdir -p "$tmp/ro"; chmod 555 "$tmp/ro"
 if [[ $(id -u) -eq 0 ]]; then
   # root ignores permission bits: use a path below a regular file instead.

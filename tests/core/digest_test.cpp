@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -113,6 +115,29 @@ TEST(Digest, MixedSumsAreTheirDefinition) {
   EXPECT_THROW(mixed_sum(xs, 3, 1, 0), InvariantError);
 }
 
+// Version 4's mix, against its definition written out here: x = w + (p + 1) * phi, then
+// lo(x) * hi(x) + x, all modulo 2^64.
+TEST(Digest, HalvesMixIsItsDefinition) {
+  auto definition = [](uint64_t p, uint64_t w) {
+    const unsigned __int128 x = (static_cast<unsigned __int128>(w) + (static_cast<unsigned __int128>(p) + 1) *
+                                                                         0x9E3779B97F4A7C15ull) & ~uint64_t{0};
+    const uint64_t x64 = static_cast<uint64_t>(x), lo = x64 & 0xffffffffull, hi = x64 >> 32;
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(lo) * hi + x64);
+  };
+  for (uint64_t p : {uint64_t{0}, uint64_t{1}, uint64_t{12345}, ~uint64_t{0}})
+    for (uint64_t w : {uint64_t{0}, uint64_t{5}, uint64_t{0xffffffffull}, ~uint64_t{0}})
+      EXPECT_EQ(mix_halves(p, w), definition(p, w)) << p << " " << w;
+  const float xs[3] = {1.0f, -2.5f, 3.25f};
+  uint32_t words[3];
+  std::memcpy(words, xs, sizeof words);
+  EXPECT_EQ(mixed_sum(xs, 4, 3, 10, Mix::kHalves),
+            mix_halves(10, words[0]) + mix_halves(11, words[1]) + mix_halves(12, words[2]));
+  EXPECT_NE(mixed_sum(xs, 4, 3, 10, Mix::kHalves), mixed_sum(xs, 4, 3, 10, Mix::kFmix64));
+  EXPECT_EQ(mixed_sum(xs, 4, 0, 7, Mix::kHalves), 0u);
+  EXPECT_THROW(mixed_sum(xs, 3, 1, 0, Mix::kHalves), InvariantError);
+  EXPECT_THROW(mixed_sum(xs, 4, 1, 0, static_cast<Mix>(7)), InvariantError);
+}
+
 // The vector build (AVX-512 DQ, where the CPU has it) sums what the baseline build does: every
 // element size, lengths around the vector widths, any first position (wrapping ones too).
 TEST(Digest, MixedSumsOfEveryBuildAgree) {
@@ -123,12 +148,25 @@ TEST(Digest, MixedSumsOfEveryBuildAgree) {
     for (uint64_t count : {0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 999, 1000})
       for (uint64_t first : {uint64_t{0}, uint64_t{5}, uint64_t{1} << 40, ~uint64_t{0} - 3})
         for (size_t offset : {0, 1, 3})
-          EXPECT_EQ(mixed_sum(bytes.data() + offset, size, count, first),
-                    mixed_sum_baseline(bytes.data() + offset, size, count, first))
-              << size << " bytes x " << count << " from " << first << " at offset " << offset;
+          for (Mix mix : {Mix::kFmix64, Mix::kHalves})
+            EXPECT_EQ(mixed_sum(bytes.data() + offset, size, count, first, mix),
+                      mixed_sum_baseline(bytes.data() + offset, size, count, first, mix))
+                << size << " bytes x " << count << " from " << first << " at offset " << offset << " mix "
+                << int(mix);
 }
 
-TEST(Digest, MixedSumsOfSlicesAddUpAndSeeSwapsAndPairsOfChanges) {
+class MixedSums : public ::testing::TestWithParam<Mix> {};
+INSTANTIATE_TEST_SUITE_P(Digest, MixedSums, ::testing::Values(Mix::kFmix64, Mix::kHalves),
+                         [](const auto& info) { return info.param == Mix::kFmix64 ? "version3" : "version4"; });
+
+TEST_P(MixedSums, SlicesAddUpAndSwapsAndPairsOfChangesShow) {
+  const Mix mix = GetParam();
+  auto mixed_sum = [mix](const void* d, size_t size, uint64_t count, uint64_t first) {
+    return retrace::mixed_sum(d, size, count, first, mix);
+  };
+  auto mix_position_word = [mix](uint64_t p, uint64_t w) {
+    return mix == Mix::kHalves ? mix_halves(p, w) : retrace::mix_position_word(p, w);
+  };
   std::vector<uint16_t> a(1000);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(i * 7919u);
   const uint64_t whole = mixed_sum(a.data(), 2, a.size(), 0);
@@ -153,6 +191,39 @@ TEST(Digest, MixedSumsOfSlicesAddUpAndSeeSwapsAndPairsOfChanges) {
   const uint64_t w[2] = {0x0123456789abcdefull, 42};
   EXPECT_NE(mixed_sum(w, 8, 2, 0), mixed_sum(w, 4, 4, 0));
   EXPECT_EQ(mixed_sum(w, 8, 2, 0), mix_position_word(0, w[0]) + mix_position_word(1, w[1]));
+  // Every swap of two unequal float words of a 4096-element tensor, and every pair of changes
+  // +d / -d, among 2000 random ones: each changes the sum.
+  std::vector<uint32_t> f(4096);
+  uint64_t x = 0x853c49e6748fea9bull;
+  auto next = [&] { return static_cast<uint32_t>((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 32); };
+  for (auto& v : f) v = next();
+  const uint64_t base = mixed_sum(f.data(), 4, f.size(), 0);
+  int seen_swaps = 0, seen_pairs = 0;
+  for (int k = 0; k < 2000; ++k) {
+    const size_t i = next() % f.size(), j = next() % f.size();
+    if (i == j || f[i] == f[j]) continue;
+    std::swap(f[i], f[j]);
+    seen_swaps += mixed_sum(f.data(), 4, f.size(), 0) != base;
+    std::swap(f[i], f[j]);
+    const uint32_t d = next() | 1;
+    f[i] += d;
+    f[j] -= d;
+    seen_pairs += mixed_sum(f.data(), 4, f.size(), 0) != base;
+    f[i] -= d;
+    f[j] += d;
+    ASSERT_EQ(mixed_sum(f.data(), 4, f.size(), 0), base);
+  }
+  EXPECT_GT(seen_swaps, 1900);
+  EXPECT_GT(seen_pairs, 1900);
+  int missed = 0, tried = 0;
+  for (int k = 0; k < 2000; ++k, ++tried) {
+    const size_t i = next() % f.size(), j = next() % f.size();
+    if (i == j || f[i] == f[j]) continue;
+    std::swap(f[i], f[j]);
+    missed += mixed_sum(f.data(), 4, f.size(), 0) == base;
+    std::swap(f[i], f[j]);
+  }
+  EXPECT_EQ(missed, 0) << "of " << tried;
 }
 
 TEST(Digest, LaneSumsFollowTheirDefinitionAtEverySize) {

@@ -11,9 +11,9 @@
 namespace retrace {
 namespace {
 
-uint64_t host_sum(const torch::Tensor& t, uint64_t first) {
+uint64_t host_sum(const torch::Tensor& t, uint64_t first, Mix mix = Mix::kFmix64) {
   const torch::Tensor c = t.contiguous();
-  return mixed_sum(c.data_ptr(), c.element_size(), static_cast<uint64_t>(c.numel()), first);
+  return mixed_sum(c.data_ptr(), c.element_size(), static_cast<uint64_t>(c.numel()), first, mix);
 }
 
 TEST(MixedSumOnDevice, TorchOpsGiveTheLoopsSumsForEveryDtype) {
@@ -33,7 +33,9 @@ TEST(MixedSumOnDevice, TorchOpsGiveTheLoopsSumsForEveryDtype) {
   };
   for (const auto& t : tensors)
     for (uint64_t first : {uint64_t{0}, uint64_t{12345}, ~uint64_t{0} - 100})
-      EXPECT_EQ(mixed_sum_on_device(t, first), host_sum(t, first)) << t.scalar_type() << " from " << first;
+      for (Mix mix : {Mix::kFmix64, Mix::kHalves})
+        EXPECT_EQ(mixed_sum_on_device(t, first, mix), host_sum(t, first, mix))
+            << t.scalar_type() << " from " << first << " mix " << int(mix);
   EXPECT_EQ(mixed_sum_on_device(torch::Tensor(), 0), 0u);
   EXPECT_EQ(mixed_sum_on_device(torch::empty({0, 4}), 9), 0u);
 }
@@ -52,6 +54,13 @@ TEST(MixedSumOnDevice, ChunksStridesAndSlicesAddUp) {
   for (int i = 0; i < 3; ++i)
     sum += mixed_sum_on_device(flat.narrow(0, cuts[i], cuts[i + 1] - cuts[i]), static_cast<uint64_t>(cuts[i]));
   EXPECT_EQ(sum, mixed_sum_on_device(big));
+  // The same with version 4's mix.
+  EXPECT_EQ(mixed_sum_on_device(big, 0, Mix::kHalves), host_sum(big, 0, Mix::kHalves));
+  uint64_t sum4 = 0;
+  for (int i = 0; i < 3; ++i)
+    sum4 += mixed_sum_on_device(flat.narrow(0, cuts[i], cuts[i + 1] - cuts[i]), static_cast<uint64_t>(cuts[i]),
+                                Mix::kHalves);
+  EXPECT_EQ(sum4, mixed_sum_on_device(big, 0, Mix::kHalves));
   // A changed element changes it.
   torch::Tensor changed = big.clone();
   changed[777] = std::nextafter(changed[777].item<float>(), 1e9f);

@@ -310,6 +310,32 @@ TEST(Dist, ZeroOneAtFourAndEightRanksGivesTheOneRankTrace) {
   EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
 }
 
+// trace.digest_version 4 (the cheaper mix) adds up over ranks as 3 does: a 4-rank ZeRO run's digests,
+// each rank summing its ranges, equal the one-rank unsharded run's, every field of every step; and
+// they are not version 3's.
+TEST(Dist, ZeroOneWithDigestVersionFourGivesTheOneRankTrace) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--steps 4 --set runtime.invariance=batch --set runtime.invariance_chunk=4 ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32 --set trace.digest_version=4"), 0);
+  std::string out;
+  ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("z4") + cfg +
+                           "--set data.batch_size=8 --set runtime.zero_stage=1 --set trace.digest_version=4", &out), 0)
+      << out;
+  ASSERT_EQ(run_binary("record --out " + tmp.file("v3") + cfg + "--set data.batch_size=32 --set trace.digest_version=3"), 0);
+  const auto w1 = steps_of(tmp.file("w1")), z4 = steps_of(tmp.file("z4")), v3 = steps_of(tmp.file("v3"));
+  const auto rep = replay::compare_steps(w1, z4, replay::CompareMode::kLayout);
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                              : "steps missing");
+  EXPECT_EQ(rep.compared, 4u);
+  ASSERT_EQ(v3.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(w1[i].loss_bits, v3[i].loss_bits) << "the digests' version changes no number of the run";
+    EXPECT_NE(w1[i].param_digest, v3[i].param_digest);
+    EXPECT_NE(w1[i].grad_digest, v3[i].grad_digest);
+    EXPECT_NE(w1[i].grad_digest, Digest128{});
+  }
+}
+
 // ZeRO changes where the optimizer state lives, not a bit of it: in the default mode a 4-rank ZeRO
 // run equals the replicated 4-rank run bitwise, and a checkpoint of either stage resumes at the
 // other (resume --zero-stage, recorded in config.toml and a "resume" event), still bitwise. A run
@@ -373,6 +399,47 @@ TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
   EXPECT_EQ(run_binary("resume " + z + " --world-size 2 --plain", &out), 3) << out;
   EXPECT_NE(out.find("optimizer state entry " + edited), std::string::npos) << out;
   EXPECT_NE(out.find("belongs to another model"), std::string::npos) << out;
+}
+
+// A ZeRO rank reads only what it needs of the other ranks' shards (the model's pieces, not their
+// optimizer ranges), so damage there is seen by one rank alone: the ranks agree on the verdict and
+// all skip the checkpoint, with the reason of the rank that found it, and the run continues from
+// the one before, bitwise as if nothing had happened.
+TEST(Dist, DamageOneRankAloneReadsIsSkippedByEveryRank) {
+  testing::TempDir tmp;
+  const std::string cfg = kCommon + "--world-size 2 --total-steps 9 --set checkpoint.every_steps=3 "
+                          "--set trace.digest_version=3 --set runtime.zero_stage=1 --set data.batch_size=8 ";
+  ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + cfg), 0);
+  const std::string run = tmp.file("run");
+  ASSERT_EQ(run_binary("record --interrupt-at 6 --out " + run + cfg), 0);
+  const std::string dir = run + "/checkpoints/step-00000006";
+  const ckpt::Manifest m = ckpt::verify_checkpoint(dir, 2u);
+  // A byte of rank 1's range of an optimizer tensor, in rank 1's shard: rank 0 never reads it.
+  const ckpt::TensorPiece* piece = nullptr;
+  for (const auto& t : m.tensors)
+    for (const auto& p : t.pieces)
+      if (!piece && p.rank == 1 && t.name.rfind("optim/", 0) == 0 && t.name.find("exp_avg") != std::string::npos)
+        piece = &p;
+  ASSERT_NE(piece, nullptr);
+  const std::string path = dir + "/" + ckpt::shard_file_name(1);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(piece->offset));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(piece->offset));
+    f.write(&c, 1);
+  }
+  std::string out;
+  ASSERT_EQ(run_binary("resume " + run + " --world-size 2 --plain", &out), 0) << out;
+  EXPECT_NE(out.find("skipped checkpoint " + dir + ": rank 1 cannot load it: sha256 mismatch on rank 1"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("step-00000003"), std::string::npos) << out;
+  const auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(run), replay::CompareMode::kBitwise);
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                              : "steps missing");
+  EXPECT_EQ(rep.compared, 9u);
 }
 
 TEST(Dist, AKilledRankStopsTheLauncherAndResumeContinues) {

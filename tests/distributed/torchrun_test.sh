@@ -6,7 +6,9 @@
 #   2. one rank is killed mid-run: torchrun stops the other and fails; `torchrun ... retrace
 #      resume RUN` continues it, and the whole trace equals the uninterrupted one;
 #   3. torchrun's own restart (--max-restarts 1): the restarted ranks (TORCHELASTIC_RESTART_COUNT=1)
-#      resume the run themselves, under a fresh store prefix, and the trace equals it too.
+#      resume the run themselves, under a fresh store prefix, and the trace equals it too;
+#   4. ZeRO stage 1 under torchrun: a run whose rank 1 is killed and which torchrun then resumes
+#      equals the uninterrupted ZeRO run of retrace's own launcher bit for bit.
 # Usage: torchrun_test.sh RETRACE TORCHRUN SOURCE_DIR. Exit 77 (skipped) without torchrun.
 set -euo pipefail
 bin=$1 torchrun=$2 src=$3
@@ -69,4 +71,15 @@ tr --max-restarts 1 "$bin" record --out "$work/el" "${common[@]}" --inject crash
   || { cat "$work/el.log"; exit 1; }
 grep -q "torchrun restart 1: resuming" "$work/el.log" || { echo "the restarted ranks did not resume:"; tail -30 "$work/el.log"; exit 1; }
 same "$work/ref" "$work/el"
-echo "torchrun: record, kill, resume and restart all equal the uninterrupted run bitwise"
+echo "== 4. ZeRO stage 1 under torchrun: killed, resumed"
+zero=(--set runtime.zero_stage=1 --set trace.digest_version=3)
+"$bin" record --world-size 2 --out "$work/zref" "${common[@]}" "${zero[@]}" > "$work/zref.log"
+set +e
+tr "$bin" record --out "$work/z" "${common[@]}" "${zero[@]}" --inject crash@15:1 > "$work/z.log" 2>&1
+rc=$?
+set -e
+[[ $rc -ne 0 ]] || { echo "torchrun exited 0 although rank 1 was killed"; cat "$work/z.log"; exit 1; }
+tr "$bin" resume "$work/z" --plain > "$work/z2.log" 2>&1 || { cat "$work/z2.log"; exit 1; }
+grep -q "resumed from" "$work/z2.log" || { cat "$work/z2.log"; exit 1; }
+same "$work/zref" "$work/z"
+echo "torchrun: record, kill, resume and restart all equal the uninterrupted run bitwise, with ZeRO too"

@@ -8,7 +8,8 @@
 #      the interfaces;
 #   2. the link is cut mid-run: both ranks fail within the collective timeout with a message that
 #      names the peer, and no checkpoint is torn;
-#   3. the link is restored and both ranks resume: the whole trace equals the single-host one.
+#   3. the link is restored and both ranks resume: the whole trace equals the single-host one;
+#   4. ZeRO stage 1 across the two hosts equals ZeRO on one host bit for bit.
 # Needs root and iproute2 (CI runs as root); exit 77 (skipped) otherwise.
 # Usage: two_hosts_test.sh RETRACE SOURCE_DIR
 set -euo pipefail
@@ -117,4 +118,13 @@ wait "$pid0" || { echo "rank 0's resume failed:"; cat "$work/res0.log"; exit 1; 
 wait "$pid1" || { echo "rank 1's resume failed:"; cat "$work/res1.log"; exit 1; }
 grep -m1 "resumed from" "$work/res0.log"
 same "$work/ref" "$work/cut"
-echo "two hosts: bitwise equal to one host; a cut link fails both ranks naming the peer; resume continues bitwise"
+echo "== 4. ZeRO stage 1 across the two hosts"
+zero=(--set runtime.zero_stage=1 --set trace.digest_version=3)
+"$bin" record --world-size 2 --out "$work/zref" --total-steps 30 "${common[@]}" "${zero[@]}" > "$work/zref.log"
+port=$((port + 1))
+rank0 record --out "$work/z" --total-steps 30 "${common[@]}" "${zero[@]}" > "$work/z0.log" 2>&1
+rank1 record --out "$work/z" --total-steps 30 "${common[@]}" "${zero[@]}" > "$work/z1.log" 2>&1
+wait "$pid0" || { echo "rank 0 failed:"; cat "$work/z0.log"; exit 1; }
+wait "$pid1" || { echo "rank 1 failed:"; cat "$work/z1.log"; exit 1; }
+same "$work/zref" "$work/z"
+echo "two hosts: bitwise equal to one host, with ZeRO too; a cut link fails both ranks naming the peer; resume continues bitwise"

@@ -20,7 +20,9 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/tensor_digest.h"
 #include "testing/error_of.h"
+#include "train/registry.h"
 #include "testing/temp_dir.h"
 
 namespace retrace::model {
@@ -238,6 +240,28 @@ def forward(self, x):
 )", /*with_parameter=*/false);
   EXPECT_NE(testing::error_of<ConfigError>([&] { load_torchscript(no_params); }).find("has no parameters"),
             std::string::npos);
+}
+
+// Regression (exit 70 at the first checkpoint, or in the first digest): a model file may hold a
+// tensor of a dtype a checkpoint cannot store; the run refuses it before training, naming it.
+TEST(TorchScript, ATensorOfADtypeCheckpointsCannotStoreIsAConfigErrorNamingIt) {
+  retrace::testing::TempDir dir;
+  torch::jit::Module m("__torch__.Complex");
+  m.register_parameter("w", torch::ones({4}), false);
+  m.register_buffer("phase", torch::zeros({2}, torch::kComplexDouble));
+  m.define("def forward(self, x):\n    return x * self.w\n");
+  const std::string path = dir.file("complex.pt");
+  m.save(path);
+  const ModelHandle h = load_torchscript(path);
+  const std::string msg = testing::error_of<ConfigError>([&] { train::check_state_dtypes(*h.module, path); });
+  EXPECT_NE(msg.find("model tensor phase is ComplexDouble"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  // Whatever reaches a digest or a checkpoint anyway (a library user's own module) is a
+  // ConfigError there too, never an internal error.
+  const torch::Tensor z = torch::zeros({2}, torch::kComplexDouble);
+  EXPECT_THROW(tensor_mixed_sum(z), ConfigError);
+  EXPECT_THROW(tensor_mixed_sum(z, 0, Mix::kHalves), ConfigError);
+  EXPECT_NO_THROW(train::check_state_dtypes(*load_torchscript(kTinyMlp).module, kTinyMlp));
 }
 
 TEST(TorchScript, TiedParametersAreAConfigError) {

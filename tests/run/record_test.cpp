@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "ckpt/train_state.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "testing/temp_dir.h"
@@ -88,6 +89,28 @@ TEST(Record, DefaultConfigReaches87PercentInThreeEpochs) {
   EXPECT_GE(s.test_accuracy, 0.87) << "test accuracy after 3 epochs";
   auto evals = trace::TraceReader::open(tmp.file("full/trace.rtrace")).evals();
   EXPECT_EQ(evals.size(), 3u);
+}
+
+// Regression (exit 70 after the shards were written): a state of more tensors than a manifest may
+// list is a ConfigError before any shard is written.
+TEST(Record, AStateTooLargeForAManifestIsAConfigErrorBeforeAnyShard) {
+  testing::TempDir tmp;
+  ckpt::StateSnapshot snap;
+  snap.step = 3;
+  snap.config_hash = "c";
+  snap.rng = "r";
+  const torch::Tensor one = torch::zeros({1});
+  for (int i = 0; i < 120000; ++i) snap.model.emplace_back("t" + std::to_string(i), one);
+  try {
+    ckpt::save_snapshot(snap, tmp.path(), {}, 5);
+    ADD_FAILURE() << "saved";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("its manifest would list 120000 tensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("checkpoint.every_steps = 0"), std::string::npos) << msg;
+  }
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(tmp.path()))
+    EXPECT_FALSE(entry.is_regular_file()) << "written: " << entry.path();
 }
 
 TEST(Record, RefusesExistingRunAndBadDataWithoutWriting) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -600,6 +601,24 @@ TEST(TraceTest, StepSeeksAndPrefersTheLaterFrame) {
   EXPECT_EQ(again.step(37)->lr, 1e-3);
   EXPECT_EQ(again.steps(39, 39).size(), 2u);
   EXPECT_FALSE(again.first_chain_break());
+}
+
+// Regression (exit 70): a header record past the 64 MiB frame limit (a run with that many input
+// files or parameters) is a ConfigError naming the limit, and no trace is left half-made.
+TEST(TraceTest, AHeaderPastTheFrameLimitIsAConfigError) {
+  TempDir dir;
+  const std::string path = dir.file("trace.rtrace");
+  records::TraceHeader h = sample_header();
+  const std::string sha(64, 'a');
+  for (int i = 0; i < 600000; ++i) h.data_files.push_back({std::string(60, 'd') + std::to_string(i), 1, sha});
+  try {
+    TraceWriter::create(path, h, kLevel);
+    ADD_FAILURE() << "written";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("over the frame limit of 67108864 bytes"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a trace without its header was left";
 }
 
 TEST(TraceTest, NewerSchemaIsRejected) {

@@ -232,7 +232,8 @@ void check_kept_sums(int lanes, KeptSums kind, bool scale) {
   std::vector<uint64_t> positions;
   for (size_t i = 0; i < sizes.size(); ++i) positions.push_back(i % 2 ? 0 : 1000003 * i + 17);
   set_sum_positions(*opt, m.parameters(), positions);
-  const bool mixed = kind == KeptSums::kMixed;
+  const bool mixed = kind == KeptSums::kMixed || kind == KeptSums::kMixed4;
+  const Mix mix = kind == KeptSums::kMixed4 ? Mix::kHalves : Mix::kFmix64;
   auto check_all = [&](bool expect_known, const char* when) {
     auto state = optimizer_state(*opt, m, OptimizerKind::kAdamW);
     std::vector<uint64_t> at;  // the parameter's first position of each state entry
@@ -252,7 +253,7 @@ void check_kept_sums(int lanes, KeptSums kind, bool scale) {
       EXPECT_EQ(has, expect_known) << name << " " << when;
       if (!has) continue;
       if (mixed) {
-        ASSERT_EQ(known[0], tensor_mixed_sum(t, at[i])) << name << " " << when;
+        ASSERT_EQ(known[0], tensor_mixed_sum(t, at[i], mix)) << name << " " << when;
         continue;
       }
       lane_sums(t.data_ptr(), t.nbytes(), want);
@@ -352,6 +353,7 @@ TEST(FusedAdamW, MixedSumsOfItsPassAreThoseOfTheTensorsAtTheirPositions) {
   if (!compat::kFusedAdamWMatchesLibTorch) GTEST_SKIP() << "no fused AdamW on LibTorch " << compat::libtorch_version();
   check_kept_sums(1, KeptSums::kMixed, false);
   check_kept_sums(2, KeptSums::kMixed, true);
+  check_kept_sums(2, KeptSums::kMixed4, true);
 }
 
 TEST(FusedAdamW, ContinuesFromStateLoadedOutOfLibTorchsOptimizer) {

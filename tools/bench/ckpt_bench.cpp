@@ -9,7 +9,12 @@
 // load and read run twice: from the page cache (warm, as right after a save) and after
 // posix_fadvise(DONTNEED) has dropped the file's pages (cold: from the disk, where the VM lets
 // the advice through). A 4-rank checkpoint of the same total size then measures verify_checkpoint
-// of all shards, which hashes them in parallel, against one thread's sha256.
+// of all shards, which hashes them in parallel, against one thread's sha256. Last, the same state
+// as a 4-rank checkpoint with a table (ckpt.v3: every tensor split among the shards, each piece
+// with its offset and xxh3), read cold by rank 0 three ways, A B C each round: everything, pieces
+// of other shards read by range and checked by xxh3 (v3); everything, every shard read whole and
+// hashed (the ckpt.v2 path); and what a ZeRO rank keeps (the "model/" tensors whole, of the
+// "optim/" ones what it wrote), with the bytes each read.
 // Prints figures and per-round ratios (median [min, max]); never fails for slowness.
 // MB = 10^6 bytes.
 //
@@ -146,8 +151,10 @@ int main(int argc, char** argv) {
     uint64_t bytes = 4096 + 512;
     for (const auto& p : parts) bytes += p.size();
 
-    std::vector<double> save, load, load_cold, read, read_cold, write, sha, multi;
-    std::vector<double> r_load, r_cold, r_multi, r_save;  // per-round ratios
+    std::vector<double> save, load, load_cold, read, read_cold, write, sha, multi, ranged, whole, zero;
+    std::vector<double> r_load, r_cold, r_multi, r_save, r_ranged, r_whole, r_speedup;  // per-round ratios
+    uint64_t ranged_bytes = 0, whole_bytes = 0, zero_bytes = 0, sharded_bytes = 0;
+    const std::string sharded_root = root + "/four-ranks-table";
     std::vector<char> read_buf;
     const std::string multi_root = root + "/four-ranks";
     for (int r = 0; r < repeats; ++r) {
@@ -208,6 +215,65 @@ int main(int argc, char** argv) {
       verify_checkpoint(mdir, 4);
       multi.push_back(seconds_since(t0));
       r_multi.push_back(sha.back() / multi.back());
+
+      // The same state as a 4-rank checkpoint with a table (ckpt.v3).
+      std::vector<TensorLayout> table;
+      for (size_t i = 0; i < views.size(); ++i)
+        table.push_back({(i % 2 == 0 ? "model/" : "optim/") + views[i].name, views[i].dtype, views[i].shape, {}});
+      table = split_among_ranks(std::move(table), 4);
+      const std::string sdir = prepare_checkpoint_dir(sharded_root, step);
+      Manifest sm;
+      sm.step = step;
+      sm.world_size = 4;
+      sm.config_hash = "bench";
+      sm.tensors = table;
+      std::vector<PieceRecord> records;
+      for (uint32_t rank = 0; rank < 4; ++rank) {
+        std::vector<TensorView> mine;
+        std::vector<std::pair<std::string, uint64_t>> names;
+        for (size_t i = 0; i < table.size(); ++i)
+          for (const TensorPiece& p : table[i].pieces)
+            if (p.rank == rank) {
+              mine.push_back(piece_view(table[i], p, views[i].data));
+              names.emplace_back(table[i].name, p.begin);
+            }
+        ShardFileInfo qi = write_shard(sdir + "/" + shard_file_name(rank), shard_metadata(step, rank, 4), mine);
+        sm.shards.push_back({rank, qi.file, qi.size, qi.sha256});
+        for (size_t v = 0; v < names.size(); ++v)
+          records.push_back({names[v].first, rank, names[v].second, qi.offsets[v], qi.xxh3[v]});
+      }
+      set_piece_records(sm.tensors, records, sdir);
+      commit_checkpoint(sharded_root, sm, /*keep_last=*/1);
+      const Manifest v3 = verify_checkpoint(sdir, 4, kEveryShard);
+      Manifest v2 = v3;
+      for (TensorLayout& t : v2.tensors)
+        for (TensorPiece& p : t.pieces) p.xxh3.clear();
+      sharded_bytes = 0;
+      for (const ShardEntry& e : v3.shards) sharded_bytes += e.size;
+      std::vector<std::vector<char>> dest(table.size());
+      for (size_t i = 0; i < table.size(); ++i) dest[i].resize(views[i].nbytes);
+      auto timed_pieces = [&](const Manifest& mf, bool zero_rank, uint64_t& got) {
+        for (const ShardEntry& e : mf.shards) drop_cache(sdir + "/" + e.file);
+        const auto t = Clock::now();
+        got = read_pieces(
+            sdir, mf, [](const TensorLayout&) { return true; },
+            [&](size_t i) { return static_cast<void*>(dest[i].data()); }, 0, [](const ShardData&) {},
+            [&](size_t i) {
+              // A ZeRO rank keeps of an optimizer tensor the elements it wrote: its own pieces.
+              const TensorLayout& t = mf.tensors[i];
+              if (!zero_rank || t.name.rfind("optim/", 0) != 0) return std::pair<uint64_t, uint64_t>{0, t.numel()};
+              for (const TensorPiece& p : t.pieces)
+                if (p.rank == 0) return std::pair<uint64_t, uint64_t>{p.begin, p.end};
+              return std::pair<uint64_t, uint64_t>{0, 0};
+            });
+        return seconds_since(t);
+      };
+      ranged.push_back(timed_pieces(v3, false, ranged_bytes));
+      whole.push_back(timed_pieces(v2, false, whole_bytes));
+      zero.push_back(timed_pieces(v3, true, zero_bytes));
+      r_ranged.push_back(std::max(sha.back(), read_cold.back()) / ranged.back());
+      r_whole.push_back(std::max(sha.back(), read_cold.back()) / whole.back());
+      r_speedup.push_back(whole.back() / ranged.back());
     }
     auto rate = [&](double s) { return double(bytes) / 1e6 / s; };
     auto ratio = [](const char* what, const std::vector<double>& v) {
@@ -230,6 +296,16 @@ int main(int argc, char** argv) {
     ratio("  load cold / min(read cold, sha256)", r_cold);
     ratio("  4-rank verify / sha256 (one thread)", r_multi);
     ratio("  save / min(write + fsync, sha256)", r_save);
+    std::printf("4-rank checkpoint with a table, %.1f MB of shards, read cold by rank 0:\n", double(sharded_bytes) / 1e6);
+    std::printf("  everything, other shards by range + xxh3 (ckpt.v3):  %8.1f MB/s, %.1f MB read\n",
+                double(ranged_bytes) / 1e6 / median(ranged), double(ranged_bytes) / 1e6);
+    std::printf("  everything, every shard whole + sha256 (ckpt.v2):    %8.1f MB/s, %.1f MB read\n",
+                double(whole_bytes) / 1e6 / median(whole), double(whole_bytes) / 1e6);
+    std::printf("  a ZeRO rank's part (model whole, its optim pieces):  %8.3f s, %.1f MB read (%.3f of the shards)\n",
+                median(zero), double(zero_bytes) / 1e6, double(zero_bytes) / double(sharded_bytes));
+    ratio("  v3 everything / min(read cold, sha256) of the same bytes", r_ranged);
+    ratio("  v2 everything / min(read cold, sha256) of the same bytes", r_whole);
+    ratio("  time v2 / time v3 (everything)", r_speedup);
     std::filesystem::remove_all(root);
   } catch (const retrace::Error& e) {
     std::fprintf(stderr, "ckpt_bench: %s: %s\n", e.kind(), e.what());

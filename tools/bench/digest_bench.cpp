@@ -1,9 +1,10 @@
 // Benchmark: what the per-step digests cost. Trains the default config (or --set overrides) twice
 // in one process, at trace.digest_version 1 and 2, alternating blocks of steps A B A B, and prints
 // the share of the step the digests take in each, as the median of the rounds with their range.
-// First, the digest kernels alone on 16M floats (64 MB), A B C A B C: lane_sums (version 2), the
-// position-mixed sum's C++ loop and its torch-ops path on the CPU (digest.h, tensor_digest.h; the
-// slice-additive digest sharded state needs), in ns per element and GB/s.
+// First, the digest kernels alone on 16M floats (64 MB), A B C D E each round: lane_sums (version
+// 2), the position-mixed sum's C++ loop and its torch-ops path on the CPU with version 3's mix and
+// with version 4's (digest.h, tensor_digest.h; the slice-additive digest sharded state needs), in
+// ns per element and GB/s.
 // Prints figures only: it never fails on speed.
 //
 //   build/digest_bench [--rounds R] [--steps N] [--kernels-only] [--set key=value]...
@@ -38,7 +39,7 @@ void kernel_rates(int64_t rounds) {
   const torch::Tensor t = torch::randn({n});
   const void* p = t.data_ptr();
   uint64_t sink = 0;
-  std::vector<double> lanes, loop, ops;
+  std::vector<double> lanes, loop, ops, loop4, ops4;
   for (int64_t r = 0; r < std::max<int64_t>(rounds, 3); ++r) {
     auto c = Clock::now();
     uint64_t out[16];
@@ -51,6 +52,12 @@ void kernel_rates(int64_t rounds) {
     c = Clock::now();
     sink += mixed_sum_on_device(t, 0);
     ops.push_back(ms_since(c));
+    c = Clock::now();
+    sink += mixed_sum(p, 4, static_cast<uint64_t>(n), 0, Mix::kHalves);
+    loop4.push_back(ms_since(c));
+    c = Clock::now();
+    sink += mixed_sum_on_device(t, 0, Mix::kHalves);
+    ops4.push_back(ms_since(c));
   }
   const double elems = static_cast<double>(n);
   auto row = [&](const char* what, const std::vector<double>& ms) {
@@ -58,11 +65,27 @@ void kernel_rates(int64_t rounds) {
     std::printf("  %-44s %6.2f ns/element [%.2f, %.2f]  %5.2f GB/s\n", what, s.median * 1e6 / elems,
                 s.lo * 1e6 / elems, s.hi * 1e6 / elems, 4 * elems / (s.median * 1e6));
   };
-  std::printf("digest kernels on %lld floats (median [min, max] over %zu rounds, A B C A B C; checksum %llx):\n",
+  std::printf("digest kernels on %lld floats (median [min, max] over %zu rounds, A B C D E, A B C D E; checksum %llx):\n",
               static_cast<long long>(n), lanes.size(), static_cast<unsigned long long>(sink));
   row("lane_sums (trace.digest_version 2)", lanes);
-  row("mixed_sum, C++ loop", loop);
-  row("mixed_sum_on_device, torch int64 ops (CPU)", ops);
+  // From the L1 cache, as the fused AdamW's pass sums its 1024-float chunks: one chunk, again and again.
+  std::vector<double> hot3, hot4;
+  const int64_t chunk = 1024, repeats = n / chunk;
+  for (int64_t r = 0; r < std::max<int64_t>(rounds, 3); ++r) {
+    auto c = Clock::now();
+    for (int64_t k = 0; k < repeats; ++k) sink += mixed_sum(p, 4, chunk, static_cast<uint64_t>(k) * chunk);
+    hot3.push_back(ms_since(c));
+    c = Clock::now();
+    for (int64_t k = 0; k < repeats; ++k)
+      sink += mixed_sum(p, 4, chunk, static_cast<uint64_t>(k) * chunk, Mix::kHalves);
+    hot4.push_back(ms_since(c));
+  }
+  row("mixed_sum of a 4 KB chunk in L1 (version 3)", hot3);
+  row("mixed_sum of a 4 KB chunk in L1 (version 4)", hot4);
+  row("mixed_sum, C++ loop (version 3)", loop);
+  row("mixed_sum_on_device, torch int64 ops (CPU, v3)", ops);
+  row("mixed_sum, C++ loop (version 4)", loop4);
+  row("mixed_sum_on_device, torch int64 ops (CPU, v4)", ops4);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the fuzzers with clang++ -fsanitize=fuzzer,address,undefined and runs each on a copy of
 # its seed corpus (tools/fuzz/corpus/<name>/; new inputs stay in the copy): the checkpoint shard
-# reader and manifest parser, the trace file reader (frames, tail, chain), the record decoder and
-# the config parser (TOML text and --set overrides; compiled with NDEBUG, as the build compiles it:
+# reader (the safetensors reader) and manifest parser, the trace file reader (frames, tail, chain),
+# the record decoder, the llm.c token file header (token), the policy records of a checkpoint's
+# metadata (policy: set-aside batches, fired faults, the guards' windows) and the config parser
+# (TOML text and --set overrides; compiled with NDEBUG, as the build compiles it:
 # toml++ 3.3.0 asserts on a table header with no key, "[\n", in a debug build, and reports it as a
 # parse error in the release build).
 #
@@ -26,7 +28,7 @@ else
   limits=(-max_total_time="${1:-60}")
 fi
 
-fuzzers=(${FUZZERS:-shard manifest trace record config})
+fuzzers=(${FUZZERS:-shard manifest trace record config token policy})
 # The trace schema's generated code, as the build makes it.
 mkdir -p "$out/gen/trace"
 if [[ ! -f "$out/gen/trace/trace.capnp.c++" || "$repo/src/trace/trace.capnp" -nt "$out/gen/trace/trace.capnp.c++" ]]; then
@@ -38,12 +40,13 @@ cmake -DFRAME_LAYOUT_JSON="$repo/src/trace/frame_layout.json" -DFRAME_LAYOUT_HEA
 sources=(src/core/digest.cpp src/core/file_util.cpp src/core/strict_json.cpp src/core/safetensors_writer.cpp
          src/core/safetensors_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp
          src/trace/fd_io.cpp src/trace/frame_scanner.cpp src/trace/framing.cpp src/trace/record_codec.cpp
-         src/records/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++")
+         src/records/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++"
+         src/data/token_header.cpp src/train/guards.cpp src/train/policy_records.cpp)
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -I"$repo/src" -I"$repo/include" -I"$out/gen")
 
 # Rebuild an object only when its source or a header changed since.
-newest_header="$(find "$repo/include" "$repo/src/core" "$repo/src/records" "$repo/src/ckpt" "$repo/src/trace" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
+newest_header="$(find "$repo/include" "$repo/src/core" "$repo/src/records" "$repo/src/ckpt" "$repo/src/trace" "$repo/src/data/token_header.h" "$repo/src/train/guards.h" "$repo/src/train/policy_records.h" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
 objs=()
 for src in "${sources[@]}"; do
   [[ $src == /* ]] || src="$repo/$src"
@@ -92,7 +95,7 @@ for fuzzer in "${fuzzers[@]}"; do
   echo "== ${fuzzer}_fuzzer ${limits[*]}"
   dict=(-dict="$here/json.dict")
   max_len=4096
-  case $fuzzer in trace) dict=(); max_len=16384 ;; record | config) dict=() ;; esac
+  case $fuzzer in trace) dict=(); max_len=16384 ;; record | config | policy) dict=() ;; token) dict=(); max_len=8192 ;; esac
   if ! "$out/${fuzzer}_fuzzer" "${limits[@]}" ${dict[@]+"${dict[@]}"} -max_len=$max_len -rss_limit_mb=1024 ${jobs_flag[@]+"${jobs_flag[@]}"} \
        -artifact_prefix="$out/artifacts/${fuzzer}-" -print_final_stats=1 "$work" 2>&1 | tail -n 25; then
     status=1
