@@ -3,16 +3,14 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_list.h"
 
 namespace retrace::train {
 
 std::vector<records::Fault> parse_faults(const std::string& spec) {
   std::vector<records::Fault> out;
-  std::stringstream in(spec);
-  std::string item;
   const char* kinds = "nan-loss, inf-grad, spike, crash, crash-in-eval, perturb-param";
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
+  for (const std::string& item : split_list(spec)) {
     auto at = item.find('@');
     RETRACE_CHECK(at != std::string::npos && at > 0, ConfigError, "bad fault \"", item,
                   "\": expected KIND@STEP[:ARG] with KIND one of ", kinds);

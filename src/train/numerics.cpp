@@ -13,18 +13,15 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/text_list.h"
 #include "train/launch.h"
 
 namespace retrace::train {
 namespace {
 
 std::set<std::string> split_commas(const std::string& s) {
-  std::set<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.insert(item);
-  return out;
+  const std::vector<std::string> items = split_list(s);
+  return {items.begin(), items.end()};
 }
 
 std::set<std::string> pinned_by_retrace() {

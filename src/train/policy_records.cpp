@@ -1,20 +1,9 @@
 #include "train/policy_records.h"
 
-#include <sstream>
-
 #include "core/error.h"
 #include "core/parse_number.h"
 
 namespace retrace::train {
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 std::set<std::pair<uint64_t, uint64_t>> parse_set_aside(const std::string& text) {
   std::set<std::pair<uint64_t, uint64_t>> out;

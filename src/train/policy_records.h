@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/text_list.h"  // split_list: the fired faults are a plain comma-separated list
+
 namespace retrace::train {
 
-// The non-empty items of a comma-separated list.
-std::vector<std::string> split_list(const std::string& text);
 // "EPOCH:BATCH,EPOCH:BATCH,...": each entry two decimal numbers (parse_number.h). FormatError naming
 // the entry and what is wrong with it otherwise.
 std::set<std::pair<uint64_t, uint64_t>> parse_set_aside(const std::string& text);

@@ -49,6 +49,9 @@ expect inspect-json 0 "\"steps\"" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" -
 expect inspect-run-dir 0 "STEP" -- "$RETRACE" inspect "$tmp/ok"
 expect inspect-not-a-run-dir 4 "cannot open .*trace.rtrace" -- "$RETRACE" inspect "$tmp"
 expect inspect-csv 0 "^step," -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --csv
+# Step numbers are read strictly: "-1" is not the last step of 2^64, "2x" not step 2.
+expect inspect-negative-step 2 "--steps expects A:B, A:, :B or N" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --steps=-1
+expect inspect-step-suffix 2 "--steps expects A:B, A:, :B or N" -- "$RETRACE" inspect "$tmp/ok/trace.rtrace" --steps 2x:3
 head -c 100 "$tmp/ok/trace.rtrace" > "$tmp/cut.rtrace"
 expect inspect-cut 3 "trace has no header frame|truncated|cut" -- "$RETRACE" inspect "$tmp/cut.rtrace"
 expect inspect-missing 4 "cannot open|No such file" -- "$RETRACE" inspect "$tmp/none.rtrace"

@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (retrace::train::parse_set_aside(again) != batches) std::abort();
   } catch (const retrace::Error&) {
   }
-  for (const auto& item : retrace::train::split_list(get("faults.fired")))
+  for (const auto& item : retrace::split_list(get("faults.fired")))
     if (item.empty() || item.find(',') != std::string::npos) std::abort();
   try {
     retrace::train::SkipRateGuard skip(64, 0.5);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "distributed/launcher.h"
 #include "trace/trace_reader.h"
 
@@ -104,17 +105,19 @@ std::vector<std::string> without_flag(std::vector<std::string> argv, const std::
 
 std::pair<uint64_t, uint64_t> parse_range(const std::string& spec) {
   if (spec.empty()) return {0, std::numeric_limits<uint64_t>::max()};
-  auto colon = spec.find(':');
-  try {
-    if (colon == std::string::npos) {
-      uint64_t v = std::stoull(spec);
-      return {v, v};
-    }
-    std::string a = spec.substr(0, colon), b = spec.substr(colon + 1);
-    return {a.empty() ? 0 : std::stoull(a), b.empty() ? std::numeric_limits<uint64_t>::max() : std::stoull(b)};
-  } catch (const std::exception&) {
-    RETRACE_FAIL(ConfigError, "--steps expects A:B, A:, :B or N (step numbers), got '", spec, "'");
+  // Step numbers read strictly (core/parse_number.h): std::stoull took "-1" as 2^64 - 1 and "5x" as 5.
+  auto number = [&](const std::string& text) {
+    const std::optional<uint64_t> v = parse_decimal_u64(text);
+    RETRACE_CHECK(v.has_value(), ConfigError, "--steps expects A:B, A:, :B or N (step numbers), got '", spec, "'");
+    return *v;
+  };
+  const auto colon = spec.find(':');
+  if (colon == std::string::npos) {
+    const uint64_t v = number(spec);
+    return {v, v};
   }
+  const std::string a = spec.substr(0, colon), b = spec.substr(colon + 1);
+  return {a.empty() ? 0 : number(a), b.empty() ? std::numeric_limits<uint64_t>::max() : number(b)};
 }
 
 std::optional<train::Config> recorded_config(const std::string& run_or_trace) {
