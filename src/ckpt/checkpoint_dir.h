@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -74,20 +75,29 @@ std::optional<std::string> read_latest(const std::string& root);
 // throws an Error is skipped with its message in `skipped` (dir, reason), except a world size
 // mismatch (WorldSizeMismatch), which is thrown: resuming on another world size is a request to
 // fix, not damage to step over. Returns (dir, what attempt returned), or nullopt when none did.
+// With `agree` (ranks that each read part of a checkpoint): every candidate's verdict, this
+// process's reason or "" when it loaded, goes through agree(reason), which returns the reason to
+// skip it on every rank ("" to take it), so that all ranks take the same directory.
 template <class Attempt>
 auto newest_step_dir_that(const std::string& root, Attempt attempt,
-                          std::vector<std::pair<std::string, std::string>>& skipped)
+                          std::vector<std::pair<std::string, std::string>>& skipped,
+                          const std::function<std::string(const std::string&)>& agree = {})
     -> std::optional<std::pair<std::string, decltype(attempt(std::string()))>> {
   for (const auto& entry : list_step_dirs(root)) {
     const std::string& dir = entry.second;
+    std::optional<decltype(attempt(std::string()))> value;
+    std::string why;
     try {
-      auto value = attempt(dir);
-      return std::make_pair(dir, std::move(value));
+      value.emplace(attempt(dir));
     } catch (const WorldSizeMismatch&) {
-      throw;
+      throw;  // the manifest's, the same on every rank
     } catch (const Error& e) {
-      skipped.emplace_back(dir, e.what());
+      why = e.what();
+      if (why.empty()) why = "failed to load";
     }
+    if (agree) why = agree(why);
+    if (why.empty() && value) return std::make_pair(dir, std::move(*value));
+    skipped.emplace_back(dir, why);
   }
   return std::nullopt;
 }

@@ -474,37 +474,22 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
     if (check) check(s);
     return s;
   };
+  // Each rank reads only what it needs of the other ranks' shards, so each may find damage the
+  // others do not see: every candidate is taken by all ranks or skipped by all, with the first
+  // complaining rank's reason.
+  std::function<std::string(const std::string&)> agree;
+  if (ranks)
+    agree = [ranks](const std::string& why) {
+      const std::vector<std::string> all = ranks->allgather(why);
+      if (!why.empty()) return why;
+      for (size_t r = 0; r < all.size(); ++r)
+        if (!all[r].empty()) return "rank " + std::to_string(r) + " cannot load it: " + all[r];
+      return std::string();
+    };
   std::vector<std::pair<std::string, std::string>> skips;
   std::optional<NewestSnapshot> out;
-  if (!ranks) {
-    auto found = newest_step_dir_that(root, attempt, skips);
-    if (found) out = NewestSnapshot{found->first, std::move(found->second), {}};
-  } else {
-    // Each rank reads only what it needs of the other ranks' shards, so each may find damage the
-    // others do not see: every candidate is taken by all ranks or skipped by all, with the first
-    // complaining rank's reason.
-    for (const auto& entry : list_step_dirs(root)) {
-      const std::string& dir = entry.second;
-      std::optional<LoadedSnapshot> s;
-      std::string why;
-      try {
-        s = attempt(dir);
-      } catch (const WorldSizeMismatch&) {
-        throw;  // the manifest's, the same on every rank
-      } catch (const Error& e) {
-        why = e.what();
-        if (why.empty()) why = "failed to load";
-      }
-      const std::vector<std::string> all = ranks->allgather(why);
-      size_t bad = 0;
-      while (bad < all.size() && all[bad].empty()) ++bad;
-      if (bad == all.size()) {
-        out = NewestSnapshot{dir, std::move(*s), {}};
-        break;
-      }
-      skips.emplace_back(dir, !why.empty() ? why : "rank " + std::to_string(bad) + " cannot load it: " + all[bad]);
-    }
-  }
+  auto found = newest_step_dir_that(root, attempt, skips, agree);
+  if (found) out = NewestSnapshot{found->first, std::move(found->second), {}};
   if (skipped) *skipped = skips;
   if (out) out->skipped = std::move(skips);
   return out;

@@ -256,6 +256,20 @@ std::vector<torch::Tensor> ProcessGroup::alltoall(const std::vector<torch::Tenso
   return result;
 }
 
+torch::Tensor ProcessGroup::alltoall_rows(const torch::Tensor& rows, CollectiveStats& stats) {
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor in = rows.contiguous().to(device_);
+  torch::Tensor out = torch::empty_like(in);
+  std::vector<int64_t> out_splits, in_splits;  // empty: the first dimension split evenly among the ranks
+  collective("gradient reduce-scatter", [&] {
+    return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait();
+  });
+  stats.calls += 1;
+  stats.bytes += static_cast<uint64_t>(in.nbytes());
+  stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
 void ProcessGroup::barrier() {
   collective("barrier", [&] { return impl_->pg->barrier()->wait(); });
 }

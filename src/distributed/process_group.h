@@ -70,6 +70,10 @@ class ProcessGroup {
   // one, recv_numel[q] elements from rank q, on the CPU (one c10d alltoall_base). Adds to stats.
   std::vector<torch::Tensor> alltoall(const std::vector<torch::Tensor>& to_rank, const std::vector<int64_t>& recv_numel,
                                       CollectiveStats& stats);
+  // All-to-all of equal rows: row r of `rows` ([world, n], any dtype) goes to rank r; row q of the
+  // result came from rank q. On this rank's collective device, where the rows already are on a GPU
+  // (ZeRO's reduce-scatter of the gradients; one c10d alltoall_base). Adds to stats.
+  torch::Tensor alltoall_rows(const torch::Tensor& rows, CollectiveStats& stats);
   // Every rank's `mine` (a 1-D tensor of the same numel and dtype on every rank), indexed by rank,
   // on this rank's collective device (ZeRO's all-gather of the parameters). Adds to stats.
   std::vector<torch::Tensor> allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats);

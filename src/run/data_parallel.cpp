@@ -11,9 +11,13 @@
 
 namespace retrace::run {
 
-DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& pg, const train::Config& config) : pg_(pg) {
+ckpt::ShardSync shard_sync(distributed::ProcessGroup& pg) {
+  return ckpt::ShardSync{[&pg](const std::string& b) { return pg.allgather(b); }, [&pg] { pg.barrier(); }};
+}
+
+DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& pg, const train::Config& config)
+    : pg_(pg), sync_(shard_sync(pg)) {
   const uint64_t bucket_bytes = static_cast<uint64_t>(config.runtime.bucket_mb * 1024 * 1024);
-  sync_ = ckpt::ShardSync{[this](const std::string& b) { return pg_.allgather(b); }, [this] { pg_.barrier(); }};
   if (const train::ZeroShard* zero = trainer.zero()) {
     // ZeRO: each rank updated its range; one all-gather gives every rank all the parameters, and the
     // digests' sums of the ranks' ranges are added in one more.
@@ -51,12 +55,30 @@ DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& p
     });
     return;
   }
-  trainer.set_after_last_backward([this, &trainer, bucket_bytes] {
+  const train::ZeroShard* zero = trainer.zero();
+  const bool reduce_scatter = zero && config.runtime.zero_reduce == train::ZeroReduce::kReduceScatter;
+  trainer.set_after_last_backward([this, &trainer, bucket_bytes, zero, reduce_scatter] {
     NamedTensors grads;
     for (const auto& item : trainer.module().named_parameters()) grads.emplace_back(item.key(), item.value().grad());
     rank_grad_digests = gather(digest_named(grads));
-    pg_.allreduce_grads(trainer.module().parameters(), bucket_bytes, stats);
+    if (reduce_scatter) zero->reduce_scatter([this](const torch::Tensor& rows) { return pg_.alltoall_rows(rows, stats); });
+    else pg_.allreduce_grads(trainer.module().parameters(), bucket_bytes, stats);
   });
+  if (reduce_scatter) {
+    // Each rank's squared norms of its parts, one all-gather of 8 bytes per parameter (every rank
+    // has the same parameters), added in rank order on every rank: the same norm everywhere.
+    trainer.set_grad_norm([this, zero] {
+      const std::vector<double> mine = zero->grad_square_norms();
+      const torch::Tensor sent = torch::tensor(mine, torch::kFloat64);
+      std::vector<std::vector<double>> by_rank;
+      for (const torch::Tensor& theirs : pg_.allgather_tensor(sent, stats)) {
+        const torch::Tensor host = theirs.to(torch::kCPU).contiguous();
+        const double* p = host.data_ptr<double>();
+        by_rank.emplace_back(p, p + host.numel());
+      }
+      return train::zero_grad_norm(by_rank);
+    });
+  }
   trainer.set_reduce_loss([this](float v) { return pg_.allreduce_sum(v, stats); });
 }
 

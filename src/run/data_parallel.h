@@ -20,6 +20,10 @@
 
 namespace retrace::run {
 
+// The checkpoint code's view of the ranks (ckpt/train_state.h): all-gather and barrier over `pg`,
+// which must outlive it.
+ckpt::ShardSync shard_sync(distributed::ProcessGroup& pg);
+
 class DataParallel {
  public:
   // Installs the hooks on `trainer` (both must outlive this object, which must not move).

@@ -376,6 +376,10 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
     }
   }
   if (zero_stage) {
+    RETRACE_CHECK(*zero_stage == 1 || config.runtime.zero_reduce == ZeroReduce::kAllReduce, ConfigError,
+                  "resume --zero-stage ", *zero_stage, ": this run reduces its gradients by ZeRO ranges "
+                  "(runtime.zero_reduce = \"reduce_scatter\"), which only stage 1 has, and a recorded run cannot "
+                  "change how its gradients are summed. Resume without --zero-stage");
     config.runtime.zero_stage = *zero_stage;
     RETRACE_CHECK(*zero_stage == 0 || !config.trace.enabled || !config.trace.digests || config.trace.digest_version >= 3,
                   ConfigError, "resume --zero-stage 1: this run records trace.digest_version ",
@@ -551,7 +555,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   std::vector<std::pair<std::string, std::string>> skipped;
   const auto load_start = Clock::now();
   std::optional<ckpt::ShardSync> ranks;
-  if (pg) ranks = ckpt::ShardSync{[pg](const std::string& b) { return pg->allgather(b); }, [pg] { pg->barrier(); }};
+  if (pg) ranks = shard_sync(*pg);
   std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(
       trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr, ranks ? &*ranks : nullptr);
   if (loaded && cb.on_message && rank == 0)

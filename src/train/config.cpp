@@ -214,6 +214,14 @@ std::vector<Field> fields() {
                "parameters (about 1/world of it), then the ranks all-gather the parameters; the same bits as 0 "
                "(needs trace.digest_version = 3 or 4 when digests are on); 0: every rank holds all of it", {}, 0, 1, false,
                false, at(&C::runtime, &RuntimeConfig::zero_stage), "0"});
+  f.push_back({"runtime.zero_reduce", Kind::kChoice,
+               "zero_stage = 1 without invariance: how a rank gets the reduced gradients of its range. all_reduce: "
+               "every rank sums all of them (the bits of zero_stage = 0); reduce_scatter: each rank receives its "
+               "range's only, added in rank order, and the clip norm adds the ranks' parts (2/3 of the traffic of "
+               "all_reduce plus the all-gather; the same bits run to run and on any backend, within float rounding "
+               "of zero_stage = 0)",
+               {"all_reduce", "reduce_scatter"}, 0, 0, false, false, at(&C::runtime, &RuntimeConfig::zero_reduce),
+               "'all_reduce'"});
   f.push_back({"trace.enabled", Kind::kBool, "write the step trace", {}, 0, 0, false, false,
                at(&C::trace, &TraceConfig::enabled)});
   f.push_back({"trace.digests", Kind::kBool, "digest parameters, optimizer and RNG state every step", {},
@@ -380,10 +388,35 @@ std::string value_text(const toml::node& node) {
   return out.str();
 }
 
-void walk_user(const toml::table& t, const std::string& prefix, Config& c) {
+// `s` with control bytes written as \xNN, for an error message.
+std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (const char ch : s) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b != 0x7f) out += ch;
+    else out += std::string("\\x") + hex[b >> 4] + hex[b & 15];
+  }
+  return out;
+}
+
+// A [user] key as to_toml writes it: bare TOML keys (letters, digits, '_', '-') joined by dots, so
+// that the written text reads back as the same key (a quoted key such as "a b" would be written
+// bare and read back as something else, or not at all).
+void check_user_key(const std::string& key, const std::string& where) {
+  bool ok = !key.empty() && key.front() != '.' && key.back() != '.' && key.find("..") == std::string::npos;
+  for (const char ch : key)
+    ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                ch == '-' || ch == '.');
+  RETRACE_CHECK(ok, ConfigError, "bad key user.", printable(key), " in ", where,
+                ": keys of [user] are bare TOML keys (letters, digits, '_' and '-'), joined by dots");
+}
+
+void walk_user(const toml::table& t, const std::string& prefix, Config& c, const std::string& where) {
   for (const auto& [k, node] : t) {
     const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (const toml::table* sub = node.as_table()) walk_user(*sub, key, c);
+    check_user_key(std::string(k.str()), where);
+    if (const toml::table* sub = node.as_table()) walk_user(*sub, key, c, where);
     else c.user[key] = value_text(node);
   }
 }
@@ -395,7 +428,7 @@ void walk(const toml::table& t, const std::string& prefix, const std::vector<Fie
     if (prefix.empty() && key == "user") {
       const toml::table* sub = node.as_table();
       RETRACE_CHECK(sub, ConfigError, "bad value for user in ", where, ": expected a table [user] of your own keys");
-      walk_user(*sub, "", c);
+      walk_user(*sub, "", c, where);
       continue;
     }
     if (const toml::table* sub = node.as_table()) {
@@ -435,6 +468,13 @@ void validate(Config& c) {
   RETRACE_CHECK(c.runtime.zero_stage == 0 || !c.trace.enabled || !c.trace.digests || c.trace.digest_version >= 3,
                 ConfigError, "runtime.zero_stage = 1 splits the optimizer state among the ranks, and only digests "
                 "that add up over slices describe it: set trace.digest_version = 3 or 4 (or trace.digests = false)");
+  RETRACE_CHECK(c.runtime.zero_reduce == ZeroReduce::kAllReduce || c.runtime.zero_stage == 1, ConfigError,
+                "runtime.zero_reduce = \"reduce_scatter\" gives each rank the gradients of its ZeRO range: set "
+                "runtime.zero_stage = 1 with it, or leave zero_reduce at \"all_reduce\"");
+  RETRACE_CHECK(c.runtime.zero_reduce == ZeroReduce::kAllReduce || c.runtime.invariance == Invariance::kNone,
+                ConfigError, "runtime.zero_reduce = \"reduce_scatter\" is for the default mode: under "
+                "runtime.invariance = \"batch\" each rank already folds one slice of the gradients in global chunk "
+                "order (the bits of one rank); leave zero_reduce at \"all_reduce\"");
   RETRACE_CHECK(!c.model.kind.empty(), ConfigError, "bad value for model.kind: it is empty");
   RETRACE_CHECK(c.model.kind != "torchscript" || !c.model.path.empty(), ConfigError,
                 "model.kind = \"torchscript\" needs model.path, the file saved with torch.jit.save "
@@ -525,6 +565,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     std::string key = ov.substr(0, eq), value = ov.substr(eq + 1);
     toml::table t;
     if (key.rfind("user.", 0) == 0 && key.size() > 5) {
+      check_user_key(key.substr(5), "--set");
       try {
         t = toml::parse("v = " + value);
       } catch (const toml::parse_error&) {
@@ -661,8 +702,8 @@ std::string config_reference() {
     out << "| `" << f.key << "` | " << cell(type) << " | `" << cell(field_text(f, c)) << "` | " << cell(meaning)
         << " |\n";
   }
-  out << "\n### `[user]`\n\nKeys of your own components (`user.NAME = value`, any TOML value): written back sorted, "
-         "part of the config hash.\n";
+  out << "\n### `[user]`\n\nKeys of your own components (`user.NAME = value`, any TOML value; NAME is bare TOML keys, "
+         "letters, digits, `_` and `-`, joined by dots): written back sorted, part of the config hash.\n";
   return out.str();
 }
 

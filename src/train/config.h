@@ -24,7 +24,8 @@ enum class ScheduleKind : uint8_t { kCosine, kConstant };  // schedule.kind: cos
 enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };       // amp.mode: off | bf16 | fp16
 enum class ScalerMode : uint8_t { kAuto, kOn, kOff };      // amp.scaler: auto | on | off
 enum class DeviceKind : uint8_t { kCpu, kCuda };           // runtime.device: cpu | cuda
-enum class Invariance : uint8_t { kNone, kBatch };          // runtime.invariance: none | batch
+enum class Invariance : uint8_t { kNone, kBatch };
+enum class ZeroReduce : uint8_t { kAllReduce, kReduceScatter };  // runtime.zero_reduce: all_reduce | reduce_scatter          // runtime.invariance: none | batch
 const char* optimizer_name(OptimizerKind k);
 const char* amp_name(AmpMode m);
 
@@ -148,6 +149,11 @@ struct RuntimeConfig {
   // 1: ZeRO stage 1 (train/zero.h): each rank holds the optimizer state of its range of the
   // parameters and updates that range; the parameters are then all-gathered. 0: replicated.
   int64_t zero_stage = 0;
+  // How a ZeRO rank gets its range's reduced gradients in the default mode (train/zero.h):
+  // all_reduce, every rank the whole sum (the bits of stage 0); reduce_scatter, its range's sums
+  // only (an all-to-all added in rank order: 2/3 of the traffic, its own bits, within float
+  // rounding of stage 0).
+  ZeroReduce zero_reduce = ZeroReduce::kAllReduce;
 };
 
 struct TraceConfig {

@@ -205,8 +205,11 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   }
   // With the scaler on, unscale and look for inf/NaN element by element; with it off the global
   // norm below is already non-finite when any element is, so no extra pass is needed.
-  const bool found_inf = policy.scaler && policy.scaler->enabled() ? policy.scaler->unscale_and_check(params) : false;
-  r.grad_norm_pre = global_grad_norm(params);
+  // Under ZeRO's reduce-scatter a rank holds its range's reduced gradients only: a non-finite one
+  // makes the global norm non-finite on every rank, so all ranks skip together.
+  const std::vector<torch::Tensor>& held = policy.grad_params.empty() ? params : policy.grad_params;
+  const bool found_inf = policy.scaler && policy.scaler->enabled() ? policy.scaler->unscale_and_check(held) : false;
+  r.grad_norm_pre = policy.grad_norm ? policy.grad_norm() : global_grad_norm(params);
   if (found_inf || !std::isfinite(r.grad_norm_pre)) {
     if (policy.scaler) policy.scaler->update(/*found_inf=*/true);
     r.skipped = true;
@@ -221,7 +224,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     // The fused AdamW multiplies in its own pass, where the product costs almost nothing; any
     // other optimizer gets the gradients clipped here. The same bits either way.
     const std::vector<torch::Tensor>& stepped = policy.optimizer_params.empty() ? params : policy.optimizer_params;
-    if (!defer_grad_scale(optimizer, stepped, clip_coef)) clip_grads(params, policy.max_norm, r.grad_norm_pre);
+    if (!defer_grad_scale(optimizer, stepped, clip_coef)) clip_grads(held, policy.max_norm, r.grad_norm_pre);
     // The norm after clipping is the norm before times the clip coefficient (every gradient is
     // scaled by it); computing it instead of measuring it saves a pass over the gradients.
     r.grad_norm_post = r.grad_norm_pre * clip_coef;

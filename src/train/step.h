@@ -67,6 +67,11 @@ struct StepPolicy {
   std::vector<torch::Tensor> optimizer_params;
   std::function<void()> before_optimizer_step;
   std::function<void()> after_optimizer_step;
+  // ZeRO's reduce-scatter (runtime.zero_reduce): the tensors whose gradients this rank holds
+  // reduced (the scaler unscales and checks them, clipping scales them; empty: the model's
+  // parameters), and the global gradient norm from the ranks' parts (unset: global_grad_norm).
+  std::vector<torch::Tensor> grad_params;
+  std::function<double()> grad_norm;
 };
 
 struct StepFaults {

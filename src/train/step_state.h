@@ -48,6 +48,10 @@ struct StepHooks {
   // step, and the digests' sums added over the ranks. Unset: one rank.
   std::function<void()> after_optimizer_step;
   std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)> sum_over_ranks;
+  // ZeRO's reduce-scatter (runtime.zero_reduce): after_last_backward left this rank its range's
+  // reduced gradients only, and this gives the global gradient norm from every rank's part.
+  // Unset: every rank holds the whole reduced gradient.
+  std::function<double()> grad_norm;
   StepProbe* probe = nullptr;
 };
 

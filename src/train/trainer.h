@@ -136,6 +136,8 @@ class Trainer {
     hooks_.after_optimizer_step = std::move(after_optimizer_step);
     hooks_.sum_over_ranks = std::move(sum_over_ranks);
   }
+  // ZeRO's reduce-scatter (runtime.zero_reduce): the global gradient norm from the ranks' parts.
+  void set_grad_norm(std::function<double()> grad_norm) { hooks_.grad_norm = std::move(grad_norm); }
 
  private:
   Config config_;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <unordered_map>
 
@@ -110,6 +111,76 @@ void ZeroShard::all_gather(const std::function<std::vector<torch::Tensor>(const 
     pack(offset, window);
     unpack(gather(window), offset);
   }
+}
+
+torch::Tensor ZeroShard::pack_grads(int64_t offset, int64_t n) const {
+  torch::NoGradGuard no_grad;
+  torch::Tensor rows = torch::zeros({static_cast<int64_t>(world_), n}, params_.front().options().requires_grad(false));
+  for (uint32_t q = 0; q < world_; ++q) {
+    torch::Tensor row = rows[q];
+    for_window(q, offset, n, [&](const Part& part, int64_t first, int64_t at, int64_t count) {
+      const torch::Tensor& g = params_[part.param].grad();
+      if (g.defined()) row.narrow(0, at, count).copy_(g.view({-1}).narrow(0, first, count));
+    });
+  }
+  return rows;
+}
+
+void ZeroShard::fold_grads(const torch::Tensor& rows, int64_t offset) const {
+  RETRACE_CHECK(rows.dim() == 2 && rows.size(0) == static_cast<int64_t>(world_), InvariantError,
+                "ZeroShard::fold_grads: rows of shape ", rows.sizes(), " for ", world_, " ranks");
+  torch::NoGradGuard no_grad;
+  // Rank order, one rank at a time: the sum's bits do not depend on how the rows arrived.
+  torch::Tensor sum = rows[0].clone();
+  for (uint32_t q = 1; q < world_; ++q) sum.add_(rows[q]);
+  for_window(rank_, offset, rows.size(1), [&](const Part& part, int64_t first, int64_t at, int64_t count) {
+    const torch::Tensor& g = params_[part.param].grad();
+    if (g.defined()) g.view({-1}).narrow(0, first, count).copy_(sum.narrow(0, at, count));
+  });
+}
+
+void ZeroShard::reduce_scatter(const std::function<torch::Tensor(const torch::Tensor&)>& exchange,
+                               int64_t window) const {
+  RETRACE_CHECK(window > 0, InvariantError, "ZeroShard::reduce_scatter: window ", window);
+  for (int64_t offset = 0; offset < padded_; offset += window)
+    fold_grads(exchange(pack_grads(offset, std::min(window, padded_ - offset))), offset);
+}
+
+std::vector<double> ZeroShard::grad_square_norms() const {
+  torch::NoGradGuard no_grad;
+  std::vector<double> out(params_.size(), 0.0);
+  for (const Part& part : mine_) {
+    const torch::Tensor& g = params_[part.param].grad();
+    if (!g.defined()) continue;
+    // Accumulated in double, a window at a time (a float32 norm of a million elements is off by
+    // about 1e-6 relative; the double copy stays a few MiB). ATen's reduction, not a BLAS dot: its
+    // order is pinned with the CPU capability (train/numerics.h).
+    double square = 0;
+    for (int64_t b = part.begin; b < part.end; b += kGatherWindow) {
+      const double norm = g.view({-1})
+                              .narrow(0, b, std::min(kGatherWindow, part.end - b))
+                              .to(torch::kDouble)
+                              .norm(2)
+                              .item<double>();
+      square += norm * norm;
+    }
+    out[part.param] = square;
+  }
+  return out;
+}
+
+double zero_grad_norm(const std::vector<std::vector<double>>& by_rank) {
+  double total = 0;
+  const size_t n = by_rank.empty() ? 0 : by_rank.front().size();
+  for (size_t t = 0; t < n; ++t) {
+    double square = 0;
+    for (const auto& rank : by_rank) {
+      RETRACE_CHECK(rank.size() == n, InvariantError, "zero_grad_norm: a rank sent ", rank.size(), " norms, rank 0 ", n);
+      square += rank[t];
+    }
+    total += square;
+  }
+  return static_cast<double>(static_cast<float>(std::sqrt(total)));
 }
 
 namespace {

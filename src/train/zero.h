@@ -5,9 +5,11 @@
 // (its optimizer is built over flat views of the owned elements, one per parameter the range
 // touches), updates those elements from the reduced gradients (the same all-reduce, or invariant
 // fold, as without ZeRO: every rank still holds the whole reduced gradient, which the global clip
-// norm reads), and the ranks then all-gather the parameters. AdamW and SGD update each element
+// norm reads; or, under runtime.zero_reduce = "reduce_scatter", its range's sums only, with the
+// norm added up from the ranks' parts), and the ranks then all-gather the parameters. AdamW and SGD update each element
 // from that element's gradient and state alone, so a range updated apart gets the bits the whole
-// tensor would: a ZeRO run is bitwise the unsharded run, at any world size, in both modes.
+// tensor would: a ZeRO run is bitwise the unsharded run, at any world size, in both modes (with the
+// reduce-scatter: bits of its own, within float rounding of it).
 //
 // What differs is where the state lives: its checkpoint pieces are the ranks' own ranges
 // (ckpt/train_state.h, SliceOf), its digests (trace.digest_version 3) are each rank's mixed sums of
@@ -68,6 +70,26 @@ class ZeroShard {
   void unpack(const std::vector<torch::Tensor>& gathered, int64_t offset) const;
   int64_t padded_numel() const { return padded_; }
 
+  // runtime.zero_reduce = "reduce_scatter": the gradients reduced by ranges, each rank receiving the
+  // sums of its own range only. In windows of at most `window` elements of every range, each rank
+  // sends rank q the window of q's range from its own gradients (`pack_grads`), and adds what it
+  // receives in rank order, ((g0 + g1) + g2) + ..., into its range (`fold_grads`): the same bits on
+  // any backend, device and torch version. `exchange` is an all-to-all of equal rows: row q of its
+  // argument [world, n] goes to rank q, row q of its result came from rank q. Gradients outside
+  // the range are left as this rank computed them.
+  void reduce_scatter(const std::function<torch::Tensor(const torch::Tensor&)>& exchange,
+                      int64_t window = kGatherWindow) const;
+  // [world, n]: row q holds elements [offset, offset + n) of rank q's range from this rank's
+  // gradients (zeros past the range's end and where a parameter has no gradient).
+  torch::Tensor pack_grads(int64_t offset, int64_t n) const;
+  // The rows every rank sent ([world, n], row q from rank q) summed in rank order into elements
+  // [offset, offset + n) of this rank's range (where the parameter has a gradient).
+  void fold_grads(const torch::Tensor& rows, int64_t offset) const;
+  // Per parameter (in order), the square of the 2-norm of this rank's part of its gradient,
+  // accumulated in double (0 where it owns none or the parameter has none): what zero_grad_norm
+  // adds up over the ranks.
+  std::vector<double> grad_square_norms() const;
+
  private:
   std::vector<torch::Tensor> params_;
   uint32_t rank_, world_;
@@ -82,6 +104,13 @@ class ZeroShard {
   std::vector<torch::Tensor> views_;
   int64_t padded_ = 0;
 };
+
+// The global gradient norm from every rank's grad_square_norms (by rank): each parameter's squares
+// added in rank order, then over the parameters, in double, rounded to float as global_grad_norm's
+// is. Within float rounding of the exact norm; global_grad_norm's float32 reduction is off by up to
+// about 1e-5 relative at a million elements, so the two differ by that much. Non-finite when any
+// part is.
+double zero_grad_norm(const std::vector<std::vector<double>>& by_rank);
 
 // The optimizer's state over this rank's parts, named as the whole tensors' "<param>/<field>"
 // (optimizer.h's names), each with where it lies in its whole tensor (`slices`, one per entry).

@@ -8,7 +8,8 @@
 #   3. torchrun's own restart (--max-restarts 1): the restarted ranks (TORCHELASTIC_RESTART_COUNT=1)
 #      resume the run themselves, under a fresh store prefix, and the trace equals it too;
 #   4. ZeRO stage 1 under torchrun: a run whose rank 1 is killed and which torchrun then resumes
-#      equals the uninterrupted ZeRO run of retrace's own launcher bit for bit.
+#      equals the uninterrupted ZeRO run of retrace's own launcher bit for bit;
+#   5. ZeRO's reduce-scatter (runtime.zero_reduce) under torchrun equals it under retrace's launcher.
 # Usage: torchrun_test.sh RETRACE TORCHRUN SOURCE_DIR. Exit 77 (skipped) without torchrun.
 set -euo pipefail
 bin=$1 torchrun=$2 src=$3
@@ -82,4 +83,9 @@ set -e
 tr "$bin" resume "$work/z" --plain > "$work/z2.log" 2>&1 || { cat "$work/z2.log"; exit 1; }
 grep -q "resumed from" "$work/z2.log" || { cat "$work/z2.log"; exit 1; }
 same "$work/zref" "$work/z"
-echo "torchrun: record, kill, resume and restart all equal the uninterrupted run bitwise, with ZeRO too"
+echo "== 5. ZeRO's reduce-scatter under torchrun"
+rs=("${zero[@]}" --set runtime.zero_reduce=reduce_scatter)
+"$bin" record --world-size 2 --out "$work/rsref" "${common[@]}" "${rs[@]}" > "$work/rsref.log"
+tr "$bin" record --out "$work/rs" "${common[@]}" "${rs[@]}" > "$work/rs.log" 2>&1 || { cat "$work/rs.log"; exit 1; }
+same "$work/rsref" "$work/rs"
+echo "torchrun: record, kill, resume and restart all equal the uninterrupted run bitwise, with ZeRO and its reduce-scatter too"

@@ -187,6 +187,23 @@ TEST(Config, FuzzFindingsAreConfigErrors) {
   EXPECT_THROW(parse_config("", "x", {"data.dir=/data/\xc0\xaf"}), ConfigError);      // overlong '/'
   const Config c = parse_config("", "x", {"data.dir=/données/ｔｏｋｅｎｓ"});
   EXPECT_EQ(to_toml(parse_config(to_toml(c), "again", {})), to_toml(c));
+  // The config fuzzer's hour (2026-12-04): a [user] key "l.kuLt .eind" from --set was written as
+  // `l.kuLt .eind = ...` and read back as l.kuLt.eind, another text and config hash. Keys of [user]
+  // are bare TOML keys joined by dots, from --set and from a file.
+  try {
+    parse_config("", "x", {"user.l.kuLt .eind=1"});
+    ADD_FAILURE() << "a user key with a space was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("keys of [user] are bare TOML keys"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_config("[user]\n\"a b\" = 1\n", "x", {}), ConfigError);
+  EXPECT_THROW(parse_config("[user]\n\"\" = 1\n", "x", {}), ConfigError);
+  EXPECT_THROW(parse_config("", "x", {"user.a..b=1"}), ConfigError);
+  EXPECT_THROW(parse_config("", "x", {"user.a\x08=1"}), ConfigError);
+  const Config u = parse_config("[user]\nteam.run-id = 'x'\n", "x", {"user.my_key.v-2=3"});
+  EXPECT_EQ(u.user.count("team.run-id"), 1u);
+  EXPECT_EQ(u.user.at("my_key.v-2"), "3");
+  EXPECT_EQ(to_toml(parse_config(to_toml(u), "again", {})), to_toml(u));
 }
 
 }  // namespace
