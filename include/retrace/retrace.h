@@ -191,8 +191,11 @@ class Recorder {
   // skipped): loads the module's parameters and buffers, the optimizer's state and torch's
   // generators, truncates the trace at the checkpoint (frames after it are set aside in
   // trace.set-aside.rtrace, nothing is lost) and returns the recorder; last_step() is the
-  // checkpoint's step, so your loop continues at last_step() + 1. IntegrityError (exit 3) when no
-  // checkpoint verifies.
+  // checkpoint's step, so your loop continues at last_step() + 1. Every value is checked against
+  // `module`, `optimizer` and this LibTorch (names, shapes, dtypes, optimizer state, generator
+  // sizes) before any is applied: a checkpoint that fails is skipped like a damaged one, and the
+  // module and optimizer are untouched unless one passes. IntegrityError (exit 3) when no
+  // checkpoint verifies; ConfigError (exit 2) when the run was recorded with another optimizer.
   static Recorder resume(const std::string& dir, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
   // The last step appended (or resumed from).
   uint64_t last_step() const;

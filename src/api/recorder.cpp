@@ -137,31 +137,38 @@ std::string Recorder::checkpoint(uint64_t step, const torch::nn::Module& module,
 Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
   auto kind = kind_of(optimizer);
   RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::resume: the optimizer is not AdamW or SGD");
+  const int cuda = train::cuda_index(module);
+  const NamedTensors mine = module_state(module);
+  // The validation layer: every value of a checkpoint against this module, optimizer and LibTorch
+  // before any of it is applied; a checkpoint that fails is skipped for an older one, as a
+  // verification failure is, and the module is not touched until one passes.
+  const auto same_optimizer = [&](const ckpt::LoadedSnapshot& s) {
+    auto it = s.metadata.find("optim");
+    return it != s.metadata.end() && it->second == train::optimizer_name(*kind);
+  };
+  const auto check = [&](const ckpt::LoadedSnapshot& s) {
+    if (!same_optimizer(s)) return;  // the loop's choice, not damage: a config error below
+    train::check_model_state(mine, s.model, s.where);
+    train::check_optimizer_state(s.optim, module, *kind, s.where);
+    rng::check_restorable(rng::RngState::deserialize(s.rng), cuda, s.where);
+  };
   std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::load_newest_snapshot(run::checkpoint_root(dir), 1, 0, &skipped);  // own shard hashed once
+  auto pick = ckpt::load_newest_snapshot(run::checkpoint_root(dir), 1, 0, &skipped, {}, check);  // own shard hashed once
   RETRACE_CHECK(pick.has_value(), IntegrityError, "Recorder::resume: no checkpoint of ", dir, " verifies",
-                skipped.empty() ? " (there is none)" : "", "; start the run again with Recorder::create");
+                skipped.empty() ? " (there is none)" : ": " + skipped.front().first + ": " + skipped.front().second,
+                "; start the run again with Recorder::create");
   ckpt::LoadedSnapshot snap = std::move(pick->snapshot);
   auto opt_it = snap.metadata.find("optim");
-  RETRACE_CHECK(opt_it != snap.metadata.end() && opt_it->second == train::optimizer_name(*kind), ConfigError,
-                "checkpoint ", pick->dir, " holds ", opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(),
-                " optimizer state, the loop uses ", train::optimizer_name(*kind));
+  RETRACE_CHECK(same_optimizer(snap), ConfigError, "checkpoint ", pick->dir, " holds ",
+                opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(), " optimizer state, the loop uses ",
+                train::optimizer_name(*kind), "; resume with the optimizer the run was recorded with");
   {
     std::map<std::string, torch::Tensor> by_name(snap.model.begin(), snap.model.end());
     torch::NoGradGuard no_grad;
-    for (auto& [name, t] : module_state(module)) {
-      auto it = by_name.find(name);
-      RETRACE_CHECK(it != by_name.end(), FormatError, "checkpoint ", pick->dir, " has no tensor ", name,
-                    " of the module; is it the same model?");
-      RETRACE_CHECK(it->second.sizes() == t.sizes() && it->second.scalar_type() == t.scalar_type(), FormatError,
-                    "checkpoint ", pick->dir, ": tensor ", name, " is ", it->second.sizes(), " ",
-                    c10::toString(it->second.scalar_type()), ", the module's is ", t.sizes(), " ",
-                    c10::toString(t.scalar_type()));
-      t.copy_(it->second);
-    }
+    for (const auto& [name, t] : mine) t.copy_(by_name.at(name));
   }
   train::load_optimizer_state(optimizer, module, *kind, snap.optim);
-  rng::restore_torch(rng::RngState::deserialize(snap.rng), train::cuda_index(module));
+  rng::restore_torch(rng::RngState::deserialize(snap.rng), cuda);
 
   const trace::TraceReader before = trace::TraceReader::open(run::trace_path(dir));
   const auto chain = before.chain_at(snap.position.bytes);

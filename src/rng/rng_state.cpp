@@ -160,20 +160,27 @@ void check_restorable(const RngState& s, int cuda_device, const std::string& whe
 }
 
 void restore_torch(const RngState& s, int cuda_device) {
+  // Everything checked before anything is set: LibTorch's set_state refuses a state of another
+  // size with its own error, a FormatError first.
+  check_restorable(s, -1, "the RNG state to restore");
+  const DeviceGeneratorState* mine = nullptr;
+  if (cuda_device >= 0) {
+    for (const auto& d : s.cuda)
+      if (d.device_index == cuda_device) mine = &d;
+    if (!mine && s.cuda.size() == 1) mine = &s.cuda[0];
+    RETRACE_CHECK(mine != nullptr, ConfigError, "this CUDA run resumes on device ", cuda_device,
+                  " but the RNG state holds ",
+                  s.cuda.empty() ? std::string("no CUDA generator (it was recorded on the CPU)")
+                                 : std::to_string(s.cuda.size()) + " CUDA generators and none for that device",
+                  "; resume with the runtime.device the run was recorded with");
+    check_restorable(s, cuda_device, "the RNG state to restore");
+  }
   {
     at::Generator g = compat::default_generator(c10::Device(c10::kCPU));
     std::lock_guard<std::mutex> lock(g.mutex());
     g.set_state(bytes_tensor(s.cpu_generator));
   }
-  if (cuda_device < 0) return;
-  const DeviceGeneratorState* mine = nullptr;
-  for (const auto& d : s.cuda)
-    if (d.device_index == cuda_device) mine = &d;
-  if (!mine && s.cuda.size() == 1) mine = &s.cuda[0];
-  RETRACE_CHECK(mine != nullptr, ConfigError, "this CUDA run resumes on device ", cuda_device, " but the RNG state holds ",
-                s.cuda.empty() ? std::string("no CUDA generator (it was recorded on the CPU)")
-                               : std::to_string(s.cuda.size()) + " CUDA generators and none for that device",
-                "; resume with the runtime.device the run was recorded with");
+  if (!mine) return;
   at::Generator g = compat::default_generator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)));
   std::lock_guard<std::mutex> lock(g.mutex());
   g.set_state(bytes_tensor(mine->state));

@@ -54,7 +54,8 @@ RngState capture_torch(uint64_t seed, int cuda_device);
 // Restores the CPU generator and, on a CUDA run, the run's CUDA generator (recorded under the
 // same index, or the only one recorded: a rank may get another index on another host).
 // ConfigError when a CUDA run's state holds no CUDA generator. A CPU run ignores CUDA entries
-// (traces of older versions recorded every visible GPU's).
+// (traces of older versions recorded every visible GPU's). FormatError, nothing restored, when a
+// generator state has another size than this LibTorch's (check_restorable).
 void restore_torch(const RngState& s, int cuda_device);
 // That restore_torch(s, cuda_device) can take s: the CPU generator's state (and the device's, on
 // CUDA) has exactly the size this LibTorch's generator gives (FormatError naming `where` and both

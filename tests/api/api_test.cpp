@@ -74,6 +74,23 @@ TEST(PublicApi, RecorderTracesAreEqualForEqualLoopsAndResumeContinuesTheChain) {
   torch::optim::AdamW opt(other->parameters());
   EXPECT_THROW(Recorder::create(tmp.file("a"), *other, {}), ConfigError);  // exists, not empty
   EXPECT_THROW(Recorder::resume(tmp.file("none"), *other, opt), Error);
+  // The validation layer before anything is applied: another model's checkpoints are all skipped,
+  // naming the tensor, and the module keeps its values; another optimizer is a config error.
+  torch::nn::Linear wider(4, 5);
+  torch::optim::AdamW wider_opt(wider->parameters());
+  const torch::Tensor weight = wider->weight.detach().clone();
+  try {
+    Recorder::resume(tmp.file("a"), *wider, wider_opt);
+    ADD_FAILURE() << "another model's checkpoint was loaded";
+  } catch (const IntegrityError& e) {
+    EXPECT_NE(std::string(e.what()).find("weight"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(wider->weight, weight));
+  torch::nn::Linear same(4, 3);
+  torch::optim::SGD sgd(same->parameters(), torch::optim::SGDOptions(0.1));
+  const torch::Tensor same_weight = same->weight.detach().clone();
+  EXPECT_THROW(Recorder::resume(tmp.file("a"), *same, sgd), ConfigError);
+  EXPECT_TRUE(torch::equal(same->weight, same_weight));
 }
 
 }  // namespace

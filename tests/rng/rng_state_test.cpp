@@ -86,6 +86,12 @@ TEST(RngState, GeneratorStatesOfAnotherSizeAreRefusedBeforeRestoring) {
     } catch (const FormatError& e) {
       EXPECT_NE(std::string(e.what()).find("shard X"), std::string::npos) << e.what();
     }
+    // restore_torch checks too (every loader goes through it), and leaves the generator as it was.
+    torch::manual_seed(3);
+    const torch::Tensor expected = torch::rand({4});
+    torch::manual_seed(3);
+    EXPECT_THROW(restore_torch(bad, -1), FormatError);
+    EXPECT_TRUE(torch::equal(torch::rand({4}), expected)) << n << " bytes moved the generator";
   }
 }
 
