@@ -25,15 +25,16 @@ DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& p
       zero->all_gather([this](const torch::Tensor& mine) { return pg_.allgather_tensor(mine, stats); });
     },
                            [this](const std::vector<uint64_t>& mine) {
-                             std::string bytes(mine.size() * 8, '\0');
-                             std::memcpy(bytes.data(), mine.data(), bytes.size());
+                             // One all-gather of a fixed-size tensor (every rank sums the same
+                             // tensors): the words' bits travel as int64, added modulo 2^64.
+                             torch::Tensor sent = torch::empty({static_cast<int64_t>(mine.size())}, torch::kInt64);
+                             std::memcpy(sent.data_ptr(), mine.data(), mine.size() * 8);
                              std::vector<uint64_t> total(mine.size(), 0);
-                             for (const std::string& theirs : pg_.allgather(bytes)) {
-                               RETRACE_CHECK(theirs.size() == bytes.size(), InvariantError, "digest sums: a rank sent ",
-                                             theirs.size(), " bytes, this one ", bytes.size());
+                             for (const torch::Tensor& theirs : pg_.allgather_tensor(sent, stats)) {
+                               const torch::Tensor host = theirs.to(torch::kCPU).contiguous();
                                for (size_t i = 0; i < total.size(); ++i) {
                                  uint64_t v;
-                                 std::memcpy(&v, theirs.data() + 8 * i, 8);
+                                 std::memcpy(&v, static_cast<const char*>(host.data_ptr()) + 8 * i, 8);
                                  total[i] += v;
                                }
                              }
