@@ -899,6 +899,19 @@ int main() {
     RC_ASSERT(!std::isfinite(train::zero_grad_norm(by_rank)));
   });
 
+  // The collectives' window: kGatherWindow per rank up to 8 ranks, then the world's windows within
+  // 8 x kGatherWindow elements, never below kAlign.
+  for (const uint32_t w : {1u, 2u, 8u, 9u, 64u, 1000u, 100000u}) {
+    const train::ZeroShard z({torch::zeros({3})}, 0, w);
+    const int64_t win = z.window(), budget = 8 * train::ZeroShard::kGatherWindow;
+    const bool fits = win <= train::ZeroShard::kGatherWindow && win >= train::ZeroShard::kAlign &&
+                      (static_cast<int64_t>(w) * win <= budget || win == train::ZeroShard::kAlign) &&
+                      (w > 8 || win == train::ZeroShard::kGatherWindow);
+    if (!fits) {
+      std::cout << "ZeroShard::window() at world " << w << " is " << win << "\n";
+      ok = false;
+    }
+  }
   std::cout << "\nproperty 9, largest relative difference of the ZeRO sliced gradient norm from the exact one: "
             << seen_norm << " (tolerance 1e-6)\n";
   std::cout << "\nproperty 1, largest relative difference seen (max|a-b| / max|b| over the model):\n"

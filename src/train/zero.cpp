@@ -102,12 +102,17 @@ void ZeroShard::unpack(const std::vector<torch::Tensor>& gathered, int64_t offse
   }
 }
 
+int64_t ZeroShard::window() const {
+  return std::max(kAlign, std::min(kGatherWindow, 8 * kGatherWindow / static_cast<int64_t>(world_)));
+}
+
 void ZeroShard::all_gather(const std::function<std::vector<torch::Tensor>(const torch::Tensor&)>& gather) const {
   if (padded_ == 0) return;
+  const int64_t width = this->window();
   // One send buffer for every window (the last one narrower), on the parameters' device.
-  torch::Tensor buffer = torch::empty({std::min(padded_, kGatherWindow)}, params_.front().options().requires_grad(false));
-  for (int64_t offset = 0; offset < padded_; offset += kGatherWindow) {
-    torch::Tensor window = buffer.narrow(0, 0, std::min(kGatherWindow, padded_ - offset));
+  torch::Tensor buffer = torch::empty({std::min(padded_, width)}, params_.front().options().requires_grad(false));
+  for (int64_t offset = 0; offset < padded_; offset += width) {
+    torch::Tensor window = buffer.narrow(0, 0, std::min(width, padded_ - offset));
     pack(offset, window);
     unpack(gather(window), offset);
   }
@@ -141,6 +146,7 @@ void ZeroShard::fold_grads(const torch::Tensor& rows, int64_t offset) const {
 
 void ZeroShard::reduce_scatter(const std::function<torch::Tensor(const torch::Tensor&)>& exchange,
                                int64_t window) const {
+  if (window == 0) window = this->window();
   RETRACE_CHECK(window > 0, InvariantError, "ZeroShard::reduce_scatter: window ", window);
   for (int64_t offset = 0; offset < padded_; offset += window)
     fold_grads(exchange(pack_grads(offset, std::min(window, padded_ - offset))), offset);

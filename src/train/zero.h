@@ -58,11 +58,15 @@ class ZeroShard {
   // Before the optimizer's step: each view's gradient is the matching slice of its parameter's
   // gradient (undefined where the parameter has none).
   void bind_grads() const;
-  // The all-gather after the step, in windows of at most kGatherWindow elements so that its
+  // The all-gather after the step, in windows of at most window() elements so that its
   // buffers stay small whatever the model's size: `gather` (an all-gather of one equal-sized flat
   // tensor per rank) is called once per window with this rank's elements [offset, offset + n) of
   // its range (zeros past its end), and every other rank's are written into the parameters.
   static constexpr int64_t kGatherWindow = int64_t{1} << 20;  // 4 MiB of float32
+  // The window the collectives use: kGatherWindow per rank up to 8 ranks, then smaller, so that a
+  // collective's buffers (world windows) stay within 8 x kGatherWindow elements (32 MiB of float32)
+  // at any world size; never below kAlign.
+  int64_t window() const;
   void all_gather(const std::function<std::vector<torch::Tensor>(const torch::Tensor&)>& gather) const;
   // One window of it: this rank's elements [offset, offset + n) of its range into `out` (n
   // elements, zeros past the range), and the window of every other rank's range from `gathered`.
@@ -71,14 +75,13 @@ class ZeroShard {
   int64_t padded_numel() const { return padded_; }
 
   // runtime.zero_reduce = "reduce_scatter": the gradients reduced by ranges, each rank receiving the
-  // sums of its own range only. In windows of at most `window` elements of every range, each rank
+  // sums of its own range only. In windows of at most `window` elements (0: window()) of every range, each rank
   // sends rank q the window of q's range from its own gradients (`pack_grads`), and adds what it
   // receives in rank order, ((g0 + g1) + g2) + ..., into its range (`fold_grads`): the same bits on
   // any backend, device and torch version. `exchange` is an all-to-all of equal rows: row q of its
   // argument [world, n] goes to rank q, row q of its result came from rank q. Gradients outside
   // the range are left as this rank computed them.
-  void reduce_scatter(const std::function<torch::Tensor(const torch::Tensor&)>& exchange,
-                      int64_t window = kGatherWindow) const;
+  void reduce_scatter(const std::function<torch::Tensor(const torch::Tensor&)>& exchange, int64_t window = 0) const;
   // [world, n]: row q holds elements [offset, offset + n) of rank q's range from this rank's
   // gradients (zeros past the range's end and where a parameter has no gradient).
   torch::Tensor pack_grads(int64_t offset, int64_t n) const;
