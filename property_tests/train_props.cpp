@@ -827,7 +827,8 @@ int main() {
       const int64_t n = std::min(window, padded - offset);
       std::vector<torch::Tensor> packs;
       for (uint32_t r = 0; r < world; ++r) {
-        packs.push_back(zeros[r]->pack_grads(offset, n));
+        packs.push_back(torch::full({static_cast<int64_t>(world), n}, 7.0f));  // pack_grads overwrites all of it
+        zeros[r]->pack_grads(offset, packs.back());
         RC_ASSERT(packs.back().sizes() == torch::IntArrayRef({static_cast<int64_t>(world), n}));
       }
       for (uint32_t r = 0; r < world; ++r) {

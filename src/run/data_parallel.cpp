@@ -11,6 +11,26 @@
 
 namespace retrace::run {
 
+namespace {
+
+// Every rank's `mine` (8-byte words, the same count on every rank), indexed by rank: one all-gather
+// of a fixed-size tensor, the words' bits carried as int64.
+template <class Word>
+std::vector<std::vector<Word>> allgather_words(distributed::ProcessGroup& pg, const std::vector<Word>& mine,
+                                               distributed::CollectiveStats& stats) {
+  static_assert(sizeof(Word) == 8, "8-byte words");
+  torch::Tensor sent = torch::empty({static_cast<int64_t>(mine.size())}, torch::kInt64);
+  std::memcpy(sent.data_ptr(), mine.data(), mine.size() * 8);
+  std::vector<std::vector<Word>> out;
+  for (const torch::Tensor& theirs : pg.allgather_tensor(sent, stats)) {
+    const torch::Tensor host = theirs.to(torch::kCPU).contiguous();
+    std::memcpy(out.emplace_back(mine.size()).data(), host.data_ptr(), mine.size() * 8);
+  }
+  return out;
+}
+
+}  // namespace
+
 ckpt::ShardSync shard_sync(distributed::ProcessGroup& pg) {
   return ckpt::ShardSync{[&pg](const std::string& b) { return pg.allgather(b); }, [&pg] { pg.barrier(); }};
 }
@@ -25,19 +45,10 @@ DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& p
       zero->all_gather([this](const torch::Tensor& mine) { return pg_.allgather_tensor(mine, stats); });
     },
                            [this](const std::vector<uint64_t>& mine) {
-                             // One all-gather of a fixed-size tensor (every rank sums the same
-                             // tensors): the words' bits travel as int64, added modulo 2^64.
-                             torch::Tensor sent = torch::empty({static_cast<int64_t>(mine.size())}, torch::kInt64);
-                             std::memcpy(sent.data_ptr(), mine.data(), mine.size() * 8);
+                             // Every rank sums the same tensors; added modulo 2^64.
                              std::vector<uint64_t> total(mine.size(), 0);
-                             for (const torch::Tensor& theirs : pg_.allgather_tensor(sent, stats)) {
-                               const torch::Tensor host = theirs.to(torch::kCPU).contiguous();
-                               for (size_t i = 0; i < total.size(); ++i) {
-                                 uint64_t v;
-                                 std::memcpy(&v, static_cast<const char*>(host.data_ptr()) + 8 * i, 8);
-                                 total[i] += v;
-                               }
-                             }
+                             for (const auto& theirs : allgather_words(pg_, mine, stats))
+                               for (size_t i = 0; i < total.size(); ++i) total[i] += theirs[i];
                              return total;
                            });
   }
@@ -68,17 +79,8 @@ DataParallel::DataParallel(train::Trainer& trainer, distributed::ProcessGroup& p
   if (reduce_scatter) {
     // Each rank's squared norms of its parts, one all-gather of 8 bytes per parameter (every rank
     // has the same parameters), added in rank order on every rank: the same norm everywhere.
-    trainer.set_grad_norm([this, zero] {
-      const std::vector<double> mine = zero->grad_square_norms();
-      const torch::Tensor sent = torch::tensor(mine, torch::kFloat64);
-      std::vector<std::vector<double>> by_rank;
-      for (const torch::Tensor& theirs : pg_.allgather_tensor(sent, stats)) {
-        const torch::Tensor host = theirs.to(torch::kCPU).contiguous();
-        const double* p = host.data_ptr<double>();
-        by_rank.emplace_back(p, p + host.numel());
-      }
-      return train::zero_grad_norm(by_rank);
-    });
+    trainer.set_grad_norm(
+        [this, zero] { return train::zero_grad_norm(allgather_words(pg_, zero->grad_square_norms(), stats)); });
   }
   trainer.set_reduce_loss([this](float v) { return pg_.allreduce_sum(v, stats); });
 }

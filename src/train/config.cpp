@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <toml++/toml.h>
 
+#include "core/digest.h"
 #include "core/error.h"
 #include "core/file_util.h"
 #include "train/faults.h"
@@ -390,12 +391,10 @@ std::string value_text(const toml::node& node) {
 
 // `s` with control bytes written as \xNN, for an error message.
 std::string printable(const std::string& s) {
-  static const char* hex = "0123456789abcdef";
   std::string out;
   for (const char ch : s) {
-    const auto b = static_cast<unsigned char>(ch);
-    if (b >= 0x20 && b != 0x7f) out += ch;
-    else out += std::string("\\x") + hex[b >> 4] + hex[b & 15];
+    const auto b = static_cast<uint8_t>(ch);
+    out += b >= 0x20 && b != 0x7f ? std::string(1, ch) : "\\x" + to_hex(&b, 1);
   }
   return out;
 }

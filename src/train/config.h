@@ -24,8 +24,8 @@ enum class ScheduleKind : uint8_t { kCosine, kConstant };  // schedule.kind: cos
 enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };       // amp.mode: off | bf16 | fp16
 enum class ScalerMode : uint8_t { kAuto, kOn, kOff };      // amp.scaler: auto | on | off
 enum class DeviceKind : uint8_t { kCpu, kCuda };           // runtime.device: cpu | cuda
-enum class Invariance : uint8_t { kNone, kBatch };
-enum class ZeroReduce : uint8_t { kAllReduce, kReduceScatter };  // runtime.zero_reduce: all_reduce | reduce_scatter          // runtime.invariance: none | batch
+enum class Invariance : uint8_t { kNone, kBatch };          // runtime.invariance: none | batch
+enum class ZeroReduce : uint8_t { kAllReduce, kReduceScatter };  // runtime.zero_reduce: all_reduce | reduce_scatter
 const char* optimizer_name(OptimizerKind k);
 const char* amp_name(AmpMode m);
 

@@ -128,16 +128,18 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   if (s.zero) {
     const ZeroShard* zero = s.zero.get();
     policy.optimizer_params = zero->views();
-    policy.before_optimizer_step = [zero] { zero->bind_grads(); };
     if (hooks.grad_norm) {
       // Only the range's gradients are reduced: the scaler and clipping touch those (the views'
-      // gradients, bound right after the reduce-scatter), the norm adds the ranks' parts.
+      // gradients, bound right after the reduce-scatter, for the optimizer too), the norm adds
+      // the ranks' parts.
       policy.after_last_backward = [zero, reduce = hooks.after_last_backward] {
         if (reduce) reduce();
         zero->bind_grads();
       };
       policy.grad_params = zero->views();
       policy.grad_norm = hooks.grad_norm;
+    } else {
+      policy.before_optimizer_step = [zero] { zero->bind_grads(); };
     }
     policy.after_optimizer_step = [&s, &zero_known, mixed_digests, after = hooks.after_optimizer_step] {
       if (mixed_digests) zero_known = capture_sums(*s.optimizer, *s.zero);

@@ -118,17 +118,16 @@ void ZeroShard::all_gather(const std::function<std::vector<torch::Tensor>(const 
   }
 }
 
-torch::Tensor ZeroShard::pack_grads(int64_t offset, int64_t n) const {
+void ZeroShard::pack_grads(int64_t offset, torch::Tensor& rows) const {
   torch::NoGradGuard no_grad;
-  torch::Tensor rows = torch::zeros({static_cast<int64_t>(world_), n}, params_.front().options().requires_grad(false));
+  rows.zero_();
   for (uint32_t q = 0; q < world_; ++q) {
     torch::Tensor row = rows[q];
-    for_window(q, offset, n, [&](const Part& part, int64_t first, int64_t at, int64_t count) {
+    for_window(q, offset, rows.size(1), [&](const Part& part, int64_t first, int64_t at, int64_t count) {
       const torch::Tensor& g = params_[part.param].grad();
       if (g.defined()) row.narrow(0, at, count).copy_(g.view({-1}).narrow(0, first, count));
     });
   }
-  return rows;
 }
 
 void ZeroShard::fold_grads(const torch::Tensor& rows, int64_t offset) const {
@@ -148,8 +147,15 @@ void ZeroShard::reduce_scatter(const std::function<torch::Tensor(const torch::Te
                                int64_t window) const {
   if (window == 0) window = this->window();
   RETRACE_CHECK(window > 0, InvariantError, "ZeroShard::reduce_scatter: window ", window);
-  for (int64_t offset = 0; offset < padded_; offset += window)
-    fold_grads(exchange(pack_grads(offset, std::min(window, padded_ - offset))), offset);
+  if (padded_ == 0) return;
+  // One send buffer for every window (the last one narrower), on the parameters' device.
+  torch::Tensor buffer = torch::empty({static_cast<int64_t>(world_), std::min(padded_, window)},
+                                      params_.front().options().requires_grad(false));
+  for (int64_t offset = 0; offset < padded_; offset += window) {
+    torch::Tensor rows = buffer.narrow(1, 0, std::min(window, padded_ - offset));
+    pack_grads(offset, rows);
+    fold_grads(exchange(rows), offset);
+  }
 }
 
 std::vector<double> ZeroShard::grad_square_norms() const {
@@ -178,12 +184,11 @@ std::vector<double> ZeroShard::grad_square_norms() const {
 double zero_grad_norm(const std::vector<std::vector<double>>& by_rank) {
   double total = 0;
   const size_t n = by_rank.empty() ? 0 : by_rank.front().size();
+  for (const auto& rank : by_rank)
+    RETRACE_CHECK(rank.size() == n, InvariantError, "zero_grad_norm: a rank sent ", rank.size(), " norms, rank 0 ", n);
   for (size_t t = 0; t < n; ++t) {
     double square = 0;
-    for (const auto& rank : by_rank) {
-      RETRACE_CHECK(rank.size() == n, InvariantError, "zero_grad_norm: a rank sent ", rank.size(), " norms, rank 0 ", n);
-      square += rank[t];
-    }
+    for (const auto& rank : by_rank) square += rank[t];
     total += square;
   }
   return static_cast<double>(static_cast<float>(std::sqrt(total)));

@@ -82,9 +82,9 @@ class ZeroShard {
   // argument [world, n] goes to rank q, row q of its result came from rank q. Gradients outside
   // the range are left as this rank computed them.
   void reduce_scatter(const std::function<torch::Tensor(const torch::Tensor&)>& exchange, int64_t window = 0) const;
-  // [world, n]: row q holds elements [offset, offset + n) of rank q's range from this rank's
-  // gradients (zeros past the range's end and where a parameter has no gradient).
-  torch::Tensor pack_grads(int64_t offset, int64_t n) const;
+  // Into `rows` ([world, n]): row q gets elements [offset, offset + n) of rank q's range from this
+  // rank's gradients (zeros past the range's end and where a parameter has no gradient).
+  void pack_grads(int64_t offset, torch::Tensor& rows) const;
   // The rows every rank sent ([world, n], row q from rank q) summed in rank order into elements
   // [offset, offset + n) of this rank's range (where the parameter has a gradient).
   void fold_grads(const torch::Tensor& rows, int64_t offset) const;
