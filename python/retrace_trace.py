@@ -555,7 +555,7 @@ def _step_dict(b, t, outcomes, where):
         tm = b.timings
         timings = {"data_ms": tm.dataMs, "forward_ms": tm.forwardMs, "backward_ms": tm.backwardMs,
                    "optimizer_ms": tm.optimizerMs, "trace_ms": tm.traceMs, "allreduce_ms": tm.allreduceMs}
-    return {
+    d = {
         "step": b.step,
         "epoch": b.epoch,
         "batch_in_epoch": b.batchInEpoch,
@@ -584,6 +584,10 @@ def _step_dict(b, t, outcomes, where):
         "allreduce_bytes": b.allreduceBytes,
         "timings": timings,
     }
+    if len(b.moduleDigests):  # a recorder run's, per module (as retrace inspect --json: only when present)
+        d["module_digests"] = [{"module": t(m.module), "param": _digest(m.param), "grad": _digest(m.grad),
+                                "optim": _digest(m.optim)} for m in b.moduleDigests]
+    return d
 
 
 def _eval_dict(b, t):

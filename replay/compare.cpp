@@ -87,6 +87,15 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
     RETRACE_CMP_DIG(rng_digest);
     RETRACE_CMP_DIG(state_digest);
     RETRACE_CMP_DIG(grad_digest);
+    // Per-module digests where both runs recorded them (a recorder run's): the whole digests above
+    // already cover the same tensors, so this only adds the first module that differs.
+    if (!a.module_digests.empty() && !b.module_digests.empty() && a.module_digests != b.module_digests) {
+      const auto& ma = a.module_digests;
+      const auto& mb = b.module_digests;
+      size_t i = 0;
+      while (i < ma.size() && i < mb.size() && ma[i] == mb[i]) ++i;
+      check("module_digests", false, i < ma.size() ? ma[i].module : "(none)", i < mb.size() ? mb[i].module : "(none)");
+    }
   }
   if (layout) return d;
   check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),

@@ -218,6 +218,7 @@ constexpr const char* kFieldOrder[] = {"step",
                                        "param_digest",
                                        "optim_digest",
                                        "grad_digest",
+                                       "module_digests",
                                        "rng_digest",
                                        "micro_batch_sizes",
                                        "micro_losses",
@@ -253,7 +254,12 @@ bool EvalRow::differs() const {
 }
 
 bool DiffReport::identical() const {
-  if (!header.empty() || !steps.equal() || !events.empty()) return false;
+  // A run's process events (a resume, a crash, a checkpoint) are listed but change no bit of its
+  // training: a resumed run is identical to the uninterrupted one.
+  const bool training_events_differ = std::any_of(events.begin(), events.end(), [](const EventDiff& e) {
+    return !records::is_process_event({e.step, e.kind, ""});
+  });
+  if (!header.empty() || !steps.equal() || training_events_differ) return false;
   return std::none_of(evals.begin(), evals.end(), [](const EvalRow& e) { return e.differs(); });
 }
 
@@ -303,6 +309,62 @@ HeaderDiff diff_headers(const records::TraceHeader& a, const records::TraceHeade
   return d;
 }
 
+std::optional<StepDivergence> locate_divergence(const StepRecord& a, const StepRecord& b) {
+  const std::vector<FieldDiff> fields = diff_record(a, b, CompareMode::kBitwise, ToleranceRule{0.0});
+  if (fields.empty()) return std::nullopt;
+  // The phases in the order a step runs them, each with the fields it decides.
+  static const std::vector<std::pair<const char*, std::vector<std::string>>> kPhases = {
+      {"data", {"epoch", "batch_in_epoch", "batch_size", "sample_digest", "micro_batch_sizes"}},
+      {"forward", {"loss", "loss_bits", "micro_losses"}},
+      {"backward", {"grad_norm_pre", "grad_digest", "rank_grad_digests"}},
+      {"optimizer", {"grad_norm_post", "lr", "loss_scale", "outcome", "skip_reason", "param_digest", "optim_digest"}},
+  };
+  StepDivergence d;
+  d.step = a.step;
+  d.phase = "state";
+  for (const auto& [phase, names] : kPhases) {
+    const bool hit = std::any_of(fields.begin(), fields.end(), [&names = names](const FieldDiff& f) {
+      return std::find(names.begin(), names.end(), f.field) != names.end();
+    });
+    if (hit) {
+      d.phase = phase;
+      break;
+    }
+  }
+  if (!a.module_digests.empty() && !b.module_digests.empty()) {
+    std::map<std::string, const records::ModuleDigest*> other;
+    for (const auto& m : b.module_digests) other[m.module] = &m;
+    d.modules = a.module_digests.size();
+    for (const auto& m : a.module_digests) {
+      auto it = other.find(m.module);
+      std::vector<std::string> parts;
+      if (it == other.end()) {
+        parts = {"param", "grad", "optim"};  // the module exists in one model only
+      } else {
+        if (m.param != it->second->param) parts.push_back("param");
+        if (m.grad != it->second->grad) parts.push_back("grad");
+        if (m.optim != it->second->optim) parts.push_back("optim");
+      }
+      if (parts.empty()) continue;
+      if (++d.modules_differing == 1) {
+        d.module = m.module.empty() ? "(the model's own tensors)" : m.module;
+        d.parts = std::move(parts);
+      }
+    }
+  }
+  return d;
+}
+
+std::string divergence_text(const StepDivergence& d) {
+  std::string s = "step " + std::to_string(d.step) + ", phase " + d.phase;
+  if (!d.module.empty()) {
+    s += ", module " + d.module + " (";
+    for (size_t i = 0; i < d.parts.size(); ++i) s += (i ? ", " : "") + d.parts[i];
+    s += "; " + std::to_string(d.modules_differing) + " of " + std::to_string(d.modules) + " modules differ)";
+  }
+  return s;
+}
+
 DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b) {
   DiffReport r;
   r.path_a = a.path();
@@ -335,6 +397,7 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
     const StepRecord& rb = *mb.at(s);
     for (auto& f : diff_record(ra, rb, CompareMode::kBitwise, ToleranceRule{0.0}))
       r.first_by_field.emplace(f.field, std::move(f));  // keeps the first (earliest) entry
+    if (!r.where && r.steps.first_diff && r.steps.first_diff->step == s) r.where = locate_divergence(ra, rb);
     if (ra.outcome != rb.outcome)
       r.skips.push_back({s, ra.outcome, rb.outcome, ra.skip_reason, rb.skip_reason});
   }
@@ -394,6 +457,7 @@ std::string render_text(const DiffReport& r) {
   else
     verdict = "nothing to compare step by step";
   sum.row({"verdict", verdict});
+  if (r.where) sum.row({"where", divergence_text(*r.where)});
   if (r.steps.compared > 0)
     sum.row({"loss diff", "max " + fmt(r.steps.max_loss_diff) + " at step " +
                               std::to_string(r.steps.max_loss_diff_step) + ", final " +
@@ -503,6 +567,12 @@ nlohmann::json to_json(const DiffReport& r) {
   auto fields = nlohmann::json::object();
   for (const auto& [name, f] : r.first_by_field) fields[name] = field_json(f);
   j["first_divergence_by_field"] = fields;
+  if (r.where)
+    j["where"] = {{"step", r.where->step},         {"phase", r.where->phase},
+                  {"module", r.where->module},     {"parts", r.where->parts},
+                  {"modules_differing", r.where->modules_differing}, {"modules", r.where->modules}};
+  else
+    j["where"] = nullptr;
   auto skips = nlohmann::json::array();
   for (const auto& s : r.skips)
     skips.push_back({{"step", s.step},

@@ -77,6 +77,22 @@ struct EvalRow {
   bool differs() const;  // one side missing, or loss or accuracy not bitwise equal
 };
 
+// Where within its first divergent step two runs part. `phase`: the earliest part of a step whose
+// fields differ: "data" (the batch: epoch, position, size, sample digest), "forward" (the loss),
+// "backward" (the gradients and their norm), "optimizer" (LR, clipping, STEP/SKIP, parameters,
+// optimizer state) or "state" (RNG and the rest of the state). With the per-module digests both
+// traces recorded (recorder runs), `module` is the first module in the model's order whose
+// digests differ, `parts` which of its digests ("param", "grad", "optim"), `modules_differing`
+// how many modules differ in all; without them `module` is empty.
+struct StepDivergence {
+  uint64_t step = 0;
+  std::string phase;
+  std::string module;
+  std::vector<std::string> parts;
+  size_t modules_differing = 0;
+  size_t modules = 0;
+};
+
 struct DiffReport {
   std::string path_a, path_b;
   std::optional<std::string> tail_warning_a, tail_warning_b;  // truncated traces
@@ -90,6 +106,7 @@ struct DiffReport {
   std::vector<StepSpan> only_in_a, only_in_b;  // maximal runs of consecutive step numbers
   // For every StepRecord field that differs anywhere: its first differing step and values.
   std::map<std::string, FieldDiff> first_by_field;
+  std::optional<StepDivergence> where;  // present when the common steps differ
   std::vector<SkipDiff> skips;
   std::vector<EventDiff> events;
   std::vector<EvalRow> evals;
@@ -99,7 +116,8 @@ struct DiffReport {
   std::optional<uint64_t> first_divergent_step() const {
     return steps.first_diff ? std::optional<uint64_t>(steps.first_diff->step) : std::nullopt;
   }
-  // Nothing differs: headers, steps (bitwise, same step numbers), events and evals.
+  // Nothing differs: headers, steps (bitwise, same step numbers), training events (process events,
+  // records::is_process_event, are listed but do not count) and evals.
   bool identical() const;
 };
 
@@ -116,6 +134,12 @@ std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a
 // Visits every header difference with its part ("config", "environment", "model", "data", "fault",
 // "header"), in that order: the one order both renderings use.
 void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn);
+
+// Where the records of one step part (phase, and module where both carry module digests); none
+// when they are equal (bitwise).
+std::optional<StepDivergence> locate_divergence(const records::StepRecord& a, const records::StepRecord& b);
+// "step 7, phase optimizer, module fc2 (param, optim; 3 of 3 modules differ)".
+std::string divergence_text(const StepDivergence& d);
 
 // The entries of first_by_field ordered by step, then by declaration order in StepRecord.
 std::vector<const FieldDiff*> fields_by_step(const DiffReport& r);

@@ -770,6 +770,7 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
   } else {
     row("verdict", "<span class=\"verdict-bad\">common steps equal; other differences below</span>");
   }
+  if (r.where) row("where", html_escape(divergence_text(*r.where)));
   if (r.steps.compared > 0)
     row("loss difference", "max " + value_text(r.steps.max_loss_diff) + " at step " +
                                std::to_string(r.steps.max_loss_diff_step) + ", final " +

@@ -135,6 +135,12 @@ class Registry {
 // to pin the numerics profile, so call it first in main, before any other work.
 int run_cli(int argc, char** argv, const Registry& registry);
 
+// The sample order of epoch `epoch` over `num_samples` samples as `retrace record` draws it with
+// seed `seed` and data.order `order` ("feistel", the default, or "shuffle"): a loop of your own
+// that takes its batches from it in turn (batch b: positions b x batch_size ...) sees the same
+// data in the same order as a retrace run of that seed. ConfigError for another order name.
+std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t epoch, const std::string& order = "feistel");
+
 // ---- A recorder for your own training loop ------------------------------------------------------
 //
 //   retrace::Recorder rec = retrace::Recorder::create("runs/mine", model, {/*seed=*/7});
@@ -157,6 +163,36 @@ struct RecorderOptions {
   std::vector<std::string> data_files;  // recorded with size and sha256
   bool force = false;          // replace an existing directory
   uint32_t keep_last = 5;      // checkpoints kept by rotation
+  // The digests' version (trace.digest_version, 1 to 4): 3 and 4 add the gradients' digest and
+  // per-module digests, 4 is retrace's current one (the same fields as `retrace record` with
+  // trace.digest_version = 4). Recorded in the run's config text under [recorder].
+  int digest_version = 4;
+  bool module_digests = true;           // per-module digests (versions 3 and 4): `retrace diff` names the module
+  uint32_t optimizer_digest_every = 1;  // the optimizer state's digest every N steps (0: never)
+};
+
+// ---- The recorder at the level of tensors ----------------------------------------------------
+//
+// For loops whose model is not a torch::nn::Module (retrace's Python package is built on it): the
+// state as named tensors. The Module overloads below fill one from the module and optimizer, so
+// both give the same digests for the same tensors.
+using NamedTensorList = std::vector<std::pair<std::string, torch::Tensor>>;
+
+struct LoopState {
+  NamedTensorList parameters;  // the model's, in its order; their gradients are read from them
+  NamedTensorList buffers;
+  // The optimizer's state as "<parameter>/<field>": AdamW's "step" (an int64 scalar), "exp_avg"
+  // and "exp_avg_sq"; SGD's "momentum_buffer"; parameters without state yet are absent.
+  NamedTensorList optimizer;
+  std::string optimizer_kind;  // "adamw", "sgd", or "" for another (no optimizer digest, no checkpoint)
+  int cuda_device = -1;        // the model's CUDA device (-1: the CPU): whose generator is captured
+  // Generators outside torch, as opaque states by name (Python's "python.random", "numpy.global"):
+  // captured with torch's in the RNG digest and the checkpoint.
+  std::vector<std::pair<std::string, std::string>> generators;
+  uint64_t epoch = 0;           // the data position after the step
+  uint64_t batch_in_epoch = 0;
+  uint64_t samples_seen = 0;
+  std::map<std::string, std::string> user;  // checkpointed as given (e.g. a sampler's state); keys [A-Za-z0-9_.-]
 };
 
 struct StepInfo {
@@ -167,6 +203,7 @@ struct StepInfo {
   std::string skip_reason;
   uint32_t batch_size = 0;
   std::vector<int64_t> sample_indices;  // the batch's sample indices, digested (optional)
+  torch::Tensor batch;                  // or the batch itself, digested by content (when no indices)
 };
 
 class Recorder {
@@ -197,6 +234,23 @@ class Recorder {
   // module and optimizer are untouched unless one passes. IntegrityError (exit 3) when no
   // checkpoint verifies; ConfigError (exit 2) when the run was recorded with another optimizer.
   static Recorder resume(const std::string& dir, torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+
+  // The same at the level of tensors (LoopState). resume checks each checkpoint against `current`
+  // (tensor names, dtypes and shapes; the optimizer state against the parameters and
+  // current.optimizer_kind; generator sizes), copies the parameters and buffers into current's
+  // tensors, restores torch's generators, and fills `restored` with what the loop installs itself:
+  // the optimizer state, the other generators, the data position, samples seen and user entries.
+  static Recorder create(const std::string& dir, const LoopState& state, const RecorderOptions& options = {});
+  void step(uint64_t step, double loss, const LoopState& state, const StepInfo& info = {});
+  std::string checkpoint(uint64_t step, const LoopState& state);
+  static Recorder resume(const std::string& dir, const LoopState& current, LoopState& restored);
+  // A training evaluation after step `step` (the trace's eval record, which export and the report show).
+  void evaluate(uint64_t step, double loss, double accuracy = -1, uint64_t samples = 0, uint64_t tokens = 0,
+                uint64_t batches = 0);
+  // A free-form event at step `step` (kind: a short word, e.g. "note").
+  void event(uint64_t step, const std::string& kind, const std::string& message);
+  // The run directory.
+  const std::string& dir() const;
   // The last step appended (or resumed from).
   uint64_t last_step() const;
   // Flushes and fsyncs the trace.

@@ -1,6 +1,9 @@
-// The recorder for a user's own loop: retrace's trace and checkpoint formats without its loop.
+// The recorder for a user's own loop: retrace's trace and checkpoint formats without its loop. The
+// tensor-level API (LoopState) is the core; the Module overloads fill a LoopState and call it, so a
+// C++ loop and a Python one (python/retrace) digest the same tensors by the same code.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -10,6 +13,7 @@
 #include "core/digest.h"
 #include "core/error.h"
 #include "core/tensor_digest.h"
+#include "data/sampler.h"
 #include "retrace/retrace.h"
 #include "rng/rng_state.h"
 #include "run/layout.h"
@@ -27,14 +31,39 @@ namespace {
 
 constexpr int kZstdLevel = 3;
 constexpr const char* kRecorderMark = "recorder";
-
-NamedTensors module_state(const torch::nn::Module& m) { return train::module_tensors(m); }
+constexpr const char* kUserPrefix = "x.user.";
 
 // The optimizer kinds whose state retrace can name tensor by tensor.
 std::optional<train::OptimizerKind> kind_of(torch::optim::Optimizer& opt) {
   if (dynamic_cast<torch::optim::AdamW*>(&opt)) return train::OptimizerKind::kAdamW;
   if (dynamic_cast<torch::optim::SGD*>(&opt)) return train::OptimizerKind::kSgd;
   return std::nullopt;
+}
+
+std::optional<train::OptimizerKind> kind_of(const std::string& name) {
+  if (name == train::optimizer_name(train::OptimizerKind::kAdamW)) return train::OptimizerKind::kAdamW;
+  if (name == train::optimizer_name(train::OptimizerKind::kSgd)) return train::OptimizerKind::kSgd;
+  RETRACE_CHECK(name.empty(), ConfigError, "Recorder: optimizer kind \"", name, "\" is none of adamw, sgd or \"\" (another optimizer)");
+  return std::nullopt;
+}
+
+LoopState state_of(const torch::nn::Module& m, torch::optim::Optimizer* opt) {
+  LoopState s;
+  for (const auto& item : m.named_parameters()) s.parameters.emplace_back(item.key(), item.value());
+  for (const auto& item : m.named_buffers()) s.buffers.emplace_back(item.key(), item.value());
+  if (opt)
+    if (auto kind = kind_of(*opt)) {
+      s.optimizer_kind = train::optimizer_name(*kind);
+      s.optimizer = train::optimizer_state(*opt, m, *kind);
+    }
+  s.cuda_device = train::cuda_index(m);
+  return s;
+}
+
+NamedTensors model_tensors(const LoopState& s) {
+  NamedTensors out = s.parameters;
+  out.insert(out.end(), s.buffers.begin(), s.buffers.end());
+  return out;
 }
 
 train::RuntimeConfig runtime_now() {
@@ -45,15 +74,110 @@ train::RuntimeConfig runtime_now() {
   return r;
 }
 
+// The module a tensor belongs to: its name up to the last dot ("blocks.1.attn.weight" ->
+// "blocks.1.attn"), for optimizer state the parameter's ("fc.weight/exp_avg" -> "fc"); "" for the
+// model's own tensors.
+std::string module_of(const std::string& name) {
+  const std::string tensor = name.substr(0, name.find('/'));
+  const size_t dot = tensor.rfind('.');
+  return dot == std::string::npos ? std::string() : tensor.substr(0, dot);
+}
+
+MixedEntry mixed_entry(const std::string& name, const torch::Tensor& t, Mix mix) {
+  MixedEntry e;
+  e.name = name;
+  e.defined = t.defined();
+  if (!e.defined) return e;
+  e.dtype = t.scalar_type();
+  e.shape.assign(t.sizes().begin(), t.sizes().end());
+  e.sum = tensor_mixed_sum(t, 0, mix);
+  return e;
+}
+
+std::vector<MixedEntry> mixed_entries(const NamedTensors& tensors, Mix mix) {
+  std::vector<MixedEntry> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) out.push_back(mixed_entry(name, t, mix));
+  return out;
+}
+
+// Each module's share of the entries, in the order of `order` (the modules' first appearance).
+std::vector<Digest128> by_module(const std::vector<MixedEntry>& entries, const std::vector<std::string>& order) {
+  std::map<std::string, std::vector<MixedEntry>> groups;
+  for (const MixedEntry& e : entries) groups[module_of(e.name)].push_back(e);
+  std::vector<Digest128> out;
+  out.reserve(order.size());
+  for (const std::string& m : order) {
+    auto it = groups.find(m);
+    out.push_back(it == groups.end() ? Digest128{} : digest_mixed(it->second));
+  }
+  return out;
+}
+
+std::string rng_bytes(uint64_t seed, const LoopState& s) {
+  rng::RngState st = rng::capture_torch(seed, s.cuda_device);
+  st.cursor.epoch = s.epoch;
+  st.cursor.batch_in_epoch = s.batch_in_epoch;
+  st.generators = s.generators;
+  std::sort(st.generators.begin(), st.generators.end());
+  for (size_t i = 1; i < st.generators.size(); ++i)
+    RETRACE_CHECK(st.generators[i - 1].first != st.generators[i].first, ConfigError, "Recorder: generator \"",
+                  st.generators[i].first, "\" is given twice");
+  for (const auto& [name, state] : st.generators)
+    RETRACE_CHECK(!name.empty(), ConfigError, "Recorder: a generator without a name");
+  return st.serialize();
+}
+
+// The recorder's own settings, recorded after the caller's config text.
+std::string settings_toml(const RecorderOptions& o) {
+  return "\n# retrace::Recorder's settings\n[recorder]\ndigest_version = " + std::to_string(o.digest_version) +
+         "\nmodule_digests = " + (o.module_digests ? "true" : "false") +
+         "\noptimizer_digest_every = " + std::to_string(o.optimizer_digest_every) + "\n";
+}
+
+// Those settings read back from a run's config text (a run from before them: version 1, no module
+// digests, the optimizer every step).
+RecorderOptions settings_of(const std::string& config_text) {
+  RecorderOptions o;
+  o.digest_version = 1;
+  o.module_digests = false;
+  const auto entries = train::config_entries(config_text);
+  auto number = [&](const char* key, uint64_t fallback) -> uint64_t {
+    auto it = entries.find(key);
+    if (it == entries.end()) return fallback;
+    const std::string v = it->second.substr(0, it->second.find_first_of(" #"));
+    RETRACE_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10, FormatError,
+                  "the run's config records ", key, " = ", it->second, "; expected a whole number");
+    return std::stoull(v);
+  };
+  o.digest_version = static_cast<int>(number("recorder.digest_version", 1));
+  RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, FormatError, "the run's config records recorder.digest_version = ",
+                o.digest_version, "; this retrace knows versions 1 to 4");
+  auto it = entries.find("recorder.module_digests");
+  o.module_digests = it != entries.end() && it->second.rfind("true", 0) == 0;
+  o.optimizer_digest_every = static_cast<uint32_t>(number("recorder.optimizer_digest_every", 1));
+  return o;
+}
+
+void check_user_key(const std::string& key) {
+  RETRACE_CHECK(!key.empty() && key.size() <= 128 &&
+                    key.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") ==
+                        std::string::npos,
+                ConfigError, "Recorder: user entry key \"", key, "\" must be 1 to 128 characters of A-Z a-z 0-9 _ . -");
+}
+
 }  // namespace
 
 struct Recorder::Impl {
   std::string dir;
   uint64_t seed = 0;
   uint32_t keep_last = 5;
+  RecorderOptions settings;
   std::string config_hash;
+  std::vector<records::ParamInfo> params;  // the header's: every step's tensors are checked against them
   std::optional<trace::TraceWriter> writer;
   uint64_t last_step = 0;
+  uint64_t epoch = 0;
 };
 
 Recorder::Recorder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -61,32 +185,60 @@ Recorder::~Recorder() = default;
 Recorder::Recorder(Recorder&&) noexcept = default;
 Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 uint64_t Recorder::last_step() const { return impl_->last_step; }
+const std::string& Recorder::dir() const { return impl_->dir; }
+
+namespace {
+std::vector<records::ParamInfo> param_info_of(const NamedTensors& tensors) {
+  std::vector<records::ParamInfo> out;
+  for (const auto& [name, t] : tensors) {
+    RETRACE_CHECK(t.defined(), ConfigError, "Recorder: tensor ", name, " is undefined");
+    records::ParamInfo p;
+    p.name = name;
+    p.shape.assign(t.sizes().begin(), t.sizes().end());
+    p.dtype = std::string(c10::toString(t.scalar_type()));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+}  // namespace
 
 Recorder Recorder::create(const std::string& dir, const torch::nn::Module& module, const RecorderOptions& o) {
+  RecorderOptions with_name = o;
+  if (with_name.description.empty()) with_name.description = module.name();
+  return create(dir, state_of(module, nullptr), with_name);
+}
+
+Recorder Recorder::create(const std::string& dir, const LoopState& state, const RecorderOptions& o) {
   RETRACE_CHECK(o.keep_last >= 1, ConfigError, "RecorderOptions::keep_last must be at least 1");
+  RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, ConfigError, "RecorderOptions::digest_version is ",
+                o.digest_version, "; use 1 to 4 (4: retrace's current digests)");
   records::TraceHeader h;
+  h.params = param_info_of(model_tensors(state));
   for (const auto& path : o.data_files) {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
     RETRACE_CHECK(!ec, IoError, "Recorder: data file ", path, " cannot be read: ", ec.message());
     h.data_files.push_back({path, static_cast<uint64_t>(size), sha256_file_hex(path)});
   }
-  // The text recorded as the run's config: the caller's, marked as a recorder run.
+  // The text recorded as the run's config: the caller's, marked as a recorder run, and the
+  // recorder's own settings.
   const std::string config_text = "# recorded by retrace::Recorder (a user's own loop)\n" + o.config_toml +
-                                  (o.config_toml.empty() || o.config_toml.back() == '\n' ? "" : "\n");
+                                  (o.config_toml.empty() || o.config_toml.back() == '\n' ? "" : "\n") +
+                                  settings_toml(o);
   run::create_run_dir(dir, o.force, /*scratch=*/false, config_text);
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
   impl->seed = o.seed;
   impl->keep_last = o.keep_last;
+  impl->settings = o;
   impl->config_hash = ckpt::config_hash(config_text);
+  impl->params = h.params;
   h.retrace_version = train::retrace_version();
   h.config_toml = config_text;
   h.config_hash = impl->config_hash;
   h.seed = o.seed;
   h.fingerprint = train::fingerprint(runtime_now(), 1);
-  h.model_description = o.description.empty() ? module.name() : o.description;
-  h.params = train::param_info(module);
+  h.model_description = o.description.empty() ? "a user's model" : o.description;
   h.created_utc = run::utc_now();
   impl->writer.emplace(trace::TraceWriter::create(run::trace_path(dir), h, kZstdLevel));
   return Recorder(std::move(impl));
@@ -94,12 +246,32 @@ Recorder Recorder::create(const std::string& dir, const torch::nn::Module& modul
 
 void Recorder::step(uint64_t step, double loss, const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                     const StepInfo& info) {
+  this->step(step, loss, state_of(module, &optimizer), info);
+}
+
+void Recorder::step(uint64_t step, double loss, const LoopState& state, const StepInfo& info) {
   RETRACE_CHECK(step > impl_->last_step, ConfigError, "Recorder::step: step ", step, " after step ", impl_->last_step,
                 "; steps must increase");
+  const NamedTensors model = model_tensors(state);
+  RETRACE_CHECK(model.size() == impl_->params.size(), ConfigError, "Recorder::step: the model has ", model.size(),
+                " parameters and buffers, the run was created with ", impl_->params.size());
+  for (size_t i = 0; i < model.size(); ++i) {
+    const auto& [name, t] = model[i];
+    const auto& p = impl_->params[i];
+    RETRACE_CHECK(t.defined() && name == p.name && std::vector<int64_t>(t.sizes().begin(), t.sizes().end()) == p.shape,
+                  ConfigError, "Recorder::step: tensor ", i, " is ", name, ", the run was created with ", p.name,
+                  " (the same names and shapes, in the same order, every step)");
+  }
+  const std::optional<train::OptimizerKind> kind = kind_of(state.optimizer_kind);
   records::StepRecord r;
   r.step = step;
+  r.epoch = state.epoch;
+  r.batch_in_epoch = state.batch_in_epoch;
   r.batch_size = info.batch_size;
-  r.sample_digest = digest_indices(info.sample_indices);
+  if (!info.sample_indices.empty() || !info.batch.defined())
+    r.sample_digest = digest_indices(info.sample_indices);
+  else
+    r.sample_digest = digest_named({{"batch", info.batch}}, DigestKind::kXxh3);
   r.loss = loss;
   const float f = static_cast<float>(loss);
   std::memcpy(&r.loss_bits, &f, sizeof f);
@@ -108,40 +280,87 @@ void Recorder::step(uint64_t step, double loss, const torch::nn::Module& module,
   r.lr = info.lr;
   r.outcome = info.skipped ? records::Outcome::kSkip : records::Outcome::kStep;
   r.skip_reason = info.skip_reason;
-  r.param_digest = digest_named(module_state(module));
-  if (auto kind = kind_of(optimizer)) r.optim_digest = digest_named(train::optimizer_state(optimizer, module, *kind));
-  const std::string rng = rng::capture_torch(impl_->seed, train::cuda_index(module)).serialize();
+
+  const RecorderOptions& o = impl_->settings;
+  const DigestKind digest = digest_kind_of(o.digest_version);
+  const bool with_optimizer = kind && o.optimizer_digest_every > 0 && step % o.optimizer_digest_every == 0;
+  if (is_mixed(digest)) {
+    // Each tensor's mixed sum once: the whole digests and every module's share come from them.
+    const Mix mix = mix_of(digest);
+    NamedTensors grads;
+    for (const auto& [name, p] : state.parameters) grads.emplace_back(name, p.grad());
+    const std::vector<MixedEntry> pe = mixed_entries(model, mix), ge = mixed_entries(grads, mix);
+    const std::vector<MixedEntry> oe = with_optimizer ? mixed_entries(state.optimizer, mix) : std::vector<MixedEntry>{};
+    r.param_digest = digest_mixed(pe);
+    r.grad_digest = digest_mixed(ge);
+    if (with_optimizer) r.optim_digest = digest_mixed(oe);
+    if (o.module_digests) {
+      std::vector<std::string> order;
+      for (const auto& [name, t] : model) {
+        std::string m = module_of(name);
+        if (std::find(order.begin(), order.end(), m) == order.end()) order.push_back(std::move(m));
+      }
+      const auto mp = by_module(pe, order), mg = by_module(ge, order), mo = by_module(oe, order);
+      for (size_t i = 0; i < order.size(); ++i)
+        r.module_digests.push_back({order[i], mp[i], mg[i], with_optimizer ? mo[i] : Digest128{}});
+    }
+  } else {
+    r.param_digest = digest_named(model, digest);
+    if (with_optimizer) r.optim_digest = digest_named(state.optimizer, digest);
+  }
+  const std::string rng = rng_bytes(impl_->seed, state);
   r.rng_digest = xxh3_128(rng.data(), rng.size());
   impl_->writer->append_step(r);
   impl_->last_step = step;
+  impl_->epoch = state.epoch;
 }
 
 std::string Recorder::checkpoint(uint64_t step, const torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
-  auto kind = kind_of(optimizer);
+  RETRACE_CHECK(kind_of(optimizer).has_value(), ConfigError, "Recorder::checkpoint: the optimizer is not AdamW or SGD, whose state "
+                "retrace can store tensor by tensor; use one of them, or checkpoint the optimizer yourself");
+  return checkpoint(step, state_of(module, &optimizer));
+}
+
+std::string Recorder::checkpoint(uint64_t step, const LoopState& state) {
+  const std::optional<train::OptimizerKind> kind = kind_of(state.optimizer_kind);
   RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::checkpoint: the optimizer is not AdamW or SGD, whose state "
                 "retrace can store tensor by tensor; use one of them, or checkpoint the optimizer yourself");
+  for (const auto& [key, value] : state.user) check_user_key(key);
+  // What the loop hands over is checked as a checkpoint's is on loading: a checkpoint that could
+  // not be resumed is not written.
+  train::check_optimizer_state(state.optimizer, state.parameters, *kind, "Recorder::checkpoint");
   impl_->writer->sync();  // the checkpoint points into the trace: that prefix must be durable
   ckpt::TracePosition pos{impl_->writer->bytes_written(), impl_->writer->last_chain()};
   ckpt::StateSnapshot snap;
   snap.step = step;
-  snap.model = module_state(module);
-  snap.optim = train::optimizer_state(optimizer, module, *kind);
-  snap.rng = rng::capture_torch(impl_->seed, train::cuda_index(module)).serialize();
+  snap.model = model_tensors(state);
+  snap.optim = state.optimizer;
+  snap.rng = rng_bytes(impl_->seed, state);
   snap.config_hash = impl_->config_hash;
   snap.metadata["optim"] = train::optimizer_name(*kind);
-  snap.metadata["samples_seen"] = "0";
+  snap.metadata["samples_seen"] = std::to_string(state.samples_seen);
   snap.metadata["x.source"] = kRecorderMark;
+  for (const auto& [key, value] : state.user) snap.metadata[kUserPrefix + key] = value;
   return ckpt::save_snapshot(snap, run::checkpoint_root(impl_->dir), pos, impl_->keep_last);
 }
 
 Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
   auto kind = kind_of(optimizer);
   RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::resume: the optimizer is not AdamW or SGD");
-  const int cuda = train::cuda_index(module);
-  const NamedTensors mine = module_state(module);
-  // The validation layer: every value of a checkpoint against this module, optimizer and LibTorch
+  LoopState restored;
+  Recorder rec = resume(dir, state_of(module, &optimizer), restored);
+  train::load_optimizer_state(optimizer, module, *kind, restored.optimizer);
+  return rec;
+}
+
+Recorder Recorder::resume(const std::string& dir, const LoopState& current, LoopState& restored) {
+  const std::optional<train::OptimizerKind> kind = kind_of(current.optimizer_kind);
+  RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::resume: the optimizer is not AdamW or SGD");
+  const int cuda = current.cuda_device;
+  const NamedTensors mine = model_tensors(current);
+  // The validation layer: every value of a checkpoint against this model, optimizer and LibTorch
   // before any of it is applied; a checkpoint that fails is skipped for an older one, as a
-  // verification failure is, and the module is not touched until one passes.
+  // verification failure is, and the model is not touched until one passes.
   const auto same_optimizer = [&](const ckpt::LoadedSnapshot& s) {
     auto it = s.metadata.find("optim");
     return it != s.metadata.end() && it->second == train::optimizer_name(*kind);
@@ -149,8 +368,9 @@ Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, tor
   const auto check = [&](const ckpt::LoadedSnapshot& s) {
     if (!same_optimizer(s)) return;  // the loop's choice, not damage: a config error below
     train::check_model_state(mine, s.model, s.where);
-    train::check_optimizer_state(s.optim, module, *kind, s.where);
+    train::check_optimizer_state(s.optim, current.parameters, *kind, s.where);
     rng::check_restorable(rng::RngState::deserialize(s.rng), cuda, s.where);
+    ckpt::metadata_u64(s, "samples_seen");
   };
   std::vector<std::pair<std::string, std::string>> skipped;
   auto pick = ckpt::load_newest_snapshot(run::checkpoint_root(dir), 1, 0, &skipped, {}, check);  // own shard hashed once
@@ -162,24 +382,39 @@ Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, tor
   RETRACE_CHECK(same_optimizer(snap), ConfigError, "checkpoint ", pick->dir, " holds ",
                 opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(), " optimizer state, the loop uses ",
                 train::optimizer_name(*kind), "; resume with the optimizer the run was recorded with");
-  {
-    std::map<std::string, torch::Tensor> by_name(snap.model.begin(), snap.model.end());
-    torch::NoGradGuard no_grad;
-    for (const auto& [name, t] : mine) t.copy_(by_name.at(name));
-  }
-  train::load_optimizer_state(optimizer, module, *kind, snap.optim);
-  rng::restore_torch(rng::RngState::deserialize(snap.rng), cuda);
-
   const trace::TraceReader before = trace::TraceReader::open(run::trace_path(dir));
   const auto chain = before.chain_at(snap.position.bytes);
   RETRACE_CHECK(chain && *chain == snap.position.chain, IntegrityError, "checkpoint ", pick->dir,
                 " does not sit on the trace's hash chain at byte ", snap.position.bytes,
                 "; it does not belong to this trace");
+  const RecorderOptions settings = settings_of(before.header().config_toml);
+
+  const rng::RngState rng = rng::RngState::deserialize(snap.rng);
+  {
+    std::map<std::string, torch::Tensor> by_name(snap.model.begin(), snap.model.end());
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : mine) t.copy_(by_name.at(name));
+  }
+  rng::restore_torch(rng, cuda);
+  restored = LoopState{};
+  restored.optimizer = std::move(snap.optim);
+  restored.optimizer_kind = train::optimizer_name(*kind);
+  restored.cuda_device = cuda;
+  restored.generators = rng.generators;
+  restored.epoch = rng.cursor.epoch;
+  restored.batch_in_epoch = rng.cursor.batch_in_epoch;
+  restored.samples_seen = ckpt::metadata_u64(snap, "samples_seen");
+  for (const auto& [key, value] : snap.metadata)
+    if (key.rfind(kUserPrefix, 0) == 0) restored.user[key.substr(std::strlen(kUserPrefix))] = value;
+
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
   impl->seed = before.header().seed;
+  impl->settings = settings;
   impl->config_hash = before.header().config_hash;
+  impl->params = before.header().params;
   impl->last_step = snap.manifest.step;
+  impl->epoch = restored.epoch;
   impl->writer.emplace(trace::TraceWriter::resume(run::trace_path(dir), snap.position.bytes, snap.position.chain,
                                                   snap.manifest.step, run::set_aside_path(dir), kZstdLevel));
   impl->writer->append_event({snap.manifest.step, "resume",
@@ -188,6 +423,36 @@ Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, tor
   return Recorder(std::move(impl));
 }
 
+void Recorder::evaluate(uint64_t step, double loss, double accuracy, uint64_t samples, uint64_t tokens,
+                        uint64_t batches) {
+  records::EvalRecord e;
+  e.step = step;
+  e.epoch = impl_->epoch;
+  e.samples = samples;
+  e.loss = loss;
+  e.accuracy = accuracy;
+  e.tokens = tokens;
+  e.batches = batches;
+  impl_->writer->append_eval(e);
+}
+
+void Recorder::event(uint64_t step, const std::string& kind, const std::string& message) {
+  RETRACE_CHECK(!kind.empty() && kind.size() <= 64 && kind.find_first_of(" \t\n") == std::string::npos, ConfigError,
+                "Recorder::event: kind \"", kind, "\" must be one word of 1 to 64 characters");
+  RETRACE_CHECK(!records::is_process_event({step, kind, message}), ConfigError, "Recorder::event: kind \"", kind,
+                "\" is retrace's own; name your event otherwise");
+  impl_->writer->append_event({step, kind, message});
+}
+
 void Recorder::sync() { impl_->writer->sync(); }
+
+std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t epoch, const std::string& order) {
+  RETRACE_CHECK(order == "feistel" || order == "shuffle", ConfigError, "data order \"", order,
+                "\" is neither feistel nor shuffle");
+  RETRACE_CHECK(num_samples > 0, ConfigError, "data_order: no samples");
+  const data::Sampler sampler(seed, num_samples, 1, data::LastBatch::kKeep, 0, 1,
+                              order == "feistel" ? data::Order::kFeistel : data::Order::kShuffle);
+  return sampler.permutation(epoch);
+}
 
 }  // namespace retrace

@@ -109,6 +109,16 @@ Digest128 content_digest(const StepRecord& r) {
     c.u8(3);
     c.digest(r.grad_digest);
   }
+  if (!r.module_digests.empty()) {
+    c.u8(4);
+    c.u64(r.module_digests.size());
+    for (const ModuleDigest& m : r.module_digests) {
+      c.str(m.module);
+      c.digest(m.param);
+      c.digest(m.grad);
+      c.digest(m.optim);
+    }
+  }
   return xxh3_128(c.bytes().data(), c.bytes().size());
 }
 

@@ -82,6 +82,20 @@ struct Timings {
   static double whole_ns(double ms) { return ms >= 0 && ms < 9e9 ? std::round(ms * 1e6) / 1e6 : ms; }
 };
 
+// One module's share of a step's digests (a recorder run's; trace.digest_version 3 or 4): its own
+// parameters and buffers (those named "<module>.<leaf>"), their gradients and their optimizer
+// state, by the same mixed sums as the step's whole digests. "" names the model's own tensors.
+struct ModuleDigest {
+  std::string module;
+  Digest128 param;
+  Digest128 grad;
+  Digest128 optim;  // zero when the step recorded no optimizer digest
+  bool operator==(const ModuleDigest& o) const {
+    return module == o.module && param == o.param && grad == o.grad && optim == o.optim;
+  }
+  bool operator!=(const ModuleDigest& o) const { return !(*this == o); }
+};
+
 struct StepRecord {
   uint64_t step = 0;  // 1-based optimizer step
   uint64_t epoch = 0;
@@ -112,6 +126,9 @@ struct StepRecord {
   std::vector<double> micro_losses;
   std::vector<Digest128> rank_grad_digests;  // per rank, local gradients before any reduction
   std::vector<Digest128> rank_rng_digests;   // per rank (data parallelism), each rank's RngState after the step
+  // Per module, in the model's order (a recorder run's; empty otherwise): where a divergence lies
+  // without re-executing either run.
+  std::vector<ModuleDigest> module_digests;
   // Filled by the trace writer: content digest over every field above except timings, and the
   // chain digest = xxh3_128(previous chain || content). Agreement at step N => equal prefixes.
   Digest128 content_digest;

@@ -63,7 +63,7 @@ constexpr uint64_t kMagic = 0x3153474e52525452ull;  // "RTRRNGS1"
 std::string RngState::serialize() const {
   std::string out;
   put_u64(out, kMagic);
-  put_u64(out, kRngFormatVersion);
+  put_u64(out, generators.empty() ? kRngFormatVersion : kRngFormatVersionGenerators);
   put_u64(out, seed);
   put_bytes(out, cpu_generator);
   put_u64(out, cuda.size());
@@ -79,6 +79,13 @@ std::string RngState::serialize() const {
     put_u64(out, s.key);
     put_u64(out, s.position);
   }
+  if (!generators.empty()) {
+    put_u64(out, generators.size());
+    for (const auto& [name, state] : generators) {
+      put_bytes(out, name);
+      put_bytes(out, state);
+    }
+  }
   return out;
 }
 
@@ -86,8 +93,9 @@ RngState RngState::deserialize(const std::string& bytes) {
   Cursor8 in(bytes);
   RETRACE_CHECK(in.u64() == kMagic, FormatError, "RNG state does not start with its magic number");
   uint64_t version = in.u64();
-  RETRACE_CHECK(version == kRngFormatVersion, FormatError, "RNG state format version ", version,
-                ", this binary reads version ", kRngFormatVersion);
+  RETRACE_CHECK(version == kRngFormatVersion || version == kRngFormatVersionGenerators, FormatError,
+                "RNG state format version ", version, ", this binary reads versions ", kRngFormatVersion, " and ",
+                kRngFormatVersionGenerators);
   RngState s;
   s.seed = in.u64();
   s.cpu_generator = in.bytes();
@@ -109,6 +117,16 @@ RngState RngState::deserialize(const std::string& bytes) {
     st.key = in.u64();
     st.position = in.u64();
     s.streams.push_back(std::move(st));
+  }
+  if (version == kRngFormatVersionGenerators) {
+    n = in.u64();
+    RETRACE_CHECK(n >= 1 && n <= 64, FormatError, "RNG state (version 2) lists ", n, " other generators (1 to 64)");
+    for (uint64_t i = 0; i < n; ++i) {
+      std::string name = in.bytes();
+      RETRACE_CHECK(!name.empty() && (s.generators.empty() || s.generators.back().first < name), FormatError,
+                    "RNG state's other generators are not named in sorted order without repeats (\"", name, "\")");
+      s.generators.emplace_back(std::move(name), in.bytes());
+    }
   }
   RETRACE_CHECK(in.done(), FormatError, "RNG state has trailing bytes");
   return s;

@@ -20,6 +20,8 @@
 namespace retrace::rng {
 
 inline constexpr uint32_t kRngFormatVersion = 1;
+// Version 2: version 1 followed by the other generators (RngState::generators), written only when there are any.
+inline constexpr uint32_t kRngFormatVersionGenerators = 2;
 
 struct NamedStream {
   std::string name;
@@ -38,6 +40,10 @@ struct RngState {
   std::vector<DeviceGeneratorState> cuda;     // the run's CUDA device; empty on a CPU run
   Cursor cursor;
   std::vector<NamedStream> streams;           // sorted by name
+  // Generators outside torch and retrace, as opaque states by name (a Python loop's "python.random"
+  // and "numpy.global"), sorted by name. Written as format version 2, only when there are any:
+  // every other state keeps version 1's bytes.
+  std::vector<std::pair<std::string, std::string>> generators;
 
   std::string serialize() const;
   static RngState deserialize(const std::string& bytes);  // FormatError on malformed input

@@ -95,6 +95,12 @@ json step_json(const records::StepRecord& r) {
   json rngs = json::array();
   for (const Digest128& d : r.rank_rng_digests) rngs.push_back(d.hex());
   j["rank_rng_digests"] = rngs;
+  if (!r.module_digests.empty()) {
+    json mods = json::array();
+    for (const records::ModuleDigest& m : r.module_digests)
+      mods.push_back({{"module", m.module}, {"param", m.param.hex()}, {"grad", m.grad.hex()}, {"optim", m.optim.hex()}});
+    j["module_digests"] = mods;
+  }
   j["content_digest"] = r.content_digest.hex();
   j["chain_digest"] = r.chain_digest.hex();
   j["allreduce_calls"] = r.allreduce_calls;

@@ -164,6 +164,16 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
     auto rngs = b.initRankRngDigests(static_cast<unsigned>(r.rank_rng_digests.size()));
     for (size_t i = 0; i < r.rank_rng_digests.size(); ++i) set_digest(rngs[i], r.rank_rng_digests[i]);
   }
+  if (!r.module_digests.empty()) {
+    auto mods = b.initModuleDigests(static_cast<unsigned>(r.module_digests.size()));
+    for (size_t i = 0; i < r.module_digests.size(); ++i) {
+      const records::ModuleDigest& m = r.module_digests[i];
+      mods[i].setModule(m.module);
+      set_digest(mods[i].initParam(), m.param);
+      set_digest(mods[i].initGrad(), m.grad);
+      set_digest(mods[i].initOptim(), m.optim);
+    }
+  }
   flatten(builder, out);
 }
 
@@ -294,6 +304,9 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
     if (b.hasStateDigest()) r.state_digest = get_digest(b.getStateDigest());
     if (b.hasGradDigest()) r.grad_digest = get_digest(b.getGradDigest());
     for (auto d : b.getRankRngDigests()) r.rank_rng_digests.push_back(get_digest(d));
+    for (auto m : b.getModuleDigests())
+      r.module_digests.push_back({m.getModule().cStr(), get_digest(m.getParam()), get_digest(m.getGrad()),
+                                  get_digest(m.getOptim())});
     return r;
   });
 }

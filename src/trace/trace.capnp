@@ -112,6 +112,16 @@ struct Step {
   rankRngDigests @25 :List(Digest128);  # data parallelism: every rank's RngState after the step
   timingsNs @26 :TimingsNs;  # instead of timings (left unset) when the times are whole nanoseconds
   gradDigest @27 :Digest128;  # trace.digest_version 3: the gradients the optimizer used
+  moduleDigests @28 :List(ModuleDigest);  # a recorder run's, per module in the model's order
+}
+
+# One module's share of a step's digests: its parameters and buffers, their gradients, their
+# optimizer state (records.h, ModuleDigest).
+struct ModuleDigest {
+  module @0 :Text;
+  param @1 :Digest128;
+  grad @2 :Digest128;
+  optim @3 :Digest128;
 }
 
 struct Eval {

@@ -303,12 +303,19 @@ std::vector<std::string> optimizer_fields(OptimizerKind kind) {
 
 void check_optimizer_state(const NamedTensors& state, const torch::nn::Module& model, OptimizerKind kind,
                            const std::string& where, const std::function<int64_t(size_t)>* part_length) {
+  NamedTensors parameters;
+  for (const auto& item : model.named_parameters()) parameters.emplace_back(item.key(), item.value());
+  check_optimizer_state(state, parameters, kind, where, part_length);
+}
+
+void check_optimizer_state(const NamedTensors& state, const NamedTensors& parameters, OptimizerKind kind,
+                           const std::string& where, const std::function<int64_t(size_t)>* part_length) {
   const std::vector<std::string> fields = optimizer_fields(kind);
   std::map<std::string, size_t> param_index;
   std::vector<torch::Tensor> params;
-  for (const auto& item : model.named_parameters()) {
-    param_index.emplace(item.key(), params.size());
-    params.push_back(item.value());
+  for (const auto& [name, t] : parameters) {
+    param_index.emplace(name, params.size());
+    params.push_back(t);
   }
   std::map<std::string, std::map<std::string, const torch::Tensor*>> by_param;
   for (const auto& [name, t] : state) {

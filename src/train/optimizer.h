@@ -62,6 +62,10 @@ std::vector<std::string> optimizer_fields(OptimizerKind kind);
 // what was found.
 void check_optimizer_state(const NamedTensors& state, const torch::nn::Module& model, OptimizerKind kind,
                            const std::string& where, const std::function<int64_t(size_t)>* part_length = nullptr);
+// The same against the model's named parameters, in its order (a loop whose model is not a
+// torch::nn::Module: the recorder's tensor-level API).
+void check_optimizer_state(const NamedTensors& state, const NamedTensors& parameters, OptimizerKind kind,
+                           const std::string& where, const std::function<int64_t(size_t)>* part_length = nullptr);
 // Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
 // the first missing or mis-shaped entry.
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,

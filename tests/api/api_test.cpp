@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "retrace/retrace.h"
 #include "testing/error_of.h"
 #include "testing/temp_dir.h"
+#include "core/digest.h"
 #include "trace/trace_reader.h"
+#include "train/optimizer.h"
 
 namespace retrace {
 namespace {
@@ -91,6 +94,84 @@ TEST(PublicApi, RecorderTracesAreEqualForEqualLoopsAndResumeContinuesTheChain) {
   const torch::Tensor same_weight = same->weight.detach().clone();
   EXPECT_THROW(Recorder::resume(tmp.file("a"), *same, sgd), ConfigError);
   EXPECT_TRUE(torch::equal(same->weight, same_weight));
+}
+
+// The tensor-level API is the core the Module overloads call: for the same tensors it records the
+// same digests, and its per-module digests name the module a change lies in.
+TEST(PublicApi, LoopStateRecordsWhatTheModuleApiRecordsAndDigestsEachModule) {
+  testing::TempDir tmp;
+  auto make = [] {
+    torch::manual_seed(3);
+    return torch::nn::Sequential(torch::nn::Linear(4, 6), torch::nn::ReLU(), torch::nn::Linear(6, 3));
+  };
+  auto train_step = [](torch::nn::Sequential& m, torch::optim::Optimizer& opt) {
+    opt.zero_grad();
+    const auto x = torch::linspace(-1, 1, 32).reshape({8, 4});
+    auto loss = torch::nn::functional::cross_entropy(m->forward(x), torch::arange(8) % 3);
+    loss.backward();
+    opt.step();
+    return loss.item<float>();
+  };
+  auto steps_of = [&](const std::string& dir) { return trace::TraceReader::open(dir + "/trace.rtrace").steps(); };
+  {
+    auto m = make();
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    Recorder rec = Recorder::create(tmp.file("module"), *m);
+    for (uint64_t s = 1; s <= 3; ++s) rec.step(s, train_step(m, opt), *m, opt);
+  }
+  {
+    auto m = make();
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    LoopState st;
+    for (const auto& item : m->named_parameters()) st.parameters.emplace_back(item.key(), item.value());
+    st.optimizer_kind = "sgd";
+    Recorder rec = Recorder::create(tmp.file("tensors"), st);
+    for (uint64_t s = 1; s <= 3; ++s) {
+      const float loss = train_step(m, opt);
+      st.optimizer = train::optimizer_state(opt, *m, train::OptimizerKind::kSgd);  // "<param>/momentum_buffer"
+      rec.step(s, loss, st);
+    }
+  }
+  const auto a = steps_of(tmp.file("module")), b = steps_of(tmp.file("tensors"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].param_digest, b[i].param_digest);
+    EXPECT_EQ(a[i].grad_digest, b[i].grad_digest);
+    EXPECT_EQ(a[i].optim_digest, b[i].optim_digest);
+    EXPECT_NE(a[i].optim_digest, Digest128{});
+    EXPECT_EQ(a[i].chain_digest, b[i].chain_digest);
+    ASSERT_EQ(a[i].module_digests.size(), 2u);  // "0" and "2": the ReLU holds nothing
+    EXPECT_EQ(a[i].module_digests[0].module, "0");
+    EXPECT_EQ(a[i].module_digests[1].module, "2");
+  }
+  // A module's parameter changed: only its digests differ.
+  {
+    auto m = make();
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    Recorder rec = Recorder::create(tmp.file("changed"), *m);
+    rec.step(1, train_step(m, opt), *m, opt);
+    {
+      torch::NoGradGuard no_grad;
+      m[2]->as<torch::nn::Linear>()->bias.add_(1e-3);
+    }
+    for (uint64_t s = 2; s <= 3; ++s) rec.step(s, train_step(m, opt), *m, opt);
+  }
+  const auto c = steps_of(tmp.file("changed"));
+  EXPECT_EQ(c[0].module_digests, a[0].module_digests);
+  EXPECT_NE(c[1].module_digests[1].param, a[1].module_digests[1].param);
+  // The settings are the run's: another digest version is refused by create and recorded in the config.
+  RecorderOptions bad;
+  bad.digest_version = 5;
+  EXPECT_THROW(Recorder::create(tmp.file("bad"), LoopState{}, bad), ConfigError);
+  // The data order is retrace record's sampler's: a permutation, fixed by seed and epoch.
+  const auto order = data_order(7, 100, 0);
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i);
+  EXPECT_EQ(order, data_order(7, 100, 0));
+  EXPECT_NE(order, data_order(7, 100, 1));
+  EXPECT_THROW(data_order(7, 100, 0, "sorted"), ConfigError);
 }
 
 }  // namespace

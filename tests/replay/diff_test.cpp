@@ -81,6 +81,60 @@ TEST(Diff, ChangedLossAtStep7IsTheFirstDivergence) {
   EXPECT_EQ(j["first_divergence_by_field"]["loss"]["step"], 7);
 }
 
+// Where a step parts: the earliest phase whose fields differ and, from per-module digests, the
+// first module in the model's order that differs.
+TEST(Diff, WhereNamesThePhaseAndTheFirstDifferingModule) {
+  Pair p;
+  auto with_modules = [](std::vector<records::StepRecord> steps) {
+    for (auto& r : steps)
+      r.module_digests = {{"embed", {r.step, 1}, {r.step, 2}, {r.step, 3}},
+                          {"blocks.1.attn", {r.step, 4}, {r.step, 5}, {r.step, 6}},
+                          {"head", {r.step, 7}, {r.step, 8}, {r.step, 9}}};
+    return steps;
+  };
+  auto base = with_modules(demo_steps(20));
+  auto changed = base;
+  // step 9: blocks.1.attn's and head's parameters (an optimizer difference), gradients equal
+  changed[8].param_digest.lo ^= 1;
+  changed[8].module_digests[1].param.lo ^= 1;
+  changed[8].module_digests[2].param.lo ^= 1;
+  changed[8].module_digests[2].optim.lo ^= 1;
+  write_trace(p.a, demo_header(), base);
+  write_trace(p.b, demo_header(), changed);
+  DiffReport r = diff_traces(TraceReader::open(p.a), TraceReader::open(p.b));
+  ASSERT_TRUE(r.where);
+  EXPECT_EQ(r.where->step, 9u);
+  EXPECT_EQ(r.where->phase, "optimizer");
+  EXPECT_EQ(r.where->module, "blocks.1.attn");
+  EXPECT_EQ(r.where->parts, std::vector<std::string>{"param"});
+  EXPECT_EQ(r.where->modules_differing, 2u);
+  EXPECT_EQ(r.where->modules, 3u);
+  const std::string text = render_text(r);
+  EXPECT_NE(text.find("step 9, phase optimizer, module blocks.1.attn (param; 2 of 3 modules differ)"),
+            std::string::npos) << text;
+  EXPECT_EQ(to_json(r)["where"]["module"], "blocks.1.attn");
+  // The loss differs first: phase forward; gradients: backward; the batch: data.
+  auto loss = base;
+  testing::set_loss(loss[3], loss[3].loss + 1);
+  EXPECT_EQ(locate_divergence(base[3], loss[3])->phase, "forward");
+  auto grads = base;
+  grads[3].grad_digest.hi ^= 1;
+  grads[3].module_digests[0].grad.hi ^= 1;
+  EXPECT_EQ(locate_divergence(base[3], grads[3])->phase, "backward");
+  EXPECT_EQ(locate_divergence(base[3], grads[3])->module, "embed");
+  auto data = grads;
+  data[3].sample_digest.hi ^= 1;
+  EXPECT_EQ(locate_divergence(base[3], data[3])->phase, "data");
+  EXPECT_FALSE(locate_divergence(base[3], base[3]));
+  // Without module digests on one side: the phase alone.
+  auto plain = demo_steps(20);
+  plain[3].param_digest.hi ^= 1;
+  const auto d = locate_divergence(demo_steps(20)[3], plain[3]);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->phase, "optimizer");
+  EXPECT_TRUE(d->module.empty());
+}
+
 TEST(Diff, PerFieldFirstDivergenceTracksEachField) {
   Pair p;
   auto steps = demo_steps(20);
@@ -283,6 +337,13 @@ TEST(Diff, EventAndEvalDifferences) {
   EXPECT_EQ(r.events[0].kind, "rollback");
   EXPECT_TRUE(r.events[0].b.empty());
   EXPECT_EQ(r.events[1].kind, "resume");
+  // A resume alone (a process event) leaves two runs identical; it is still listed.
+  Pair q;
+  write_trace(q.a, demo_header(), demo_steps(20));
+  write_trace(q.b, demo_header(), demo_steps(20), {}, {{12, "resume", "from step 10"}});
+  const DiffReport resumed = diff_traces(TraceReader::open(q.a), TraceReader::open(q.b));
+  EXPECT_TRUE(resumed.identical());
+  EXPECT_EQ(resumed.events.size(), 1u);
   ASSERT_EQ(r.evals.size(), 2u);
   EXPECT_FALSE(r.evals[0].differs());
   EXPECT_TRUE(r.evals[1].differs());

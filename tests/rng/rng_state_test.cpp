@@ -49,6 +49,35 @@ TEST(RngState, MalformedBytesAreFormatErrors) {
   EXPECT_THROW(RngState::deserialize(bytes + "x"), FormatError);
 }
 
+// Other generators (a Python loop's) make format version 2; without them the bytes are version 1's,
+// so every earlier state and digest stays as it was.
+TEST(RngState, OtherGeneratorsAreVersionTwoAndOnlyThen) {
+  seed_cpu_and_device(5, -1);
+  RngState s = capture_torch(5, -1);
+  const std::string v1 = s.serialize();
+  EXPECT_EQ(static_cast<uint8_t>(v1[8]), 1u);  // the version word after the magic
+  s.generators = {{"numpy.global", std::string(40, '\x02')}, {"python.random", std::string("\x00\x01", 2)}};
+  const std::string v2 = s.serialize();
+  EXPECT_EQ(static_cast<uint8_t>(v2[8]), 2u);
+  const RngState t = RngState::deserialize(v2);
+  EXPECT_EQ(t.generators, s.generators);
+  EXPECT_EQ(t.serialize(), v2);
+  EXPECT_EQ(v2.substr(16, v1.size() - 16), v1.substr(16));  // version 1's fields, then the generators
+  EXPECT_TRUE(RngState::deserialize(v1).generators.empty());
+  // Hostile version-2 bytes: cut anywhere, unsorted or repeated names, a count of none.
+  for (size_t cut = v1.size(); cut < v2.size(); cut += 7)
+    EXPECT_THROW(RngState::deserialize(v2.substr(0, cut)), FormatError) << cut;
+  RngState unsorted = s;
+  std::swap(unsorted.generators[0], unsorted.generators[1]);
+  EXPECT_THROW(RngState::deserialize(unsorted.serialize()), FormatError);
+  std::string none = v1;
+  none[8] = 2;
+  EXPECT_THROW(RngState::deserialize(none + std::string(8, '\0')), FormatError);
+  std::string v3 = v1;
+  v3[8] = 3;
+  EXPECT_THROW(RngState::deserialize(v3), FormatError);
+}
+
 // A CPU run records only the CPU generator, and restoring it ignores CUDA entries (which older
 // versions recorded for every visible GPU): it resumes on a machine without GPUs.
 TEST(RngState, CpuRunRecordsOnlyTheCpuGeneratorAndIgnoresCudaEntries) {

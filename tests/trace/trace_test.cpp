@@ -121,6 +121,38 @@ TEST(TraceTest, ContentDigestIgnoresTimingsAndCoversEveryOtherField) {
   EXPECT_NE(records::chain_digest({0, 0}, {1, 2}), records::chain_digest({0, 0}, {2, 1}));
 }
 
+// A recorder run's per-module digests: read back as written, in the content digest (so in the
+// chain) only when there are any, each module's name and digests covered.
+TEST(TraceTest, ModuleDigestsRoundTripAndEnterTheContentDigest) {
+  TempDir dir;
+  const std::string path = dir.file("trace.rtrace");
+  std::vector<records::StepRecord> written;
+  {
+    TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
+    for (uint64_t n = 1; n <= 3; ++n) {
+      records::StepRecord r = sample_step(n);
+      r.module_digests = {{"blocks.0.attn", {n, 1}, {n, 2}, {n, 3}}, {"", {n, 4}, {n, 5}, {}}};
+      w.append_step(r);
+      written.push_back(r);
+    }
+  }
+  const auto read = TraceReader::open(path).steps();
+  ASSERT_EQ(read.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(read[i].module_digests, written[i].module_digests);
+    EXPECT_EQ(read[i].content_digest, records::content_digest(read[i]));
+  }
+  records::StepRecord a = sample_step(4), b = a;
+  b.module_digests = {{"fc", {1, 2}, {3, 4}, {5, 6}}};
+  EXPECT_NE(records::content_digest(a), records::content_digest(b));
+  records::StepRecord c = b;
+  c.module_digests[0].module = "fd";
+  EXPECT_NE(records::content_digest(b), records::content_digest(c));
+  c = b;
+  c.module_digests[0].optim = {5, 7};
+  EXPECT_NE(records::content_digest(b), records::content_digest(c));
+}
+
 TEST(TraceTest, CreateRefusesExistingFileAndMissingDirectory) {
   TempDir dir;
   std::string path = dir.file("trace.rtrace");

@@ -108,7 +108,7 @@ inline bool steps_equal(const records::StepRecord& a, const records::StepRecord&
          same_bits(a.loss_scale, b.loss_scale) && a.outcome == b.outcome &&
          a.skip_reason == b.skip_reason && a.param_digest == b.param_digest &&
          a.optim_digest == b.optim_digest && a.rng_digest == b.rng_digest && a.state_digest == b.state_digest &&
-         a.grad_digest == b.grad_digest &&
+         a.grad_digest == b.grad_digest && a.module_digests == b.module_digests &&
          a.micro_batch_sizes == b.micro_batch_sizes &&
          a.micro_losses.size() == b.micro_losses.size() &&
          std::equal(a.micro_losses.begin(), a.micro_losses.end(), b.micro_losses.begin(),

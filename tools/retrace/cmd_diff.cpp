@@ -8,17 +8,18 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "replay/diff.h"
+#include "run/layout.h"
 #include "replay/html_report.h"
 #include "trace/trace_reader.h"
 
 namespace retrace::cli {
 void add_diff(CLI::App& app, DiffArgs& args) {
   auto* dif = app.add_subcommand("diff", "compare two traces step by step (any configs or machines)");
-  dif->add_option("a", args.a, "first trace")->required();
-  dif->add_option("b", args.b, "second trace")->required();
+  dif->add_option("a", args.a, "first run directory or its trace.rtrace")->required();
+  dif->add_option("b", args.b, "second run directory or its trace.rtrace")->required();
   dif->add_option("--html", args.html, "also write a self-contained HTML report with loss and grad-norm curves");
   dif->add_flag("--json", args.json, "JSON output");
-  dif->footer("Exit 0 when identical, 1 when they differ.\nExample:\n  retrace diff runA/trace.rtrace runB/trace.rtrace --html report.html");
+  dif->footer("Exit 0 when identical, 1 when they differ.\nExample:\n  retrace diff runA runB --html report.html");
 
 }
 
@@ -28,8 +29,8 @@ std::optional<train::Numerics> numerics_diff(const DiffArgs& args) {
 }
 
 int run_diff(const DiffArgs& a, const Context&) {
-  trace::TraceReader ra = trace::TraceReader::open(a.a);
-  trace::TraceReader rb = trace::TraceReader::open(a.b);
+  trace::TraceReader ra = trace::TraceReader::open(run::trace_of(a.a));
+  trace::TraceReader rb = trace::TraceReader::open(run::trace_of(a.b));
   replay::DiffReport rep = replay::diff_traces(ra, rb);
   if (a.json) std::cout << ckpt::json_text(replay::to_json(rep), 2) << "\n";
   else std::cout << replay::render_text(rep);
