@@ -169,6 +169,14 @@ struct RecorderOptions {
   int digest_version = 4;
   bool module_digests = true;           // per-module digests (versions 3 and 4): `retrace diff` names the module
   uint32_t optimizer_digest_every = 1;  // the optimizer state's digest every N steps (0: never)
+  // The digests of a step (and its record's append) on a worker thread while the loop goes on, so
+  // their cost overlaps the next step's forward and backward. The tensors are read where they
+  // are, so nothing may change them before wait(): call it before optimizer.step(), before
+  // gradients are zeroed in place or accumulated into, and before any other change to parameters,
+  // buffers or optimizer state (the Python package does so with hooks). Every other call waits by
+  // itself. Off by default. Not recorded (the trace is the same bits either way): after
+  // Recorder::resume, turn it on with overlap_digests(true).
+  bool overlap_digests = false;
 };
 
 // ---- The recorder at the level of tensors ----------------------------------------------------
@@ -204,6 +212,10 @@ struct StepInfo {
   uint32_t batch_size = 0;
   std::vector<int64_t> sample_indices;  // the batch's sample indices, digested (optional)
   torch::Tensor batch;                  // or the batch itself, digested by content (when no indices)
+  // The batch's own position in the data (as `retrace record` records it); -1: the state's
+  // position (LoopState::epoch and batch_in_epoch, the position after the step).
+  int64_t epoch = -1;
+  int64_t batch_in_epoch = -1;
 };
 
 class Recorder {
@@ -251,6 +263,11 @@ class Recorder {
   void event(uint64_t step, const std::string& kind, const std::string& message);
   // The run directory.
   const std::string& dir() const;
+  // Waits for the last step's overlapped digests (RecorderOptions::overlap_digests); rethrows
+  // the error its append met, if any. Without overlap_digests there is nothing to wait for.
+  void wait();
+  // Turns overlapped digests on or off from the next step (RecorderOptions::overlap_digests).
+  void overlap_digests(bool on);
   // The last step appended (or resumed from).
   uint64_t last_step() const;
   // Flushes and fsyncs the trace.

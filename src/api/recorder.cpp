@@ -4,6 +4,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -178,10 +183,73 @@ struct Recorder::Impl {
   std::optional<trace::TraceWriter> writer;
   uint64_t last_step = 0;
   uint64_t epoch = 0;
+
+  // Overlapped digests (RecorderOptions::overlap_digests): one worker thread runs one step's
+  // digests and appends its record while the loop goes on; every other use of the writer, and the
+  // next step, waits for it first (wait()). The worker finishes a pending job before it stops.
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void()> job;
+  bool busy = false;
+  bool stop = false;
+  std::exception_ptr error;
+
+  void run_worker() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [this] { return job || stop; });
+      if (!job) return;
+      std::function<void()> j = std::move(job);
+      job = nullptr;
+      lock.unlock();
+      std::exception_ptr e;
+      try {
+        j();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      lock.lock();
+      if (e && !error) error = e;
+      busy = false;
+      cv.notify_all();
+    }
+  }
+  void submit(std::function<void()> j) {
+    wait();
+    if (!worker.joinable()) worker = std::thread([this] { run_worker(); });
+    std::lock_guard<std::mutex> lock(mu);
+    job = std::move(j);
+    busy = true;
+    cv.notify_all();
+  }
+  // Waits for the pending job; rethrows what it threw (once).
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [this] { return !busy; });
+    if (error) {
+      std::exception_ptr e = error;
+      error = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();  // a pending record is still appended; its error is lost (call sync())
+  }
 };
 
 Recorder::Recorder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Recorder::~Recorder() = default;
+void Recorder::wait() { impl_->wait(); }
+void Recorder::overlap_digests(bool on) {
+  impl_->wait();
+  impl_->settings.overlap_digests = on;
+}
 Recorder::Recorder(Recorder&&) noexcept = default;
 Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 uint64_t Recorder::last_step() const { return impl_->last_step; }
@@ -265,8 +333,8 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
   const std::optional<train::OptimizerKind> kind = kind_of(state.optimizer_kind);
   records::StepRecord r;
   r.step = step;
-  r.epoch = state.epoch;
-  r.batch_in_epoch = state.batch_in_epoch;
+  r.epoch = info.epoch >= 0 ? static_cast<uint64_t>(info.epoch) : state.epoch;
+  r.batch_in_epoch = info.batch_in_epoch >= 0 ? static_cast<uint64_t>(info.batch_in_epoch) : state.batch_in_epoch;
   r.batch_size = info.batch_size;
   if (!info.sample_indices.empty() || !info.batch.defined())
     r.sample_digest = digest_indices(info.sample_indices);
@@ -280,37 +348,56 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
   r.lr = info.lr;
   r.outcome = info.skipped ? records::Outcome::kSkip : records::Outcome::kStep;
   r.skip_reason = info.skip_reason;
+  if (info.batch_size > 0) {  // one micro-batch: the batch (as `retrace record` records a step without accumulation)
+    r.micro_batch_sizes = {info.batch_size};
+    r.micro_losses = {loss};
+  }
+
+  // The generators now: the loop's next forward draws from them.
+  const std::string rng = rng_bytes(impl_->seed, state);
+  r.rng_digest = xxh3_128(rng.data(), rng.size());
 
   const RecorderOptions& o = impl_->settings;
   const DigestKind digest = digest_kind_of(o.digest_version);
   const bool with_optimizer = kind && o.optimizer_digest_every > 0 && step % o.optimizer_digest_every == 0;
-  if (is_mixed(digest)) {
-    // Each tensor's mixed sum once: the whole digests and every module's share come from them.
-    const Mix mix = mix_of(digest);
-    NamedTensors grads;
+  NamedTensors grads;
+  if (is_mixed(digest))
     for (const auto& [name, p] : state.parameters) grads.emplace_back(name, p.grad());
-    const std::vector<MixedEntry> pe = mixed_entries(model, mix), ge = mixed_entries(grads, mix);
-    const std::vector<MixedEntry> oe = with_optimizer ? mixed_entries(state.optimizer, mix) : std::vector<MixedEntry>{};
-    r.param_digest = digest_mixed(pe);
-    r.grad_digest = digest_mixed(ge);
-    if (with_optimizer) r.optim_digest = digest_mixed(oe);
-    if (o.module_digests) {
-      std::vector<std::string> order;
-      for (const auto& [name, t] : model) {
-        std::string m = module_of(name);
-        if (std::find(order.begin(), order.end(), m) == order.end()) order.push_back(std::move(m));
+  NamedTensors optim = with_optimizer ? state.optimizer : NamedTensors{};
+  // The digests and the append: here, or on the worker while the loop goes on (the tensors are
+  // held by reference; the loop's next change to them waits for it, see overlap_digests).
+  auto finish = [r = std::move(r), model, grads = std::move(grads), optim = std::move(optim), digest, with_optimizer,
+                 module_digests = o.module_digests, writer = &*impl_->writer]() mutable {
+    if (is_mixed(digest)) {
+      // Each tensor's mixed sum once: the whole digests and every module's share come from them.
+      const Mix mix = mix_of(digest);
+      const std::vector<MixedEntry> pe = mixed_entries(model, mix), ge = mixed_entries(grads, mix);
+      const std::vector<MixedEntry> oe = mixed_entries(optim, mix);
+      r.param_digest = digest_mixed(pe);
+      r.grad_digest = digest_mixed(ge);
+      if (with_optimizer) r.optim_digest = digest_mixed(oe);
+      if (module_digests) {
+        std::vector<std::string> order;
+        for (const auto& [name, t] : model) {
+          std::string m = module_of(name);
+          if (std::find(order.begin(), order.end(), m) == order.end()) order.push_back(std::move(m));
+        }
+        const auto mp = by_module(pe, order), mg = by_module(ge, order), mo = by_module(oe, order);
+        for (size_t i = 0; i < order.size(); ++i)
+          r.module_digests.push_back({order[i], mp[i], mg[i], with_optimizer ? mo[i] : Digest128{}});
       }
-      const auto mp = by_module(pe, order), mg = by_module(ge, order), mo = by_module(oe, order);
-      for (size_t i = 0; i < order.size(); ++i)
-        r.module_digests.push_back({order[i], mp[i], mg[i], with_optimizer ? mo[i] : Digest128{}});
+    } else {
+      r.param_digest = digest_named(model, digest);
+      if (with_optimizer) r.optim_digest = digest_named(optim, digest);
     }
+    writer->append_step(r);
+  };
+  if (o.overlap_digests) {
+    impl_->submit(std::move(finish));
   } else {
-    r.param_digest = digest_named(model, digest);
-    if (with_optimizer) r.optim_digest = digest_named(state.optimizer, digest);
+    impl_->wait();
+    finish();
   }
-  const std::string rng = rng_bytes(impl_->seed, state);
-  r.rng_digest = xxh3_128(rng.data(), rng.size());
-  impl_->writer->append_step(r);
   impl_->last_step = step;
   impl_->epoch = state.epoch;
 }
@@ -329,6 +416,7 @@ std::string Recorder::checkpoint(uint64_t step, const LoopState& state) {
   // What the loop hands over is checked as a checkpoint's is on loading: a checkpoint that could
   // not be resumed is not written.
   train::check_optimizer_state(state.optimizer, state.parameters, *kind, "Recorder::checkpoint");
+  impl_->wait();
   impl_->writer->sync();  // the checkpoint points into the trace: that prefix must be durable
   ckpt::TracePosition pos{impl_->writer->bytes_written(), impl_->writer->last_chain()};
   ckpt::StateSnapshot snap;
@@ -433,6 +521,7 @@ void Recorder::evaluate(uint64_t step, double loss, double accuracy, uint64_t sa
   e.accuracy = accuracy;
   e.tokens = tokens;
   e.batches = batches;
+  impl_->wait();
   impl_->writer->append_eval(e);
 }
 
@@ -441,10 +530,14 @@ void Recorder::event(uint64_t step, const std::string& kind, const std::string& 
                 "Recorder::event: kind \"", kind, "\" must be one word of 1 to 64 characters");
   RETRACE_CHECK(!records::is_process_event({step, kind, message}), ConfigError, "Recorder::event: kind \"", kind,
                 "\" is retrace's own; name your event otherwise");
+  impl_->wait();
   impl_->writer->append_event({step, kind, message});
 }
 
-void Recorder::sync() { impl_->writer->sync(); }
+void Recorder::sync() {
+  impl_->wait();
+  impl_->writer->sync();
+}
 
 std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t epoch, const std::string& order) {
   RETRACE_CHECK(order == "feistel" || order == "shuffle", ConfigError, "data order \"", order,

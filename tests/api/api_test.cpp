@@ -160,6 +160,23 @@ TEST(PublicApi, LoopStateRecordsWhatTheModuleApiRecordsAndDigestsEachModule) {
   const auto c = steps_of(tmp.file("changed"));
   EXPECT_EQ(c[0].module_digests, a[0].module_digests);
   EXPECT_NE(c[1].module_digests[1].param, a[1].module_digests[1].param);
+  // Overlapped digests: the same records, the worker's appends waited for before the optimizer
+  // changes the tensors.
+  {
+    auto m = make();
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    RecorderOptions o;
+    o.overlap_digests = true;
+    Recorder rec = Recorder::create(tmp.file("overlap"), *m, o);
+    for (uint64_t s = 1; s <= 3; ++s) {
+      rec.wait();  // before zero_grad and opt.step change what the last step's digests read
+      rec.step(s, train_step(m, opt), *m, opt);
+    }
+    rec.sync();
+  }
+  const auto ov = steps_of(tmp.file("overlap"));
+  ASSERT_EQ(ov.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ov[i].chain_digest, a[i].chain_digest);
   // The settings are the run's: another digest version is refused by create and recorded in the config.
   RecorderOptions bad;
   bad.digest_version = 5;
