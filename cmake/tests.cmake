@@ -235,3 +235,22 @@ set_tests_properties(tokens PROPERTIES TIMEOUT 600)
 
 retrace_once(edges cli_errors disk_faults nothing_lost tensorboard python_reader report_screenshots progress
              limit_bench_runs tokens two_hosts)
+
+# The Python package (python/retrace) with pytest, from the build tree (PYTHONPATH: the module
+# just built and the package's files beside it, not an installed copy): create, step, checkpoint,
+# resume bitwise after a kill, hostile run directories, the C++ twin. Only where the module is
+# built (a wheel's LibTorch). pytest's exit 5 (nothing collected) fails the test.
+if(TARGET retrace_python)
+  add_test(NAME python_tests
+           COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${CMAKE_BINARY_DIR}/python RETRACE_BIN=$<TARGET_FILE:retrace>
+                   ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider ${CMAKE_SOURCE_DIR}/python/tests)
+  set_tests_properties(python_tests PROPERTIES TIMEOUT 600)
+endif()
+# The package's example (examples/python): a plain PyTorch loop with five added lines, killed and
+# resumed, `retrace diff` against the uninterrupted run IDENTICAL; another LR parts at step 1.
+if(TARGET retrace_python)
+  add_test(NAME python_example
+           COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${CMAKE_BINARY_DIR}/python
+                   bash ${CMAKE_SOURCE_DIR}/examples/python/run_example.sh $<TARGET_FILE:retrace> ${Python_EXECUTABLE})
+  set_tests_properties(python_example PROPERTIES TIMEOUT 300)
+endif()

@@ -7,6 +7,13 @@
 # (searched before /usr/lib, which holds Debian's libtorch) come from it.
 set(RETRACE_TORCH_ROOT "" CACHE PATH "LibTorch to build against (a wheel's torch/ folder); empty: Debian's")
 if(RETRACE_TORCH_ROOT)
+  # The Python whose site-packages holds that torch (a virtual environment's), unless one is
+  # given: Caffe2's CMake looks for an interpreter too, and the Python module must be built for
+  # this one.
+  get_filename_component(_venv_python "${RETRACE_TORCH_ROOT}/../../../../bin/python" ABSOLUTE)
+  if(NOT Python_EXECUTABLE AND EXISTS "${_venv_python}")
+    set(Python_EXECUTABLE "${_venv_python}" CACHE FILEPATH "Python interpreter (the one of RETRACE_TORCH_ROOT)")
+  endif()
   set(Torch_DIR "${RETRACE_TORCH_ROOT}/share/cmake/Torch")
   set(Caffe2_DIR "${RETRACE_TORCH_ROOT}/share/cmake/Caffe2")  # else Debian's is found first
   list(PREPEND CMAKE_LIBRARY_PATH "${RETRACE_TORCH_ROOT}/lib")

@@ -36,6 +36,7 @@ BELOW = {
     "cli": ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run", "replay",
             "api", "retrace"],
     "retrace": [],  # include/retrace: the public API
+    "python": ["retrace"],  # python/src: the Python package's module, over the public API only
 }
 
 # Where each part's files are (relative to the root).
@@ -45,6 +46,7 @@ FOLDERS = {
     "replay": "replay",
     "cli": os.path.join("tools", "retrace"),
     "retrace": os.path.join("include", "retrace"),
+    "python": os.path.join("python", "src"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')

@@ -31,6 +31,7 @@ packages=(
   libprotobuf-dev protobuf-compiler  # protobuf: TensorBoard event records (`export --tensorboard`)
   libboost-dev                 # Boost.CRC: the CRC32C of TensorBoard's record framing
   python3-venv                 # the test environment .venv (Python peers that read retrace's output)
+  python3-dev                  # Python.h: the Python package's compiled module (python/src)
   chromium                     # headless Chromium: the diff report's screenshot test
   iproute2                     # ip netns and veth: the two-host test's network namespaces
 )

@@ -1,0 +1,107 @@
+"""A damaged run directory gives the CLI's clear errors, as Python exceptions of the exit code's class."""
+import os
+
+import pytest
+import torch
+
+import retrace
+from conftest import cli
+from loop import MLP, make, train
+
+
+def shard_of(ckpt):
+    files = [f for f in os.listdir(ckpt) if f.endswith(".safetensors")]
+    assert files, os.listdir(ckpt)
+    return os.path.join(ckpt, sorted(files)[0])
+
+
+def flip(path, at=-100):
+    with open(path, "r+b") as f:
+        f.seek(at, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.fixture
+def run(tmp_path):
+    train(tmp_path / "run", 6, checkpoint_every=3)  # checkpoints after steps 3 and 6
+    return tmp_path / "run"
+
+
+def ckpt(run, step):
+    return run / "checkpoints" / f"step-{step:08d}"
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_an_older_one(run):
+    flip(shard_of(ckpt(run, 6)))
+    code, out, err = cli("verify", ckpt(run, 6), check=False)
+    assert code == 3
+    model, opt = make()
+    rec = retrace.Recorder.resume(run, model, opt)
+    assert rec.last_step == 3
+
+
+def test_no_checkpoint_that_verifies_is_an_integrity_error_with_the_cli_code(run):
+    for s in (3, 6):
+        flip(shard_of(ckpt(run, s)))
+    code, _, err = cli("verify", ckpt(run, 3), check=False)
+    model, opt = make()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(retrace.IntegrityError) as e:
+        retrace.Recorder.resume(run, model, opt)
+    assert e.value.exit_code == code == 3
+    assert "no checkpoint" in str(e.value) and "verifies" in str(e.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # untouched
+
+
+def test_a_missing_manifest_is_skipped_like_damage(run):
+    os.remove(ckpt(run, 6) / "manifest.json")
+    code, _, _ = cli("verify", ckpt(run, 6), check=False)
+    assert code in (3, 4)
+    model, opt = make()
+    assert retrace.Recorder.resume(run, model, opt).last_step == 3
+
+
+def test_another_models_checkpoints_are_refused_naming_the_tensor(run):
+    model = MLP(width=48)
+    opt = torch.optim.AdamW(model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(retrace.IntegrityError) as e:
+        retrace.Recorder.resume(run, model, opt)
+    assert e.value.exit_code == 3 and "fc1.weight" in str(e.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_another_optimizer_is_a_config_error(run):
+    model, opt = make(optim="sgd")
+    with pytest.raises(retrace.ConfigError) as e:
+        retrace.Recorder.resume(run, model, opt)
+    assert e.value.exit_code == 2 and "adamw" in str(e.value)
+
+
+def test_a_trace_cut_before_the_checkpoint_is_refused(run):
+    trace = run / "trace.rtrace"
+    size = os.path.getsize(trace)
+    with open(trace, "r+b") as f:
+        f.truncate(size // 3)
+    model, opt = make()
+    with pytest.raises(retrace.Error) as e:
+        retrace.Recorder.resume(run, model, opt)
+    assert e.value.exit_code == 3 and isinstance(e.value, (retrace.IntegrityError, retrace.FormatError))
+
+
+def test_an_unwritable_place_is_an_environment_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    model, opt = make()
+    with pytest.raises(retrace.Error) as e:
+        retrace.Recorder.create(blocker / "run", model, opt)
+    assert e.value.exit_code == 4 and isinstance(e.value, retrace.IoError), (type(e.value), e.value)
+
+
+def test_a_resume_without_a_run_is_an_integrity_error(tmp_path):
+    model, opt = make()
+    with pytest.raises(retrace.IntegrityError) as e:
+        retrace.Recorder.resume(tmp_path / "nothing", model, opt)
+    assert "there is none" in str(e.value)
