@@ -255,20 +255,6 @@ Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 uint64_t Recorder::last_step() const { return impl_->last_step; }
 const std::string& Recorder::dir() const { return impl_->dir; }
 
-namespace {
-std::vector<records::ParamInfo> param_info_of(const NamedTensors& tensors) {
-  std::vector<records::ParamInfo> out;
-  for (const auto& [name, t] : tensors) {
-    RETRACE_CHECK(t.defined(), ConfigError, "Recorder: tensor ", name, " is undefined");
-    records::ParamInfo p;
-    p.name = name;
-    p.shape.assign(t.sizes().begin(), t.sizes().end());
-    p.dtype = std::string(c10::toString(t.scalar_type()));
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-}  // namespace
 
 Recorder Recorder::create(const std::string& dir, const torch::nn::Module& module, const RecorderOptions& o) {
   RecorderOptions with_name = o;
@@ -281,7 +267,10 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, ConfigError, "RecorderOptions::digest_version is ",
                 o.digest_version, "; use 1 to 4 (4: retrace's current digests)");
   records::TraceHeader h;
-  h.params = param_info_of(model_tensors(state));
+  const NamedTensors model = model_tensors(state);
+  for (const auto& [name, t] : model)
+    RETRACE_CHECK(t.defined(), ConfigError, "Recorder: tensor ", name, " is undefined");
+  h.params = train::param_info(model);
   for (const auto& path : o.data_files) {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);

@@ -18,9 +18,11 @@ NamedTensors module_tensors(const torch::nn::Module& m) {
   return out;
 }
 
-std::vector<records::ParamInfo> param_info(const torch::nn::Module& m) {
+std::vector<records::ParamInfo> param_info(const torch::nn::Module& m) { return param_info(module_tensors(m)); }
+
+std::vector<records::ParamInfo> param_info(const NamedTensors& tensors) {
   std::vector<records::ParamInfo> out;
-  for (const auto& [name, t] : module_tensors(m)) {
+  for (const auto& [name, t] : tensors) {
     records::ParamInfo p;
     p.name = name;
     p.shape.assign(t.sizes().begin(), t.sizes().end());

@@ -43,6 +43,8 @@ struct TrainState {
 // A module's parameters, then its buffers, by name; and their names, shapes and dtypes.
 NamedTensors module_tensors(const torch::nn::Module& m);
 std::vector<records::ParamInfo> param_info(const torch::nn::Module& m);
+// The same of named tensors (parameters, then buffers), in their order.
+std::vector<records::ParamInfo> param_info(const NamedTensors& tensors);
 
 // Parameters and buffers by name.
 NamedTensors model_state(const TrainState& s);
