@@ -222,9 +222,10 @@ class Recorder:
             if not st:
                 continue
             if self._kind == "adamw":
-                step = st["step"]
-                step = int(step.item()) if torch.is_tensor(step) else int(step)
-                out.append((name + "/step", torch.tensor(step, dtype=torch.int64)))
+                step = st["step"]  # a float32 tensor, on the parameter's device when capturable or fused:
+                # converted where it lives, so the step reads nothing back from a GPU
+                step = step.to(torch.int64) if torch.is_tensor(step) else torch.tensor(int(step), dtype=torch.int64)
+                out.append((name + "/step", step))
                 out.append((name + "/exp_avg", st["exp_avg"]))
                 out.append((name + "/exp_avg_sq", st["exp_avg_sq"]))
             elif st.get("momentum_buffer") is not None:
@@ -423,7 +424,7 @@ class Recorder:
             if torch.is_tensor(batch) and (batch.dtype.is_floating_point or batch.dim() != 1):
                 content = batch.detach()
             else:
-                indices = [int(i) for i in (batch.tolist() if torch.is_tensor(batch) else batch)]
+                indices = batch.tolist() if torch.is_tensor(batch) else [int(i) for i in batch]
         if batch_size is None:
             batch_size = len(indices) if content is None else (content.shape[0] if content.dim() > 0 else 1)
         if lr is None:

@@ -80,12 +80,10 @@ train::RuntimeConfig runtime_now() {
 }
 
 // The module a tensor belongs to: its name up to the last dot ("blocks.1.attn.weight" ->
-// "blocks.1.attn"), for optimizer state the parameter's ("fc.weight/exp_avg" -> "fc"); "" for the
-// model's own tensors.
+// "blocks.1.attn"); "" for the model's own tensors.
 std::string module_of(const std::string& name) {
-  const std::string tensor = name.substr(0, name.find('/'));
-  const size_t dot = tensor.rfind('.');
-  return dot == std::string::npos ? std::string() : tensor.substr(0, dot);
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
 }
 
 MixedEntry mixed_entry(const std::string& name, const torch::Tensor& t, Mix mix) {
@@ -106,16 +104,36 @@ std::vector<MixedEntry> mixed_entries(const NamedTensors& tensors, Mix mix) {
   return out;
 }
 
-// Each module's share of the entries, in the order of `order` (the modules' first appearance).
-std::vector<Digest128> by_module(const std::vector<MixedEntry>& entries, const std::vector<std::string>& order) {
-  std::map<std::string, std::vector<MixedEntry>> groups;
-  for (const MixedEntry& e : entries) groups[module_of(e.name)].push_back(e);
-  std::vector<Digest128> out;
-  out.reserve(order.size());
-  for (const std::string& m : order) {
-    auto it = groups.find(m);
-    out.push_back(it == groups.end() ? Digest128{} : digest_mixed(it->second));
+// The modules of a run's tensors (the header's parameters and buffers), found once: their names in
+// the order of first appearance, each tensor's module and each parameter's (for optimizer entries).
+struct ModuleIndex {
+  std::vector<std::string> names;
+  std::vector<size_t> of_tensor;
+  std::map<std::string, size_t> of_tensor_name;
+};
+
+ModuleIndex index_modules(const std::vector<records::ParamInfo>& tensors) {
+  ModuleIndex x;
+  std::map<std::string, size_t> seen;
+  for (const records::ParamInfo& p : tensors) {
+    const std::string m = module_of(p.name);
+    auto [it, fresh] = seen.emplace(m, x.names.size());
+    if (fresh) x.names.push_back(m);
+    x.of_tensor.push_back(it->second);
+    x.of_tensor_name.emplace(p.name, it->second);
   }
+  return x;
+}
+
+// Each module's share of the entries: `module(i)` is entry i's module, or names.size() for none.
+template <typename ModuleOf>
+std::vector<Digest128> by_module(const std::vector<MixedEntry>& entries, size_t modules, ModuleOf module) {
+  std::vector<std::vector<MixedEntry>> groups(modules);
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (const size_t m = module(i); m < modules) groups[m].push_back(entries[i]);
+  std::vector<Digest128> out;
+  out.reserve(modules);
+  for (const auto& g : groups) out.push_back(g.empty() ? Digest128{} : digest_mixed(g));
   return out;
 }
 
@@ -180,6 +198,7 @@ struct Recorder::Impl {
   RecorderOptions settings;
   std::string config_hash;
   std::vector<records::ParamInfo> params;  // the header's: every step's tensors are checked against them
+  ModuleIndex modules;                     // of those tensors, for the per-module digests
   std::optional<trace::TraceWriter> writer;
   uint64_t last_step = 0;
   uint64_t epoch = 0;
@@ -290,6 +309,7 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   impl->settings = o;
   impl->config_hash = ckpt::config_hash(config_text);
   impl->params = h.params;
+  impl->modules = index_modules(h.params);
   h.retrace_version = train::retrace_version();
   h.config_toml = config_text;
   h.config_hash = impl->config_hash;
@@ -328,7 +348,7 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
   if (!info.sample_indices.empty() || !info.batch.defined())
     r.sample_digest = digest_indices(info.sample_indices);
   else
-    r.sample_digest = digest_named({{"batch", info.batch}}, DigestKind::kXxh3);
+    r.sample_digest = digest_named({{"batch", info.batch}}, DigestKind::kMixed4);  // summed where it lives
   r.loss = loss;
   const float f = static_cast<float>(loss);
   std::memcpy(&r.loss_bits, &f, sizeof f);
@@ -356,7 +376,7 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
   // The digests and the append: here, or on the worker while the loop goes on (the tensors are
   // held by reference; the loop's next change to them waits for it, see overlap_digests).
   auto finish = [r = std::move(r), model, grads = std::move(grads), optim = std::move(optim), digest, with_optimizer,
-                 module_digests = o.module_digests, writer = &*impl_->writer]() mutable {
+                 module_digests = o.module_digests, modules = &impl_->modules, writer = &*impl_->writer]() mutable {
     if (is_mixed(digest)) {
       // Each tensor's mixed sum once: the whole digests and every module's share come from them.
       const Mix mix = mix_of(digest);
@@ -366,14 +386,16 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
       r.grad_digest = digest_mixed(ge);
       if (with_optimizer) r.optim_digest = digest_mixed(oe);
       if (module_digests) {
-        std::vector<std::string> order;
-        for (const auto& [name, t] : model) {
-          std::string m = module_of(name);
-          if (std::find(order.begin(), order.end(), m) == order.end()) order.push_back(std::move(m));
-        }
-        const auto mp = by_module(pe, order), mg = by_module(ge, order), mo = by_module(oe, order);
-        for (size_t i = 0; i < order.size(); ++i)
-          r.module_digests.push_back({order[i], mp[i], mg[i], with_optimizer ? mo[i] : Digest128{}});
+        // The model's tensors are the header's, in its order (checked above); parameters first.
+        const size_t n = modules->names.size();
+        const auto tensor = [&](size_t i) { return modules->of_tensor[i]; };
+        const auto entry = [&](size_t i) {
+          auto it = modules->of_tensor_name.find(oe[i].name.substr(0, oe[i].name.rfind('/')));
+          return it == modules->of_tensor_name.end() ? n : it->second;
+        };
+        const auto mp = by_module(pe, n, tensor), mg = by_module(ge, n, tensor), mo = by_module(oe, n, entry);
+        for (size_t i = 0; i < n; ++i)
+          r.module_digests.push_back({modules->names[i], mp[i], mg[i], with_optimizer ? mo[i] : Digest128{}});
       }
     } else {
       r.param_digest = digest_named(model, digest);
@@ -392,9 +414,7 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
 }
 
 std::string Recorder::checkpoint(uint64_t step, const torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
-  RETRACE_CHECK(kind_of(optimizer).has_value(), ConfigError, "Recorder::checkpoint: the optimizer is not AdamW or SGD, whose state "
-                "retrace can store tensor by tensor; use one of them, or checkpoint the optimizer yourself");
-  return checkpoint(step, state_of(module, &optimizer));
+  return checkpoint(step, state_of(module, &optimizer));  // another optimizer: kind "", refused there
 }
 
 std::string Recorder::checkpoint(uint64_t step, const LoopState& state) {
@@ -490,6 +510,7 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   impl->settings = settings;
   impl->config_hash = before.header().config_hash;
   impl->params = before.header().params;
+  impl->modules = index_modules(impl->params);
   impl->last_step = snap.manifest.step;
   impl->epoch = restored.epoch;
   impl->writer.emplace(trace::TraceWriter::resume(run::trace_path(dir), snap.position.bytes, snap.position.chain,
