@@ -29,6 +29,7 @@ retrace_gtest(torch_test
   tests/core/tensor_digest_test.cpp
   tests/rng/rng_state_test.cpp
   tests/run/record_test.cpp
+  tests/run/run_lock_test.cpp
   tests/replay/replay_test.cpp
   tests/replay/resume_verdict_test.cpp
   tests/train/step_test.cpp
@@ -132,7 +133,11 @@ if(RETRACE_PYTHON3)
   # reachable from file content (tools/audit/internal_errors.tsv says why, site by site).
   add_test(NAME internal_errors COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/audit/internal_errors.py
            ${CMAKE_SOURCE_DIR})
-  set_tests_properties(layering layering_catches_wrong_way internal_errors PROPERTIES LABELS torchfree)
+  # Issue 54: the audit also fails on a throwing parser (std::sto*); this plants one in a copy.
+  add_test(NAME internal_errors_catches_throwing_parse
+           COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/audit/internal_errors.py ${CMAKE_SOURCE_DIR} --plant)
+  set_tests_properties(layering layering_catches_wrong_way internal_errors internal_errors_catches_throwing_parse
+                       PROPERTIES LABELS torchfree)
   # docs/configuration.md's key reference equals what the config table in code prints.
   add_test(NAME config_reference COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/docs/config_reference.py
            $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR}/docs/configuration.md)
@@ -152,6 +157,10 @@ target_link_libraries(retrace_failing_io PRIVATE ${CMAKE_DL_LIBS})
 add_test(NAME disk_faults COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/disk_faults_test.sh $<TARGET_FILE:retrace>
          $<TARGET_FILE:retrace_failing_io>)
 set_tests_properties(disk_faults PROPERTIES TIMEOUT 600)
+
+# One writer per run directory, and what a run directory says otherwise than its trace (issue 54).
+add_test(NAME one_writer COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/one_writer_test.sh $<TARGET_FILE:retrace>)
+set_tests_properties(one_writer PROPERTIES TIMEOUT 600)
 
 # Regression cases of the fault campaign through the CLI (data loss, exit codes, chain checks).
 add_test(NAME nothing_lost COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/nothing_lost_test.sh $<TARGET_FILE:retrace>)
@@ -233,7 +242,7 @@ set_tests_properties(other_torch PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 add_test(NAME tokens COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/tokens_test.sh $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR})
 set_tests_properties(tokens PROPERTIES TIMEOUT 600)
 
-retrace_once(edges cli_errors disk_faults nothing_lost tensorboard python_reader report_screenshots progress
+retrace_once(edges cli_errors one_writer disk_faults nothing_lost tensorboard python_reader report_screenshots progress
              limit_bench_runs tokens two_hosts)
 
 # The Python package (python/retrace) with pytest, from the build tree (PYTHONPATH: the module

@@ -147,6 +147,7 @@ endif()
 retrace_torch_part(retrace_run
   src/run/layout.cpp
   src/run/run_dir.cpp
+  src/run/run_lock.cpp
   src/run/ranks.cpp
   src/run/inputs.cpp
   src/run/run.cpp

@@ -118,6 +118,10 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
                    const run::RunCallbacks& cb, const train::Registry& registry) {
   RETRACE_CHECK(!reason.empty(), ConfigError, "golden update needs --reason \"why the golden trace changes\"");
   const stdfs::path dir = stdfs::path(golden_dir) / name;
+  // One writer: an existing golden directory is locked before it is read (a new one once it is
+  // made, below); the lock file goes when the update ends.
+  run::RunLock lock;
+  if (stdfs::is_directory(dir)) lock = run::RunLock::acquire(dir.string(), "golden update");
   const bool exists = stdfs::exists(run::config_path(dir.string()));
   train::Config config = exists ? train::load_config(run::config_path(dir.string()), overrides, train::ConfigSource::kRecorded)
                                 : train::parse_config("", "built-in default", overrides);
@@ -128,6 +132,7 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   const std::string scratch = (stdfs::temp_directory_path() / ("retrace-golden-" + name)).string();
   run_into(config, spec.interrupt_at, scratch, cb, registry);
   fs::make_writable_dir(dir.string());
+  if (!lock.held()) lock = run::RunLock::acquire(dir.string(), "golden update");
   fs::write_file_atomic(run::trace_path(dir.string()), fs::read_file(run::trace_path(scratch)));
   fs::write_file_atomic(run::config_path(dir.string()), fs::read_file(run::config_path(scratch)));
   std::ostringstream meta;

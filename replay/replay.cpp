@@ -36,6 +36,19 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   const records::TraceHeader& h = recorded.header();
   train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
   run::check_same_libtorch(h.fingerprint, res.recorded_trace, "replay", options.accept_other_torch);
+  if (stdfs::path(res.recorded_trace).filename() == stdfs::path(run::trace_path(".")).filename()) {
+    const std::string cfg = run::config_path(run_dir);
+    std::error_code ec;
+    const auto type = stdfs::symlink_status(cfg, ec).type();
+    const char* what = "; the replay re-executes the config recorded in the trace header (the run as recorded)";
+    if (type == stdfs::file_type::not_found)
+      res.config_warnings.push_back(cfg + " is missing beside the trace" + what);
+    else if (type != stdfs::file_type::regular)
+      res.config_warnings.push_back(cfg + " is not a regular file" + what);
+    else if (stdfs::file_size(cfg, ec) > (1u << 20) || fs::read_file(cfg, 1u << 20) != h.config_toml)
+      res.config_warnings.push_back(cfg + " differs from the config recorded in the trace header (edited by hand, "
+                                    "or rewritten by `resume --reshard` or `--zero-stage`)" + std::string(what));
+  }
   // A replay on other inputs re-executes another run: refused unless asked for (checked as the
   // data set is loaded, which reads and hashes it once).
 
@@ -70,7 +83,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
                   run::checkpoint_root(run_dir), "; list them with: ls ", run::checkpoint_root(run_dir));
     ckpt::Manifest m = ckpt::verify_checkpoint(src, std::nullopt);
     std::error_code ec;
-    run::claim_scratch_dir(res.replay_dir, options.force);
+    run::RunLock lock = run::claim_scratch_dir(res.replay_dir, options.force, "replay");
     fs::make_writable_dir(run::checkpoint_root(res.replay_dir));
     stdfs::copy(src, (stdfs::path(run::checkpoint_root(res.replay_dir)) / ckpt::step_dir_name(m.step)),
                 stdfs::copy_options::recursive, ec);
@@ -94,6 +107,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
       std::ofstream fired(run::fired_path(res.replay_dir), std::ios::app);
       fired << id << "\n";
     }
+    control.run_locked = true;  // this replay holds the scratch directory's lock (claimed above)
     res.input_changes = run::resume(res.replay_dir, control, cb, nullptr,
                                     options.registry ? *options.registry : train::builtin_registry())
                             .input_changes;

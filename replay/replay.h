@@ -38,6 +38,9 @@ struct ReplayResult {
   std::optional<records::StepRecord> recorded_at_diff;  // context of the first difference
   std::optional<records::StepRecord> replayed_at_diff;
   std::vector<std::string> input_changes;    // accepted with accept_changed_inputs (else an error)
+  // What the run directory says otherwise than the trace header (RUN/config.toml edited, rewritten
+  // by a reshard, or missing): the replay re-executes the header's config, the run as recorded.
+  std::vector<std::string> config_warnings;
   // The first difference in the evaluations and in the training events of the compared steps.
   std::optional<std::string> evals_diff, events_diff;
   bool verified() const {

@@ -222,7 +222,9 @@ class Recorder {
  public:
   // Creates `dir` with config.toml and a trace whose header describes `module`'s parameters and
   // this process's numerics fingerprint. ConfigError when `dir` exists and is not empty (unless
-  // options.force).
+  // options.force). A run directory has one writer: the recorder holds its lock (RUN/.retrace-lock)
+  // until close() or its end, and create or resume of a directory another live recorder or
+  // `retrace` process writes is an IoError (exit 4) naming that process.
   static Recorder create(const std::string& dir, const torch::nn::Module& module, const RecorderOptions& options = {});
   ~Recorder();
   Recorder(Recorder&&) noexcept;
@@ -272,6 +274,11 @@ class Recorder {
   uint64_t last_step() const;
   // Flushes and fsyncs the trace.
   void sync();
+  // Ends the recording: waits for overlapped digests, syncs and closes the trace, and releases the
+  // run directory's lock, so that another process (or Recorder::resume in this one) may continue
+  // the run. The destructor does the same. Later calls but dir() and last_step() are ConfigErrors;
+  // close() again does nothing.
+  void close();
 
  private:
   struct Impl;

@@ -484,9 +484,16 @@ class Recorder:
         """Flushes and fsyncs the trace."""
         self._core.sync()
 
+    def close(self):
+        """Ends the recording: syncs and closes the trace and releases the run directory's lock, so
+        that another process, or ``Recorder.resume`` in this one, may continue the run. A run has
+        one writer: while a recorder is open, another ``create`` or ``resume`` of its directory
+        raises ``retrace.IoError`` naming the holder. Closing twice does nothing."""
+        self._core.close()
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.sync()
+        self.close()
         return False

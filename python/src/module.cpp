@@ -137,6 +137,7 @@ PYBIND11_MODULE(_core, m) {
       .def("event", &retrace::Recorder::event, py::arg("step"), py::arg("kind"), py::arg("message"),
            py::call_guard<py::gil_scoped_release>())
       .def("sync", &retrace::Recorder::sync, py::call_guard<py::gil_scoped_release>())
+      .def("close", &retrace::Recorder::close, py::call_guard<py::gil_scoped_release>())
       .def("wait", &retrace::Recorder::wait, py::call_guard<py::gil_scoped_release>())
       .def("overlap_digests", &retrace::Recorder::overlap_digests, py::arg("on"),
            py::call_guard<py::gil_scoped_release>())

@@ -105,3 +105,33 @@ def test_a_resume_without_a_run_is_an_integrity_error(tmp_path):
     with pytest.raises(retrace.IntegrityError) as e:
         retrace.Recorder.resume(tmp_path / "nothing", model, opt)
     assert "there is none" in str(e.value)
+
+
+def test_a_run_has_one_writer(tmp_path):
+    """Issue 54: while a recorder writes a run, another create (even with force), resume or the
+    CLI's resume is refused with the CLI's exit code 4 naming this process; after close() the run
+    continues, bitwise from its checkpoint."""
+    model, opt = make()
+    rec = retrace.Recorder.create(tmp_path / "a", model, opt)
+    model(torch.ones(4, 16)).sum().backward()
+    opt.step()
+    rec.step(1.0, batch=[0, 1, 2, 3])
+    rec.checkpoint()
+    for attempt in (lambda: retrace.Recorder.create(tmp_path / "a", model, opt, force=True),
+                    lambda: retrace.Recorder.resume(tmp_path / "a", model, opt)):
+        with pytest.raises(retrace.IoError) as e:
+            attempt()
+        assert e.value.exit_code == 4
+        assert "being written by another process" in str(e.value) and f"pid {os.getpid()}" in str(e.value)
+    code, _, err = cli("resume", tmp_path / "a", check=False)
+    assert code == 4 and f"pid {os.getpid()}" in err, err
+    code, out, _ = cli("inspect", tmp_path / "a", check=False)  # a reader needs no lock
+    assert code == 0, out
+    rec.close()
+    rec.close()  # again: nothing
+    with pytest.raises(retrace.ConfigError):
+        rec.step(2.0, batch=[0, 1, 2, 3])
+    assert not os.path.exists(tmp_path / "a" / ".retrace-lock")
+    again = retrace.Recorder.resume(tmp_path / "a", model, opt)
+    assert again.last_step == 1
+    again.close()

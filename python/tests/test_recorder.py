@@ -115,6 +115,7 @@ def test_resume_restores_every_generator_and_the_data_position(tmp_path):
     opt.step()
     rec.step(1.0, batch=[0, 1, 2, 3], epoch=2, batch_in_epoch=5)
     rec.checkpoint(data_state={"cursor": [2, 5]})
+    rec.close()  # one writer per run: the first recorder lets go before the run is resumed
     draws = (torch.rand(3), random.random(), np.random.rand(2))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model2, opt2 = make(seed=99)

@@ -17,6 +17,7 @@
 #include "ckpt/train_state.h"
 #include "core/digest.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/tensor_digest.h"
 #include "data/sampler.h"
 #include "retrace/retrace.h"
@@ -171,7 +172,7 @@ RecorderOptions settings_of(const std::string& config_text) {
     const std::string v = it->second.substr(0, it->second.find_first_of(" #"));
     RETRACE_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 10, FormatError,
                   "the run's config records ", key, " = ", it->second, "; expected a whole number");
-    return std::stoull(v);
+    return *parse_decimal_u64(v);  // checked above: fewer than 10 digits
   };
   o.digest_version = static_cast<int>(number("recorder.digest_version", 1));
   RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, FormatError, "the run's config records recorder.digest_version = ",
@@ -192,6 +193,7 @@ void check_user_key(const std::string& key) {
 }  // namespace
 
 struct Recorder::Impl {
+  run::RunLock lock;  // the run directory's, held until close() or the end (released last)
   std::string dir;
   uint64_t seed = 0;
   uint32_t keep_last = 5;
@@ -241,6 +243,12 @@ struct Recorder::Impl {
     job = std::move(j);
     busy = true;
     cv.notify_all();
+  }
+  // The writer, open: ConfigError after close().
+  trace::TraceWriter& open_writer(const char* call) {
+    RETRACE_CHECK(writer.has_value(), ConfigError, "Recorder::", call, ": the recorder of ", dir,
+                  " was closed; continue the run with Recorder::resume");
+    return *writer;
   }
   // Waits for the pending job; rethrows what it threw (once).
   void wait() {
@@ -301,8 +309,9 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   const std::string config_text = "# recorded by retrace::Recorder (a user's own loop)\n" + o.config_toml +
                                   (o.config_toml.empty() || o.config_toml.back() == '\n' ? "" : "\n") +
                                   settings_toml(o);
-  run::create_run_dir(dir, o.force, /*scratch=*/false, config_text);
+  run::RunLock lock = run::create_run_dir(dir, o.force, /*scratch=*/false, config_text, "Recorder (a user's loop)");
   auto impl = std::make_unique<Impl>();
+  impl->lock = std::move(lock);
   impl->dir = dir;
   impl->seed = o.seed;
   impl->keep_last = o.keep_last;
@@ -327,6 +336,7 @@ void Recorder::step(uint64_t step, double loss, const torch::nn::Module& module,
 }
 
 void Recorder::step(uint64_t step, double loss, const LoopState& state, const StepInfo& info) {
+  impl_->open_writer("step");
   RETRACE_CHECK(step > impl_->last_step, ConfigError, "Recorder::step: step ", step, " after step ", impl_->last_step,
                 "; steps must increase");
   const NamedTensors model = model_tensors(state);
@@ -425,6 +435,7 @@ std::string Recorder::checkpoint(uint64_t step, const LoopState& state) {
   // What the loop hands over is checked as a checkpoint's is on loading: a checkpoint that could
   // not be resumed is not written.
   train::check_optimizer_state(state.optimizer, state.parameters, *kind, "Recorder::checkpoint");
+  impl_->open_writer("checkpoint");
   impl_->wait();
   impl_->writer->sync();  // the checkpoint points into the trace: that prefix must be durable
   ckpt::TracePosition pos{impl_->writer->bytes_written(), impl_->writer->last_chain()};
@@ -462,7 +473,15 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
     auto it = s.metadata.find("optim");
     return it != s.metadata.end() && it->second == train::optimizer_name(*kind);
   };
+  // One writer: the lock first, before anything of the run is read (a directory that is not
+  // there is reported below as a run without checkpoints).
+  run::RunLock lock;
+  if (std::filesystem::is_directory(dir)) lock = run::RunLock::acquire(dir, "Recorder::resume (a user's loop)");
+  std::optional<trace::TraceReader> before;
+  if (std::filesystem::exists(run::trace_path(dir))) before.emplace(trace::TraceReader::open(run::trace_path(dir)));
   const auto check = [&](const ckpt::LoadedSnapshot& s) {
+    // A checkpoint past the intact trace (cut short after it) or of another trace: an older one.
+    if (before) before->check_continues(s.position.bytes, s.position.chain);
     if (!same_optimizer(s)) return;  // the loop's choice, not damage: a config error below
     train::check_model_state(mine, s.model, s.where);
     train::check_optimizer_state(s.optim, current.parameters, *kind, s.where);
@@ -479,12 +498,9 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   RETRACE_CHECK(same_optimizer(snap), ConfigError, "checkpoint ", pick->dir, " holds ",
                 opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(), " optimizer state, the loop uses ",
                 train::optimizer_name(*kind), "; resume with the optimizer the run was recorded with");
-  const trace::TraceReader before = trace::TraceReader::open(run::trace_path(dir));
-  const auto chain = before.chain_at(snap.position.bytes);
-  RETRACE_CHECK(chain && *chain == snap.position.chain, IntegrityError, "checkpoint ", pick->dir,
-                " does not sit on the trace's hash chain at byte ", snap.position.bytes,
-                "; it does not belong to this trace");
-  const RecorderOptions settings = settings_of(before.header().config_toml);
+  RETRACE_CHECK(before.has_value(), IntegrityError, "Recorder::resume: ", run::trace_path(dir), " is missing; the "
+                "checkpoints are kept, but the run's record cannot continue without it");
+  const RecorderOptions settings = settings_of(before->header().config_toml);
 
   const rng::RngState rng = rng::RngState::deserialize(snap.rng);
   {
@@ -505,11 +521,13 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
     if (key.rfind(kUserPrefix, 0) == 0) restored.user[key.substr(std::strlen(kUserPrefix))] = value;
 
   auto impl = std::make_unique<Impl>();
+  impl->lock = std::move(lock);
   impl->dir = dir;
-  impl->seed = before.header().seed;
+  impl->seed = before->header().seed;
   impl->settings = settings;
-  impl->config_hash = before.header().config_hash;
-  impl->params = before.header().params;
+  impl->config_hash = before->header().config_hash;
+  impl->params = before->header().params;
+  before.reset();
   impl->modules = index_modules(impl->params);
   impl->last_step = snap.manifest.step;
   impl->epoch = restored.epoch;
@@ -531,6 +549,7 @@ void Recorder::evaluate(uint64_t step, double loss, double accuracy, uint64_t sa
   e.accuracy = accuracy;
   e.tokens = tokens;
   e.batches = batches;
+  impl_->open_writer("evaluate");
   impl_->wait();
   impl_->writer->append_eval(e);
 }
@@ -541,12 +560,22 @@ void Recorder::event(uint64_t step, const std::string& kind, const std::string& 
   RETRACE_CHECK(!records::is_process_event({step, kind, message}), ConfigError, "Recorder::event: kind \"", kind,
                 "\" is retrace's own; name your event otherwise");
   impl_->wait();
+  impl_->open_writer("event");
   impl_->writer->append_event({step, kind, message});
 }
 
 void Recorder::sync() {
+  impl_->open_writer("sync");
   impl_->wait();
   impl_->writer->sync();
+}
+
+void Recorder::close() {
+  if (!impl_ || !impl_->writer) return;  // closed already, or moved from
+  impl_->wait();
+  impl_->writer->sync();
+  impl_->writer.reset();
+  impl_->lock.release();
 }
 
 std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t epoch, const std::string& order) {

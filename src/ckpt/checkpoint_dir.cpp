@@ -8,6 +8,7 @@
 
 #include "ckpt/schema.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/file_util.h"
 
 namespace retrace::ckpt {
@@ -88,7 +89,7 @@ std::optional<uint64_t> parse_step_dir_name(const std::string& name) {
   if (name.size() <= prefix.size() || name.size() > prefix.size() + 19 || name.compare(0, prefix.size(), prefix) != 0)
     return std::nullopt;
   if (name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) return std::nullopt;
-  return std::stoull(name.substr(prefix.size()));
+  return parse_decimal_u64(std::string_view(name).substr(prefix.size()));  // 19 digits at most: fits
 }
 
 std::vector<std::pair<uint64_t, std::string>> list_step_dirs(const std::string& root) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 
 namespace retrace::ckpt {
 namespace {
@@ -76,7 +77,10 @@ int schema_version(const std::string& schema, const std::string& where) {
                                                : "; this is not a retrace checkpoint"),
                  ". Point retrace at a checkpoint directory written by retrace, or convert the file");
   }
-  int version = std::stoi(schema.substr(prefix.size()));
+  // Well formed: digits only; a number too large for any type is newer than this binary too.
+  const std::optional<uint64_t> digits = parse_decimal_u64(std::string_view(schema).substr(prefix.size()));
+  const int version = digits && *digits <= uint64_t(kSchemaVersionCurrent) ? static_cast<int>(*digits)
+                                                                           : kSchemaVersionCurrent + 1;
   RETRACE_CHECK(version <= kSchemaVersionCurrent, FormatError, "unknown schema \"", schema, "\" in ", where,
                 ": newer than this binary, which reads ", kReadable,
                 "; load it with the newer retrace that wrote it");

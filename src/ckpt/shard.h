@@ -11,6 +11,7 @@ using safetensors::kMaxShardHeaderBytes;
 using safetensors::kMaxTensorRank;
 using safetensors::parse_shard;
 using safetensors::read_shard;
+using safetensors::read_shard_header;
 using safetensors::ShardData;
 using safetensors::ShardFileInfo;
 using safetensors::TensorEntry;

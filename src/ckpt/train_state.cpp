@@ -632,11 +632,17 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
 
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
-                                                    const Reshard* reshard, const ShardSync* ranks) {
+                                                    const Reshard* reshard, const ShardSync* ranks,
+                                                    const std::function<void(const LoadedSnapshot&)>& also) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
-  auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer),
-                                     [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); }, ranks);
+  auto newest = load_newest_snapshot(
+      root, world, rank, skipped, keep_of(trainer),
+      [&trainer, &also](const LoadedSnapshot& s) {
+        if (also) also(s);
+        check_snapshot_values(trainer, s);
+      },
+      ranks);
   if (!newest) return std::nullopt;
   return restore(trainer, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }

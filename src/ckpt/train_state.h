@@ -153,11 +153,14 @@ struct Reshard {
   std::string config_hash;
 };
 // load_checkpoint of the newest checkpoint under `root` that loads (load_newest_snapshot); nullopt
-// when none does (`skipped` then says why each was skipped).
+// when none does (`skipped` then says why each was skipped). `also`, when given, is one more
+// check of each candidate (e.g. that it continues the run's trace): one that throws an Error is
+// skipped like a damaged one.
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard = nullptr,
-                                                    const ShardSync* ranks = nullptr);
+                                                    const ShardSync* ranks = nullptr,
+                                                    const std::function<void(const LoadedSnapshot&)>& also = {});
 // The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);
 

@@ -85,6 +85,14 @@ ShardDigests hash_shards(const std::string& dir, const std::vector<const ShardEn
   return out;
 }
 
+uint64_t data_start_offset(const ShardData& shard, const TensorEntry& e) { return shard.data_start + e.offset; }
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 }  // namespace
 
 Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> expected_world_size) {
@@ -137,6 +145,33 @@ Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expec
   return m;
 }
 
+void check_table(const std::string& dir, const Manifest& manifest) {
+  if (manifest.tensors.empty()) return;
+  std::vector<ShardData> headers;
+  for (const ShardEntry& s : manifest.shards) headers.push_back(read_shard_header(join(dir, s.file), fs::Links::kRefuse));
+  for (const TensorLayout& t : manifest.tensors) {
+    const uint64_t elem = *dtype_size(t.dtype);  // known: checked when the manifest was parsed
+    for (const TensorPiece& p : t.pieces) {
+      const ShardData& shard = headers.at(p.rank);
+      const TensorEntry* e = shard.find(t.name);
+      const uint64_t count = p.end - p.begin;
+      const std::vector<int64_t> shape =
+          p.begin == 0 && p.end == t.numel() ? t.shape : std::vector<int64_t>{static_cast<int64_t>(count)};
+      const std::string piece = t.name + " elements [" + std::to_string(p.begin) + ", " + std::to_string(p.end) + ")";
+      RETRACE_CHECK(e != nullptr, IntegrityError, "shard ", shard.source, " lacks ", piece,
+                    ", which the manifest's table puts there; the manifest does not describe its shards; ",
+                    kResumeHint);
+      RETRACE_CHECK(e->dtype == t.dtype && e->shape == shape && e->nbytes == count * elem, IntegrityError, "shard ",
+                    shard.source, ": ", piece, " should be ", t.dtype, " ", shape_text(shape), " (", count * elem,
+                    " bytes) by the manifest's table, the shard holds ", e->dtype, " ", shape_text(e->shape),
+                    " (", e->nbytes, " bytes); the manifest does not describe its shards; ", kResumeHint);
+      RETRACE_CHECK(!p.hashed() || data_start_offset(shard, *e) == p.offset, IntegrityError, "shard ", shard.source,
+                    ": ", piece, " are at byte ", data_start_offset(shard, *e), ", the manifest's table records ",
+                    p.offset, "; the manifest does not describe its shards; ", kResumeHint);
+    }
+  }
+}
+
 VerifyReport verify_report(const std::string& dir, std::optional<uint32_t> expected_world_size) {
   VerifyReport r;
   r.dir = dir;
@@ -179,6 +214,14 @@ VerifyReport verify_report(const std::string& dir, std::optional<uint32_t> expec
       if (r.error_kind.empty()) r.error_kind = "integrity error";
     }
     r.shards.push_back(std::move(c));
+  }
+  if (r.problems.empty()) {  // the table against shards whose bytes are the manifest's
+    try {
+      check_table(dir, r.manifest);
+    } catch (const Error& e) {
+      r.problems.push_back(e.what());
+      r.error_kind = e.kind();
+    }
   }
   r.ok = r.problems.empty();
   return r;
@@ -251,7 +294,6 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
 
 namespace {
 
-uint64_t data_start_offset(const ShardData& shard, const TensorEntry& e) { return shard.data_start + e.offset; }
 
 // The wanted pieces of one rank's shard: the index of each piece's tensor in the table.
 using RankPieces = std::vector<std::pair<size_t, const TensorPiece*>>;

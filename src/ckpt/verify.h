@@ -11,6 +11,12 @@
 //   4. every shard present (`shard file missing: <file> for rank N`) with the size the manifest
 //      records (`sha256 mismatch on rank N`: a short file cannot have the right digest).
 //   5. the sha256 of every shard: `sha256 mismatch on rank N`.
+// check_table (phase 6, run by `retrace verify` and verify_report) then checks what a load checks of
+// the `tensors` table against the shards' headers, without reading tensor data: every piece is a
+// tensor of its rank's shard under the table's name, with its dtype, its shape (the table's when the
+// piece is the whole tensor, a 1-D run otherwise), its bytes, and (ckpt.v3) at its recorded offset;
+// the pieces of each tensor cover it exactly (checked when the manifest is parsed). IntegrityError
+// naming the tensor otherwise, so VERIFIED means every rank's load will find what it looks for.
 // Messages name the file, the expected and the found value, and what to do.
 // All functions are thread-safe (they only read files).
 #pragma once
@@ -44,6 +50,10 @@ class WorldSizeMismatch : public IntegrityError {
 constexpr uint32_t kEveryShard = 0xffffffffu;
 Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expected_world_size,
                            std::optional<uint32_t> hashed_by_caller = std::nullopt);
+
+// Phase 6: the manifest's `tensors` table against the shards' headers (see above). Reads only the
+// headers (a few KiB a shard). IntegrityError for the first piece a load would refuse.
+void check_table(const std::string& dir, const Manifest& manifest);
 
 // Phases 1-3 only: the manifest of `dir`, read and checked, without touching the shards.
 Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> expected_world_size);

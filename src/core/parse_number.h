@@ -1,9 +1,14 @@
 // Numbers read from files (a checkpoint's metadata, its records of batches set aside, the guards'
-// and the scaler's states, a manifest): decimal digits only, no sign, space or suffix, within
-// range. std::stoull would take "-1" for 2^64 - 1 and " 7" for 7, and throws std::invalid_argument
-// (an internal error, exit 70) on "a"; these give nullopt, or a FormatError naming the field.
+// and the scaler's states, a manifest) and from command lines and configs: decimal digits only, no
+// sign, space or suffix, within range. std::stoull would take "-1" for 2^64 - 1 and " 7" for 7,
+// and throws std::invalid_argument (an internal error, exit 70) on "a"; std::stod throws
+// std::out_of_range for a subnormal such as 5e-324. These give nullopt, or a FormatError naming the
+// field. The std::sto* family is not used anywhere else (tools/audit/internal_errors.py fails on
+// a call outside this file).
 #pragma once
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -23,6 +28,16 @@ inline std::optional<uint64_t> parse_decimal_u64(std::string_view text) {
     if (v > (std::numeric_limits<uint64_t>::max() - digit) / 10) return std::nullopt;
     v = v * 10 + digit;
   }
+  return v;
+}
+
+// A finite decimal floating-point number, the whole of `text` (from_chars' general format: no
+// leading space or '+', no hex, no inf or nan). Subnormal values (down to 4.9e-324) are read
+// exactly, as the nearest double; a value that underflows to zero or overflows is nullopt.
+inline std::optional<double> parse_finite_double(std::string_view text) {
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v)) return std::nullopt;
   return v;
 }
 

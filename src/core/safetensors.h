@@ -120,5 +120,9 @@ ShardData parse_shard(std::string_view bytes, const std::string& name_for_errors
 
 // Reads the file and parse_shard()s it. IoError if it cannot be read.
 ShardData read_shard(const std::string& path);
+// The header alone, validated as parse_shard validates it against the file's size, read from the
+// file's first bytes (the length and the JSON header): metadata, tensors and data_start, `bytes`
+// left empty. For checks of what a shard holds without reading its data (retrace verify).
+ShardData read_shard_header(const std::string& path, fs::Links links);
 
 }  // namespace retrace::safetensors

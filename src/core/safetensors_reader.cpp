@@ -1,5 +1,7 @@
 // parse_shard / read_shard: the validating reader of shard.h. Every byte of the file is accounted
 // for before anything is returned.
+#include <unistd.h>
+
 #include <algorithm>
 #include <limits>
 
@@ -101,25 +103,29 @@ const TensorEntry* ShardData::find(const std::string& name) const {
   return nullptr;
 }
 
-ShardData parse_shard(fs::FileBytes bytes, const std::string& src) {
+namespace {
+
+// The header of a shard of `file_size` bytes from `head`, its first bytes (at least the 8-byte
+// length and the JSON header; the whole file is fine), validated against the file's size.
+ShardData parse_header(std::string_view head, uint64_t file_size, const std::string& src) {
   ShardData out;
   out.source = src;
-  RETRACE_CHECK(bytes.size() >= 8, FormatError, "shard ", src, " is ", bytes.size(),
+  RETRACE_CHECK(file_size >= 8 && head.size() >= 8, FormatError, "shard ", src, " is ", file_size,
                 " bytes, shorter than its 8-byte header length; the file is truncated");
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(head[i])) << (8 * i);
   RETRACE_CHECK(n <= kMaxShardHeaderBytes, FormatError, "shard ", src, ": header length is ", n,
                 " bytes, the limit is ", kMaxShardHeaderBytes, "; this is not a shard or it is damaged");
-  RETRACE_CHECK(n <= bytes.size() - 8, FormatError, "shard ", src, ": header length is ", n,
-                " bytes but only ", bytes.size() - 8, " follow; the file is truncated");
-  RETRACE_CHECK(n >= 2 && bytes[8] == '{', FormatError, "shard ", src,
+  RETRACE_CHECK(n <= file_size - 8 && n <= head.size() - 8, FormatError, "shard ", src, ": header length is ", n,
+                " bytes but only ", file_size - 8, " follow; the file is truncated");
+  RETRACE_CHECK(n >= 2 && head[8] == '{', FormatError, "shard ", src,
                 ": expected the JSON header to start with '{'");
   const std::string what = "shard " + src + " header";
-  json header = parse_strict_json(bytes.view().substr(8, n), what);
+  json header = parse_strict_json(head.substr(8, n), what);
   RETRACE_CHECK(header.is_object(), FormatError, what, ": expected a JSON object, found ",
                 json_type_text(header));
   out.data_start = 8 + n;
-  const uint64_t data_size = bytes.size() - out.data_start;
+  const uint64_t data_size = file_size - out.data_start;
 
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
@@ -147,8 +153,34 @@ ShardData parse_shard(fs::FileBytes bytes, const std::string& src) {
   RETRACE_CHECK(expect == data_size, FormatError, "shard ", src, ": the tensors hold ", expect,
                 " bytes but the data section has ", data_size, " bytes; the file is ",
                 expect > data_size ? "truncated" : "longer than its header says");
+  return out;
+}
+
+}  // namespace
+
+ShardData parse_shard(fs::FileBytes bytes, const std::string& src) {
+  ShardData out = parse_header(bytes.view(), bytes.size(), src);
   out.bytes = std::move(bytes);
   return out;
+}
+
+ShardData read_shard_header(const std::string& path, fs::Links links) {
+  uint64_t size = 0;
+  const int fd = fs::open_regular_file_within(path, std::numeric_limits<uint64_t>::max(), size, links);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  char length[8] = {};
+  const uint64_t got = size >= 8 ? fs::read_at(fd, 0, length, 8, path) : 0;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(length[i])) << (8 * i);
+  // What parse_header refuses anyway is not read: a length past the limit or the file.
+  if (got < 8 || n > kMaxShardHeaderBytes || n > size - 8) return parse_header(std::string_view(length, got), size, path);
+  std::string head(8 + n, '\0');
+  const uint64_t read = fs::read_at(fd, 0, head.data(), head.size(), path);
+  head.resize(read);
+  return parse_header(head, size, path);
 }
 
 ShardData parse_shard(std::string_view bytes, const std::string& src) { return parse_shard(fs::FileBytes(bytes), src); }

@@ -423,6 +423,23 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
 }
 }  // namespace
 
+void check_config_present(const std::string& run_dir, const std::string& verb) {
+  if (stdfs::exists(config_path(run_dir))) return;
+  const bool has_trace = stdfs::exists(trace_path(run_dir));
+  const size_t checkpoints = ckpt::list_step_dirs(checkpoint_root(run_dir)).size();
+  RETRACE_CHECK(!has_trace && checkpoints == 0, IntegrityError, "cannot ", verb, " ", run_dir, ": its config.toml is "
+                "missing, but its ", has_trace ? "trace" : "", has_trace && checkpoints ? " and " : "",
+                checkpoints ? std::to_string(checkpoints) + " checkpoint director" + (checkpoints == 1 ? "y" : "ies")
+                            : std::string(),
+                " are there: the file was removed after the run began. Write back the config the run was recorded "
+                "with: `retrace inspect ", trace_path(run_dir), " --config > ", config_path(run_dir),
+                "` (a run resumed with --reshard or --zero-stage then needs those flags again)");
+  RETRACE_FAIL(IoError, "cannot ", verb, " ", run_dir, ": no run was started there (it has no config.toml, the first "
+               "file `retrace record` writes: the record was stopped before it began, or this is another directory); "
+               "start the run with `retrace record --out ", run_dir, " --force` (--force replaces what the directory "
+               "holds)");
+}
+
 void check_same_libtorch(const std::vector<records::KeyValue>& recorded, const std::string& trace,
                          const std::string& verb, bool accept) {
   std::string theirs;
@@ -459,6 +476,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   resolve_threads(config.runtime);
   apply_environment(config.runtime);
   const bool lead = !options.process_group || options.process_group->rank() == 0;
+  if (lead) RunLock::refuse_if_held(options.out_dir, options.scratch ? "scratch run" : "record");
   if (cb.on_message && lead) cb.on_message(numerics_summary(config.runtime));
   // config.toml and the header hold every key (legacy-valued ones too, so that `record --config
   // RUN/config.toml` reproduces the run); the hash is of the canonical text (train/config.h).
@@ -475,9 +493,9 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   distributed::ProcessGroup* pg = options.process_group;
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   Trainer trainer(config, data, registry, rank, world);
-  if (rank == 0) {
-    create_run_dir(options.out_dir, options.force, options.scratch, config_text);
-  }
+  // Rank 0 holds the run directory's lock until the run ends: the one writer (run_lock.h).
+  RunLock lock;
+  if (rank == 0) lock = create_run_dir(options.out_dir, options.force, options.scratch, config_text);
   if (pg) pg->barrier();
 
   RunSummary summary;
@@ -516,10 +534,11 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   const std::string cfg_path = config_path(run_dir);
   RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir, ": there is no such directory; "
                 "give the --out directory of a `retrace record` run");
-  RETRACE_CHECK(stdfs::exists(cfg_path), IoError, "cannot resume ", run_dir, ": no run was started there (it has no "
-                "config.toml, the first file `retrace record` writes: the record was stopped before it began, or this "
-                "is another directory); start the run with `retrace record --out ", run_dir,
-                " --force` (--force replaces what the directory holds)");
+  // Rank 0 holds the run directory's lock until the run ends, taken before anything is read that
+  // another writer could be changing (run_lock.h).
+  RunLock lock;
+  if (rank == 0 && !control.run_locked) lock = RunLock::acquire(run_dir, "resume");
+  check_config_present(run_dir, "resume");
   Config config = load_config(cfg_path, {}, ConfigSource::kRecorded);
   resolve_threads(config.runtime);
   apply_environment(config.runtime);
@@ -529,10 +548,13 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   // trace was recorded with (checked as the data set is loaded, below).
   std::vector<InputChange> changes;
   std::optional<std::vector<records::FileInfo>> recorded_inputs;
+  // The trace as it is on disk, opened once: its header, and (rank 0, which writes it) the intact
+  // frames that a checkpoint must continue.
+  std::optional<trace::TraceReader> before;
   if (stdfs::exists(trace_path(run_dir))) {
-    const trace::TraceReader before = trace::TraceReader::open(trace_path(run_dir));
-    check_same_libtorch(before.header().fingerprint, trace_path(run_dir), "resume", control.accept_other_torch);
-    recorded_inputs = before.header().data_files;
+    before.emplace(trace::TraceReader::open(trace_path(run_dir)));
+    check_same_libtorch(before->header().fingerprint, trace_path(run_dir), "resume", control.accept_other_torch);
+    recorded_inputs = before->header().data_files;
   }
   std::optional<ckpt::Reshard> reshard;
   std::string reshard_note;
@@ -556,8 +578,21 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   const auto load_start = Clock::now();
   std::optional<ckpt::ShardSync> ranks;
   if (pg) ranks = shard_sync(*pg);
-  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(
-      trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr, ranks ? &*ranks : nullptr);
+  // A checkpoint must sit on a frame boundary of the intact trace with the same chain digest
+  // there; one that does not (the trace was cut short after it, or it belongs to another trace) is
+  // skipped for an older one like a damaged checkpoint. Rank 0 judges, and the ranks agree.
+  const bool writes_trace = config.trace.enabled && rank == 0;
+  RETRACE_CHECK(!writes_trace || before.has_value(), IntegrityError, "cannot resume ", run_dir, ": its trace ",
+                trace_path(run_dir), " is missing; the checkpoints are kept, but the run's record cannot continue "
+                "without it. Restore the trace, or start again with `retrace record --force`");
+  std::function<void(const ckpt::LoadedSnapshot&)> continues_trace;
+  if (writes_trace && before)
+    continues_trace = [&before](const ckpt::LoadedSnapshot& s) {
+      before->check_continues(s.position.bytes, s.position.chain);
+    };
+  std::optional<ckpt::RestoredState> loaded =
+      ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr,
+                                   ranks ? &*ranks : nullptr, continues_trace);
   if (loaded && cb.on_message && rank == 0)
     cb.on_message("loaded " + loaded->dir + " (" + (world > 1 ? "rank 0: " : "") +
                   bytes_and_speed(loaded->bytes_read, load_start) +
@@ -586,41 +621,34 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   summary.resumed_from = restored.dir;
   for (const auto& c : changes) summary.input_changes.push_back(c.path);
   std::optional<trace::TraceWriter> writer;
-  if (config.trace.enabled && rank == 0) {
+  if (writes_trace) {
     const std::string side = set_aside_path(run_dir);
-    // The trace is checked whole (frames and hash chain) before anything is changed, and the
-    // checkpoint must sit on one of its frame boundaries with the same chain digest there.
-    RETRACE_CHECK(stdfs::exists(summary.trace_path), IntegrityError, "cannot resume ", run_dir, ": its trace ",
-                  summary.trace_path, " is missing; the checkpoints are kept, but the run's record cannot continue "
-                  "without it. Restore the trace, or start again with `retrace record --force`");
-    std::vector<records::KeyValue> recorded;
-    records::TraceHeader header;
-    {
-      const trace::TraceReader before = trace::TraceReader::open(summary.trace_path);
-      header = before.header();
-      recorded = header.fingerprint;
-      const auto chain = before.chain_at(restored.position.bytes);
-      RETRACE_CHECK(chain.has_value(), IntegrityError, "checkpoint ", restored.dir, " records trace position ",
-                    restored.position.bytes, ", which is not a frame boundary of ", summary.trace_path, " (",
-                    before.valid_bytes(), " bytes of complete frames); the checkpoint does not belong to this trace. "
-                    "Resume from an earlier checkpoint or start a new run");
-      RETRACE_CHECK(*chain == restored.position.chain, IntegrityError, "checkpoint ", restored.dir,
-                    " records chain digest ", restored.position.chain.hex(), " at trace position ",
-                    restored.position.bytes, " but the trace has ", chain->hex(),
-                    " there; the checkpoint does not belong to this trace. Resume from an earlier checkpoint or "
-                    "start a new run");
-    }
-    const uint64_t before = stdfs::file_size(summary.trace_path);
+    // The checkpoint continues the trace (checked while it was chosen): the frames after its
+    // position are set aside, and an incomplete one at the end (a write cut short) is kept in
+    // trace.set-aside.rtrace.tail-N (TraceWriter::resume).
+    const records::TraceHeader header = before->header();
+    const std::vector<records::KeyValue>& recorded = header.fingerprint;
+    const uint64_t intact = before->valid_bytes(), on_disk = stdfs::file_size(summary.trace_path);
+    before.reset();
     writer.emplace(trace::TraceWriter::resume(summary.trace_path, restored.position.bytes,
                                               restored.position.chain, trainer.step(), side,
                                               static_cast<int>(config.trace.zstd_level)));
     attach_tensorboard(*writer, control, header, false, false);
     std::string msg = "resumed from " + restored.dir + " at step " + std::to_string(trainer.step());
-    if (before > restored.position.bytes)
-      msg += "; " + std::to_string(before - restored.position.bytes) +
+    if (intact > restored.position.bytes)
+      msg += "; " + std::to_string(intact - restored.position.bytes) +
              " trace bytes written after that checkpoint were set aside in " + side;
+    if (on_disk > intact)
+      msg += "; the trace was cut short: its last " + std::to_string(on_disk - intact) +
+             " bytes, an incomplete frame, were kept in " + side + ".tail-" + std::to_string(intact);
+    if (!skipped.empty()) {
+      msg += "; passed over newer checkpoint" + std::string(skipped.size() > 1 ? "s" : "") + " ";
+      for (size_t i = 0; i < skipped.size(); ++i)
+        msg += (i ? ", " : "") + stdfs::path(skipped[i].first).filename().string();
+      msg += " (see the reasons above)";
+    }
     writer->append_event({trainer.step(), "resume", msg});
-    if (cb.on_message) cb.on_message(msg);
+    if (cb.on_message) cb.on_message((on_disk > intact || !skipped.empty() ? "warning: " : "") + msg);
     if (reshard && !reshard_note.empty()) writer->append_event({trainer.step(), "resume", reshard_note});
     if (!changes.empty()) {
       const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(changes);

@@ -73,6 +73,9 @@ struct LoopControl {
   // caller checks the directory first (trace::check_tensorboard_dir); a record readies it with the
   // run's force, so a non-empty one loses its old event files only once the run has started.
   std::string tensorboard_dir;
+  // resume: the caller already holds the run directory's lock (run_lock.h), e.g. a replay that
+  // laid out its scratch directory under it; otherwise resume takes it.
+  bool run_locked = false;
 };
 
 struct RecordOptions {
@@ -126,6 +129,11 @@ RunSummary record(train::Config config, const RecordOptions& options, const RunC
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& callbacks,
                   distributed::ProcessGroup* process_group = nullptr,
                   const train::Registry& registry = train::builtin_registry());
+
+// A run directory's config.toml must be there (`verb` "resume"): IoError when the directory holds
+// no run at all, IntegrityError (exit 3) when the trace or checkpoints are there without it, with
+// the command that writes the header's config back.
+void check_config_present(const std::string& run_dir, const std::string& verb);
 
 // A run recorded with one LibTorch continues or replays as the same bits only with the same one:
 // IoError (exit 4) naming both versions and what to do when the header's libtorch_version is not

@@ -246,6 +246,17 @@ std::optional<Digest128> TraceReader::chain_at(uint64_t offset) const {
   return Digest128{};
 }
 
+void TraceReader::check_continues(uint64_t offset, const Digest128& chain) const {
+  RETRACE_CHECK(offset <= valid_bytes_, IntegrityError, "it records trace position ", offset, ", beyond the ",
+                valid_bytes_, " bytes of complete frames in ", path_, ": the trace was cut short after this checkpoint "
+                "was taken");
+  const std::optional<Digest128> here = chain_at(offset);
+  RETRACE_CHECK(here.has_value(), IntegrityError, "it records trace position ", offset,
+                ", which is not a frame boundary of ", path_, "; the checkpoint does not belong to this trace");
+  RETRACE_CHECK(*here == chain, IntegrityError, "it records chain digest ", chain.hex(), " at trace position ", offset,
+                " but ", path_, " has ", here->hex(), " there; the checkpoint does not belong to this trace");
+}
+
 std::optional<uint64_t> TraceReader::first_chain_break() const {
   if (auto broken = find_chain_break()) return broken->first;
   return std::nullopt;

@@ -70,6 +70,12 @@ class TraceReader {
   // frame, or valid_bytes()): that of the last step frame before it, Digest128{0, 0} when there is
   // none. nullopt when no frame starts or ends there.
   std::optional<Digest128> chain_at(uint64_t offset) const;
+  // Whether a checkpoint that records trace position `offset` and chain digest `chain` continues
+  // this trace: IntegrityError, saying which, when the offset lies beyond the complete frames (the
+  // trace was cut short after the checkpoint was taken), is not a frame boundary, or the chain
+  // digest there differs (the checkpoint belongs to another trace). A resume skips such a
+  // checkpoint for an older one, as it skips a damaged one.
+  void check_continues(uint64_t offset, const Digest128& chain) const;
 
   // Recomputes the content digest and the hash chain of every step frame in file order, the chain
   // starting from Digest128{0, 0}; returns the first step whose stored content_digest or

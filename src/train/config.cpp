@@ -10,6 +10,7 @@
 
 #include "core/digest.h"
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/file_util.h"
 #include "train/faults.h"
 
@@ -213,7 +214,7 @@ std::vector<Field> fields() {
   f.push_back({"runtime.zero_stage", Kind::kInt,
                "1: ZeRO stage 1, each rank holds and updates the optimizer state of its own range of the "
                "parameters (about 1/world of it), then the ranks all-gather the parameters; the same bits as 0 "
-               "(needs trace.digest_version = 3 or 4 when digests are on); 0: every rank holds all of it", {}, 0, 1, false,
+               "(trace.digest_version is then 4 unless set; 3 or 4 when digests are on); 0: every rank holds all of it", {}, 0, 1, false,
                false, at(&C::runtime, &RuntimeConfig::zero_stage), "0"});
   f.push_back({"runtime.zero_reduce", Kind::kChoice,
                "zero_stage = 1 without invariance: how a rank gets the reduced gradients of its range. all_reduce: "
@@ -511,7 +512,7 @@ std::string number(double v) {
     out.precision(precision);
     out << v;
     s = out.str();
-    if (std::stod(s) == v) break;
+    if (parse_finite_double(s) == v) break;  // subnormals too (std::stod throws for them)
   }
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
@@ -582,6 +583,14 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     }
     assign(f, c, *t.get("v"), "--set " + ov);
   }
+  // A default that follows from another key is chosen, not demanded: ZeRO-1 splits the optimizer
+  // state among the ranks, which only digests that add up over slices describe, so a config that
+  // does not set trace.digest_version gets version 4 with runtime.zero_stage = 1 (written into the
+  // run's config like every value). A version set explicitly is kept: a conflicting one is still
+  // the error in validate().
+  bool version_given = root.at_path("trace.digest_version").node() != nullptr;
+  for (const auto& ov : overrides) version_given = version_given || ov.rfind("trace.digest_version=", 0) == 0;
+  if (!version_given && c.runtime.zero_stage == 1) c.trace.digest_version = 4;
   validate(c);
   return c;
 }

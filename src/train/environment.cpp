@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/torch_compat.h"
 #include "model/blas_threads.h"
 #include "model/lanes.h"
@@ -146,7 +147,11 @@ std::string build_description() {
 int cuda_index(const RuntimeConfig& runtime) {
   if (runtime.device != DeviceKind::kCuda) return -1;
   const char* local = std::getenv("LOCAL_RANK");
-  return local ? std::atoi(local) : 0;
+  if (!local) return 0;
+  const std::optional<uint64_t> v = parse_decimal_u64(local);
+  RETRACE_CHECK(v && *v < 65536, IoError, "LOCAL_RANK is \"", std::string(local).substr(0, 64),
+                "\": expected this process's rank on its host, a whole number below 65536 (the launcher sets it)");
+  return static_cast<int>(*v);
 }
 
 std::string numerics_summary(const RuntimeConfig& runtime) {

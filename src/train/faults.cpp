@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/text_list.h"
 
 namespace retrace::train {
@@ -23,23 +24,17 @@ std::vector<records::Fault> parse_faults(const std::string& spec) {
     RETRACE_CHECK(f.kind == "nan-loss" || f.kind == "inf-grad" || f.kind == "spike" || f.kind == "crash" ||
                       f.kind == "crash-in-eval" || f.kind == "perturb-param",
                   ConfigError, "bad fault \"", item, "\": unknown kind \"", f.kind, "\"; valid kinds: ", kinds);
-    try {
-      size_t used = 0;
-      f.step = std::stoull(step, &used);
-      RETRACE_CHECK(used == step.size() && f.step > 0, ConfigError, "");
-    } catch (const std::exception&) {
-      RETRACE_FAIL(ConfigError, "bad fault \"", item, "\": the step must be a number >= 1, got \"", step, "\"");
-    }
+    const std::optional<uint64_t> at_step = parse_decimal_u64(step);
+    RETRACE_CHECK(at_step && *at_step > 0, ConfigError, "bad fault \"", item,
+                  "\": the step must be a number >= 1, got \"", step, "\"");
+    f.step = *at_step;
     if (f.kind == "perturb-param")
       RETRACE_CHECK(!f.arg.empty(), ConfigError, "bad fault \"", item,
                     "\": perturb-param needs a parameter name, e.g. perturb-param@57:layers.0.weight");
     if (f.kind == "spike" && !f.arg.empty()) {
-      try {
-        double v = std::stod(f.arg);
-        RETRACE_CHECK(v > 0, ConfigError, "");
-      } catch (const std::exception&) {
-        RETRACE_FAIL(ConfigError, "bad fault \"", item, "\": the spike factor must be a positive number");
-      }
+      const std::optional<double> factor = parse_finite_double(f.arg);
+      RETRACE_CHECK(factor && *factor > 0, ConfigError, "bad fault \"", item,
+                    "\": the spike factor must be a finite positive number, got \"", f.arg, "\"");
     }
     out.push_back(f);
   }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/text_list.h"
 #include "train/launch.h"
 
@@ -161,7 +162,11 @@ bool room_for_helper_lane(int64_t local_ranks) {
 
 int64_t local_ranks_from_env() {
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  return std::max<int64_t>(1, local ? std::atoll(local) : 1);
+  if (!local) return 1;
+  const std::optional<uint64_t> v = parse_decimal_u64(local);
+  RETRACE_CHECK(v && *v >= 1 && *v <= 65536, IoError, "LOCAL_WORLD_SIZE is \"", std::string(local).substr(0, 64),
+                "\": expected the number of ranks on this host, a whole number in [1, 65536] (the launcher sets it)");
+  return static_cast<int64_t>(*v);
 }
 
 void fit_thread_timeout(BlasKind blas, int64_t local_ranks) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "rng/philox.h"
 #include "rng/rng_state.h"
 #include "train/invariant.h"
@@ -48,7 +49,7 @@ StepFaults faults_for(TrainState& s, const Policies& p, uint64_t step, Events& e
     events.emplace_back("fault", "injected nan-loss at step " + std::to_string(step));
   }
   if (auto spike = p.faults.due(FaultKind::kSpike, step, s.fired)) {
-    f.loss_factor = (*spike)->arg.empty() ? 10.0 : std::stod((*spike)->arg);
+    f.loss_factor = (*spike)->arg.empty() ? 10.0 : *parse_finite_double((*spike)->arg);  // checked by parse_faults
     s.fired.insert((*spike)->id);
     events.emplace_back("fault", "injected spike x" + std::to_string(f.loss_factor) + " at step " + std::to_string(step));
   }

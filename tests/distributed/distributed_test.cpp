@@ -424,9 +424,20 @@ TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
                        "--world-size 2 --total-steps 4 --set checkpoint.every_steps=2"), 0);
   EXPECT_EQ(run_binary("resume " + tmp.file("v2") + " --world-size 2 --zero-stage 1 --plain", &out), 2) << out;
   EXPECT_NE(out.find("trace.digest_version = 3"), std::string::npos) << out;
-  EXPECT_EQ(run_binary("record --out " + tmp.file("bad") + kCommon + "--steps 2 --set runtime.zero_stage=1", &out), 2)
+  // A version set explicitly that cannot describe ZeRO is a config error; a config that sets none
+  // gets version 4 with ZeRO-1, written into the run's config (issue 54: a default that follows
+  // from another key is chosen, not demanded).
+  EXPECT_EQ(run_binary("record --out " + tmp.file("bad") + kCommon +
+                           "--steps 2 --set runtime.zero_stage=1 --set trace.digest_version=2",
+                       &out),
+            2)
       << out;
   EXPECT_NE(out.find("set trace.digest_version = 3"), std::string::npos) << out;
+  EXPECT_EQ(run_binary("record --out " + tmp.file("auto") + kCommon + "--steps 2 --set runtime.zero_stage=1", &out), 0)
+      << out;
+  std::ifstream auto_config(tmp.file("auto") + "/config.toml");
+  const std::string auto_text((std::istreambuf_iterator<char>(auto_config)), std::istreambuf_iterator<char>());
+  EXPECT_NE(auto_text.find("\ndigest_version = 4\n"), std::string::npos) << auto_text;
   // A ZeRO rank reads only its range of an optimizer tensor, so the table's shape of it is checked
   // against the model: a manifest that says [b, a] for an [a, b] parameter is refused (the
   // checkpoint is skipped, naming the entry; none is left: exit 3), never loaded as a slice.

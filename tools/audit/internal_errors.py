@@ -18,8 +18,15 @@ the first 40 characters of the first string literal of its message (tabs removed
 appended when several sites of one file share that snippet. It fails (exit 1) for a site not in
 the TSV, a TSV line no longer in the code, and a line whose kind is REACHABLE or unknown.
 
-Usage: python3 tools/audit/internal_errors.py REPO_ROOT [--list]
-  --list  print the sites found, tab-separated (file, line, function, site), and exit 0.
+Issue 54: a standard-library exception escaping from parsing is an internal error too (std::stod
+threw std::out_of_range for a subnormal number in a config). The parsers that throw on bad text,
+the std::sto* family and std::ato*'s undefined behaviour alike, are not used under the same
+roots: every such call is a problem, with core/parse_number.h's strict parsers to use instead.
+
+Usage: python3 tools/audit/internal_errors.py REPO_ROOT [--list] [--plant]
+  --list   print the sites found, tab-separated (file, line, function, site), and exit 0.
+  --plant  audit a copy of the tree with a std::stod call planted in it, and exit 0 only when the
+           audit catches it (the test that the audit can fail).
 
 Standard library only.
 """
@@ -242,68 +249,70 @@ SITE_RE = re.compile(r"\b(RETRACE_CHECK|RETRACE_FAIL)\s*\(|\bthrow\s+(?:::)?(?:r
 STRAY_OK = re.compile(r"(class\s+InvariantError\b|catch\s*\(\s*(const\s+)?(::)?(retrace::)?InvariantError\b)")
 
 
+def source_files(root):
+    """(path relative to root, text) of every C++ source under ROOTS, in a stable order."""
+    for top in ROOTS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames.sort()
+            for fname in sorted(filenames):
+                if fname.endswith(EXTENSIONS):
+                    path = os.path.join(dirpath, fname)
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        yield os.path.relpath(path, root).replace(os.sep, "/"), f.read()
+
+
 def find_sites(root, strays=None):
     """Every InvariantError site under ROOTS. Uses of the name that are neither a site, the class
     definition nor a catch clause (a wrapper macro, a stored exception) go to `strays`."""
     sites = []
-    for top in ROOTS:
-        base = os.path.join(root, top)
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames.sort()
-            for fname in sorted(filenames):
-                if not fname.endswith(EXTENSIONS):
+    for rel, raw in source_files(root):
+        text, code = blank_comments(raw)
+        spans = None
+        covered = []
+        for m in SITE_RE.finditer(code):
+            open_pos = m.end() - 1
+            close = matching_paren(code, open_pos) if code[open_pos] == "(" else code.find("}", open_pos)
+            args = split_args(code, open_pos + 1, close)
+            if m.group(1) == "RETRACE_CHECK":
+                if len(args) < 2 or code[args[1][0]:args[1][1]].strip() not in (
+                        "InvariantError", "retrace::InvariantError", "::retrace::InvariantError"):
                     continue
-                path = os.path.join(dirpath, fname)
-                rel = os.path.relpath(path, root).replace(os.sep, "/")
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    raw = f.read()
-                text, code = blank_comments(raw)
-                spans = None
-                covered = []
-                for m in SITE_RE.finditer(code):
-                    open_pos = m.end() - 1
-                    close = matching_paren(code, open_pos) if code[open_pos] == "(" else code.find("}", open_pos)
-                    args = split_args(code, open_pos + 1, close)
-                    if m.group(1) == "RETRACE_CHECK":
-                        if len(args) < 2 or code[args[1][0]:args[1][1]].strip() not in (
-                                "InvariantError", "retrace::InvariantError", "::retrace::InvariantError"):
-                            continue
-                        msg = (args[2][0], close) if len(args) > 2 else (close, close)
-                    elif m.group(1) == "RETRACE_FAIL":
-                        if code[args[0][0]:args[0][1]].strip() not in (
-                                "InvariantError", "retrace::InvariantError", "::retrace::InvariantError"):
-                            continue
-                        msg = (args[1][0], close) if len(args) > 1 else (close, close)
-                    else:
-                        msg = (open_pos + 1, close)
-                    covered.append((m.start(), close))
-                    if spans is None:
-                        spans = enclosing_functions(code)
-                    inner = [s for s in spans if s[0] < m.start() < s[1]]
-                    function = max(inner, key=lambda s: s[0])[2] if inner else "(file scope)"
-                    line = raw.count("\n", 0, m.start()) + 1
-                    snippet = first_literal(text, code, msg[0], msg[1])
-                    sites.append({"file": rel, "line": line, "function": function, "snippet": snippet})
-                if strays is not None:
-                    for t in re.finditer(r"\bInvariantError\b", code):
-                        if any(a <= t.start() <= b for a, b in covered):
-                            continue
-                        if STRAY_OK.search(code[max(0, t.start() - 40):t.end()]):
-                            continue
-                        strays.append("%s:%d" % (rel, raw.count("\n", 0, t.start()) + 1))
-                    # Preprocessor lines are blanked above: a macro that wraps InvariantError.
-                    lines = raw.split("\n")
-                    k = 0
-                    while k < len(lines):
-                        first = k
-                        block = lines[k]
-                        while block.endswith("\\") and k + 1 < len(lines):
-                            k += 1
-                            block = block[:-1] + " " + lines[k]
-                        if re.match(r"\s*#\s*define\b", block) and re.search(
-                                r"\bInvariantError\b", re.sub(r"/\*.*?\*/|//.*", "", block)):
-                            strays.append("%s:%d" % (rel, first + 1))
-                        k += 1
+                msg = (args[2][0], close) if len(args) > 2 else (close, close)
+            elif m.group(1) == "RETRACE_FAIL":
+                if code[args[0][0]:args[0][1]].strip() not in (
+                        "InvariantError", "retrace::InvariantError", "::retrace::InvariantError"):
+                    continue
+                msg = (args[1][0], close) if len(args) > 1 else (close, close)
+            else:
+                msg = (open_pos + 1, close)
+            covered.append((m.start(), close))
+            if spans is None:
+                spans = enclosing_functions(code)
+            inner = [s for s in spans if s[0] < m.start() < s[1]]
+            function = max(inner, key=lambda s: s[0])[2] if inner else "(file scope)"
+            line = raw.count("\n", 0, m.start()) + 1
+            snippet = first_literal(text, code, msg[0], msg[1])
+            sites.append({"file": rel, "line": line, "function": function, "snippet": snippet})
+        if strays is not None:
+            for t in re.finditer(r"\bInvariantError\b", code):
+                if any(a <= t.start() <= b for a, b in covered):
+                    continue
+                if STRAY_OK.search(code[max(0, t.start() - 40):t.end()]):
+                    continue
+                strays.append("%s:%d" % (rel, raw.count("\n", 0, t.start()) + 1))
+            # Preprocessor lines are blanked above: a macro that wraps InvariantError.
+            lines = raw.split("\n")
+            k = 0
+            while k < len(lines):
+                first = k
+                block = lines[k]
+                while block.endswith("\\") and k + 1 < len(lines):
+                    k += 1
+                    block = block[:-1] + " " + lines[k]
+                if re.match(r"\s*#\s*define\b", block) and re.search(
+                        r"\bInvariantError\b", re.sub(r"/\*.*?\*/|//.*", "", block)):
+                    strays.append("%s:%d" % (rel, first + 1))
+                k += 1
     # Keys: file + snippet, with an occurrence index where one file repeats a snippet.
     counts = Counter((s["file"], s["snippet"]) for s in sites)
     seen = Counter()
@@ -312,6 +321,23 @@ def find_sites(root, strays=None):
         seen[k] += 1
         s["site"] = s["snippet"] if counts[k] == 1 else "%s #%d" % (s["snippet"], seen[k])
     return sites
+
+
+THROWING_PARSE_RE = re.compile(r"\b(?:std\s*::\s*)?(sto(?:i|l|ll|ul|ull|f|d|ld)|ato(?:i|l|ll|f))\s*\(")
+
+
+def throwing_parses(root):
+    """Calls of parsers that throw std::invalid_argument or std::out_of_range (or are undefined) on
+    bad text, under ROOTS: "file:line: name"."""
+    found = []
+    for rel, raw in source_files(root):
+        _, code = blank_comments(raw)
+        for m in THROWING_PARSE_RE.finditer(code):
+            before = code[max(0, m.start() - 1):m.start()]
+            if before in (".", ">"):  # a member such as x.stod(...) is not the library's
+                continue
+            found.append("%s:%d: %s" % (rel, raw.count("\n", 0, m.start()) + 1, m.group(1)))
+    return found
 
 
 def read_tsv(path):
@@ -339,6 +365,21 @@ def main(argv):
         print(__doc__.strip().split("\n\n")[-2], file=sys.stderr)
         return 2
     root = argv[1]
+    if "--plant" in argv[2:]:
+        import shutil
+        import subprocess
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            for top in ROOTS + ("tools/audit",):
+                if os.path.isdir(os.path.join(root, top)):
+                    shutil.copytree(os.path.join(root, top), os.path.join(tmp, top))
+            with open(os.path.join(tmp, "src", "planted.cpp"), "w") as f:
+                f.write("#include <string>\ndouble planted(const std::string& s) { return std::stod(s); }\n")
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), tmp], capture_output=True, text=True)
+        caught = p.returncode == 1 and "src/planted.cpp:2: stod" in p.stderr
+        print("internal_errors --plant: %s" % ("caught the planted std::stod" if caught else
+                                                 "MISSED the planted std::stod:\n" + p.stderr))
+        return 0 if caught else 1
     strays = []
     sites = find_sites(root, strays)
     if "--list" in argv[2:]:
@@ -353,6 +394,10 @@ def main(argv):
     for where in strays:
         problems.append("%s: InvariantError used outside RETRACE_CHECK/RETRACE_FAIL/throw (a wrapper or another way "
                         "to raise it?); make this audit find it, then classify it" % where)
+    for where in throwing_parses(root):
+        problems.append("%s throws std::invalid_argument or std::out_of_range on bad text (an internal error, exit "
+                        "70, when the text comes from a user or a file); parse with core/parse_number.h "
+                        "(parse_decimal_u64, parse_u64_field, parse_finite_double) instead" % where)
     by_key = {(s["file"], s["site"]): s for s in sites}
     tsv_keys = Counter((r["file"], r["site"]) for r in rows)
     for key, c in tsv_keys.items():

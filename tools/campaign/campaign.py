@@ -16,6 +16,15 @@
     hint, a damaged old checkpoint that resume steps over, a tail after the last frame), and
     never crash (exit 70, a signal, a hang) or lose a checkpoint it did not damage.
 
+(c) hostile inputs (issue 54): two writers of one run in each form (two overlapping resumes, a
+    resume while the record runs, `record --force` over a live run): the second must be refused
+    (exit 4) and the run end on the uninterrupted run's chain; negative, zero, out-of-range and
+    malformed values of every number flag (exit 2 naming the flag); a subnormal in every float
+    key of the config (read exactly or refused, never exit 70), through --set, a --config file and
+    an edited RUN/config.toml; traces cut at several positions around each checkpoint (resume
+    falls back to the newest checkpoint within the intact trace, bitwise); a checkpoint's tensor
+    table permuted and resealed (verify must refuse what a load refuses).
+
 Prints one line per trial and ends with the summary line
   campaign: trials T, detected D, accepted by design A, missed 0, crashed 0, lost checkpoints 0
 and exits 1 when anything was missed, crashed or lost. Standard library only.
@@ -460,6 +469,279 @@ class Campaign:
             self.verdict(name, "detected" if skipped else "accepted",
                          "resumed bitwise" + (" past an interrupted save" if skipped else ""))
 
+    # ------------------------------------------------------------------ (c) hostile inputs
+    def hostile(self, smoke):
+        self.concurrent_writers()
+        self.number_flags(smoke)
+        self.subnormals(smoke)
+        self.cut_traces(smoke)
+        self.permuted_tables()
+
+    @staticmethod
+    def wait_writing(run, p, timeout=60):
+        """Waits until the writer `p` holds `run`'s lock and the trace exists; False if it ended first."""
+        end = time.time() + timeout
+        while time.time() < end and p.poll() is None:
+            if os.path.exists(os.path.join(run, ".retrace-lock")) and os.path.exists(os.path.join(run, "trace.rtrace")):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def concurrent_writers(self):
+        # Long enough (about 2 s here) that the second writer starts while the first one writes.
+        base = ["--plain", "--total-steps", "200", "--set", "model.hidden=[256,256]", "--set",
+                "checkpoint.every_steps=5", "--set", "train.eval_each_epoch=false"]
+        ref = os.path.join(self.work, "writers-ref")
+        rc, text = self.run(["record", "--out", ref, "--force", *base])
+        if rc != 0:
+            raise SystemExit(f"campaign: base run failed ({rc}):\n{text[-2000:]}")
+        ref_chain = self.final_chain(ref)
+        forms = [("two overlapping resumes", ["--interrupt-at", "5"], ["resume", "{run}", "--plain"],
+                  ["resume", "{run}", "--plain"]),
+                 ("a resume while the record runs", [], ["record", "--out", "{run}", *base],
+                  ["resume", "{run}", "--plain"]),
+                 ("record --force over a live record", [], ["record", "--out", "{run}", *base],
+                  ["record", "--out", "{run}", "--force", *base])]
+        for name, prepare, first, second in forms:
+            run = os.path.join(self.work, "writers")
+            shutil.rmtree(run, ignore_errors=True)
+            if prepare:
+                rc, text = self.run(["record", "--out", run, *base, *prepare])
+                if rc != 0:
+                    raise SystemExit(f"campaign: base run failed ({rc}):\n{text[-2000:]}")
+            fill = lambda args: [a.replace("{run}", run) for a in args]
+            p = subprocess.Popen([self.retrace] + fill(first), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, errors="replace")
+            live = self.wait_writing(run, p)
+            rc2, text2 = self.run(fill(second))
+            try:
+                out1, _ = p.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out1, _ = p.communicate()
+            rc1 = p.returncode
+            if rc1 not in DOCUMENTED or rc2 not in DOCUMENTED:
+                self.verdict(f"writers: {name}", "crashed", f"exit {rc1} and {rc2}")
+                continue
+            chain = self.final_chain(run)
+            if not live:
+                ok = rc1 == 0 and rc2 == 0 and chain == ref_chain
+                self.verdict(f"writers: {name}", "accepted" if ok else "missed",
+                             "the first writer ended before the second began; " +
+                             ("both ran, the run is whole" if ok else f"exits {rc1}, {rc2}, chain equal: {chain == ref_chain}"))
+                continue
+            if rc2 == 4 and "being written by another process" in text2 and rc1 == 0 and chain == ref_chain:
+                self.verdict(f"writers: {name}", "detected", "the second writer exit 4 naming the holder; the run ends "
+                             "on the uninterrupted run's chain")
+            else:
+                last = (text2.strip().splitlines() or [""])[-1][:140]
+                self.verdict(f"writers: {name}", "missed", f"first exit {rc1}, second exit {rc2} ({last}); chain "
+                             f"{'equal' if chain == ref_chain else 'differs'}")
+
+    def number_flags(self, smoke):
+        run = os.path.join(self.work, "flags")
+        rc, _ = self.run(["record", "--out", run, "--force", "--plain", "--total-steps", "4", "--set",
+                          "model.hidden=[32]", "--set", "checkpoint.every_steps=2", "--set", "train.eval_each_epoch=false"])
+        ck = os.path.join(run, "checkpoints", "step-00000004")
+        cases = []
+        for flag, values in [("--steps", ["-1", "0", "2x", "1e30", "99999999999999999999"]),
+                             ("--interrupt-at", ["-1", "0"]), ("--checkpoint-at", ["-3", "0"]),
+                             ("--world-size", ["-1", "0", "70000", "1.5"]), ("--resume-world-size", ["-2"]),
+                             ("--accum-grid", ["0,2", "-1"])]:
+            for v in values:
+                cases.append((["record", "--out", os.path.join(self.work, "flags-no"), flag, v], flag))
+        for flag, values in [("--interrupt-at", ["-1", "0"]), ("--world-size", ["-1", "0"]), ("--zero-stage", ["-1", "2"])]:
+            for v in values:
+                cases.append((["resume", run, flag, v], flag))
+        cases += [(["verify", ck, "--world-size", "-1"], "--world-size"),
+                  (["replay", run, "--from-checkpoint", "-1"], "--from-checkpoint"),
+                  (["replay", run, "--tolerance", "-1"], "--tolerance"), (["replay", run, "--tolerance", "nan"], "--tolerance"),
+                  (["replay", run, "--tolerance", "inf"], "--tolerance"),
+                  (["memory", "--rounds", "-1"], "--rounds"), (["memory", "--steps", "0"], "--steps"),
+                  (["memory", "--world-size", "0"], "--world-size"),
+                  (["golden", "update", "x", "--reason", "r", "--interrupt-at", "-5"], "--interrupt-at"),
+                  (["inspect", run, "--steps", "-1:3"], "--steps")]
+        if smoke:
+            cases = cases[::2]
+        for args, flag in cases:
+            rc, text = self.run(args)
+            name = "flag: " + " ".join(a if not a.startswith(self.work) else "DIR" for a in args)
+            if rc not in DOCUMENTED:
+                self.verdict(name, "crashed", f"exit {rc}")
+            elif rc == 2 and flag in text:
+                self.verdict(name, "detected", "exit 2: " + (text.strip().splitlines() or [""])[0][:120])
+            else:
+                self.verdict(name, "missed", f"exit {rc}: " + (text.strip().splitlines() or [""])[-1][:120])
+        if os.path.exists(os.path.join(self.work, "flags-no")):
+            self.verdict("flags: no run directory left behind", "missed", "a refused record made its directory")
+
+    def float_keys(self):
+        import tomllib
+        rc, text = self.run(["record", "--print-config"])
+        conf = tomllib.loads(text)
+        keys = []
+        def walk(t, prefix):
+            for k, v in t.items():
+                if isinstance(v, dict):
+                    walk(v, prefix + k + ".")
+                elif isinstance(v, float):
+                    keys.append(prefix + k)
+        walk(conf, "")
+        return keys
+
+    def subnormals(self, smoke):
+        import tomllib
+        for key in self.float_keys():
+            for value in (("5e-324",) if smoke else ("5e-324", "1e-310", "2.2250738585072009e-308")):
+                rc, text = self.run(["record", "--print-config", "--set", f"{key}={value}"])
+                name = f"subnormal: --set {key}={value}"
+                if rc not in DOCUMENTED:
+                    self.verdict(name, "crashed", f"exit {rc}: {(text.strip().splitlines() or [''])[-1][:120]}")
+                    continue
+                if rc == 2:
+                    self.verdict(name, "detected", "refused: " + (text.strip().splitlines() or [""])[-1][:120])
+                    continue
+                conf = tomllib.loads(text)
+                section, _, leaf = key.rpartition(".")
+                got = conf
+                for part in section.split("."):
+                    got = got[part]
+                ok = rc == 0 and got[leaf] == float(value)
+                self.verdict(name, "accepted" if ok else "missed", "read exactly and written back" if ok else
+                             f"exit {rc}, written back as {got.get(leaf)!r}")
+        # End to end: a run with one in --set, in a --config file, and in an edited RUN/config.toml.
+        run = os.path.join(self.work, "subnormal")
+        args = ["--plain", "--total-steps", "4", "--set", "model.hidden=[32]", "--set", "checkpoint.every_steps=2",
+                "--set", "train.eval_each_epoch=false"]
+        conf = os.path.join(self.work, "subnormal.toml")
+        with open(conf, "w") as f:
+            f.write("[train]\nmax_norm = 5e-324\n")
+        for name, extra in [("--set optim.lr=1e-310", ["--set", "optim.lr=1e-310"]),
+                            ("--config with train.max_norm = 5e-324", ["--config", conf])]:
+            rc, text = self.run(["record", "--out", run, "--force", *args, *extra])
+            self.verdict(f"subnormal: record {name}", "accepted" if rc == 0 else ("crashed" if rc not in DOCUMENTED else "missed"),
+                         f"exit {rc}: " + (text.strip().splitlines() or [""])[-1][:120])
+        rc, _ = self.run(["record", "--out", run, "--force", *args, "--interrupt-at", "2"])
+        path = os.path.join(run, "config.toml")
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(text.replace("lr = 0.001", "lr = 1e-310", 1))
+        rc, out = self.run(["resume", run, "--plain"])
+        self.verdict("subnormal: an edited RUN/config.toml (lr = 1e-310) resumed",
+                     "crashed" if rc not in DOCUMENTED else ("detected" if rc in (2, 3) else "missed"),
+                     f"exit {rc}: " + (out.strip().splitlines() or [""])[-1][:140])
+
+    def cut_traces(self, smoke):
+        base = os.path.join(self.work, "cut-base")
+        args = ["--plain", "--total-steps", "40", "--set", "checkpoint.every_steps=10", "--set",
+                "train.eval_each_epoch=false", "--set", "model.hidden=[32]"]
+        rc, text = self.run(["record", "--out", base, "--force", *args])
+        ref_chain = self.final_chain(base)
+        positions = []
+        for d in sorted(os.listdir(os.path.join(base, "checkpoints"))):
+            if d.startswith("step-"):
+                with open(os.path.join(base, "checkpoints", d, "manifest.json")) as f:
+                    positions.append((d, json.load(f)["trace_position"]))
+        cuts = []
+        for d, pos in positions:
+            for delta, what in ((-1, "a byte before"), (0, "at"), (7, "7 bytes after")):
+                cuts.append((f"{what} {d}'s position", pos + delta))
+        cuts.append(("inside the header", 20))
+        if smoke:
+            cuts = cuts[::2] + cuts[-1:]
+        first_pos = positions[0][1]
+        for name, cut in cuts:
+            run = os.path.join(self.work, "cut")
+            shutil.rmtree(run, ignore_errors=True)
+            shutil.copytree(base, run)
+            os.truncate(os.path.join(run, "trace.rtrace"), cut)
+            before = self.committed(run)
+            rc, text = self.run(["resume", run, "--plain"])
+            label = f"cut trace: {name} ({cut} bytes)"
+            if rc not in DOCUMENTED:
+                self.verdict(label, "crashed", f"exit {rc}")
+            elif before - self.committed(run):
+                self.verdict(label, "lost", "checkpoints gone: " + ", ".join(sorted(before - self.committed(run))))
+            elif cut < first_pos:
+                self.verdict(label, "detected" if rc == 3 else "missed",
+                             f"exit {rc}: no checkpoint lies within the intact trace" if rc == 3 else f"exit {rc}")
+            elif rc == 0 and self.final_chain(run) == ref_chain:
+                self.verdict(label, "detected", "resumed by itself from the newest checkpoint within the intact trace, "
+                             "bitwise")
+            else:
+                self.verdict(label, "missed", f"exit {rc}: " + (text.strip().splitlines() or [""])[-1][:140])
+
+    def permuted_tables(self):
+        base = os.path.join(self.work, "table-base")
+        rc, text = self.run(["record", "--out", base, "--force", "--plain", "--world-size", "2", "--total-steps", "6",
+                             "--set", "checkpoint.every_steps=3", "--set", "train.eval_each_epoch=false",
+                             "--set", "model.hidden=[32]"])
+        if rc != 0:
+            raise SystemExit(f"campaign: base run failed ({rc}):\n{text[-2000:]}")
+        step = "step-00000006"
+
+        def rotate_names(t):
+            names = [e["name"] for e in t]
+            for e, n in zip(t, names[1:] + names[:1]):
+                e["name"] = n
+        def swap_pieces(t):
+            t[0]["pieces"], t[1]["pieces"] = t[1]["pieces"], t[0]["pieces"]
+        def swap_same_dtype_names(t):
+            a = next(e for e in t if e["name"].startswith("optim/") and e["name"].endswith("exp_avg"))
+            b = next(e for e in t if e["name"].startswith("optim/") and e["name"].endswith("exp_avg_sq")
+                     and e["name"].rsplit("/", 1)[0] == a["name"].rsplit("/", 1)[0])
+            a["name"], b["name"] = b["name"], a["name"]
+        def reverse(t):
+            t.reverse()
+        def shift_offsets(t):
+            for e in t:
+                for p in e["pieces"]:
+                    p["offset"] += 8 if p["rank"] == 1 else 0
+        def piece_ranks(t):
+            for e in t:
+                for p in e["pieces"]:
+                    p["rank"] = 1 - p["rank"]
+        def reshape(t):
+            e = next(e for e in t if len(e["shape"]) == 2)
+            e["shape"] = [e["shape"][1], e["shape"][0]]
+        def dtype(t):
+            e = next(e for e in t if e["dtype"] == "F32")
+            e["dtype"] = "I32"
+        for label, edit in [("names rotated", rotate_names), ("two entries' pieces swapped", swap_pieces),
+                            ("exp_avg and exp_avg_sq named the other way", swap_same_dtype_names),
+                            ("entries in reverse order", reverse), ("rank 1's offsets moved", shift_offsets),
+                            ("pieces given to the other rank", piece_ranks), ("a 2-d shape transposed", reshape),
+                            ("a F32 tensor said to be I32", dtype)]:
+            run = os.path.join(self.work, "table")
+            shutil.rmtree(run, ignore_errors=True)
+            shutil.copytree(base, run)
+            m = os.path.join(run, "checkpoints", step, "manifest.json")
+            with open(m) as f:
+                j = json.load(f)
+            edit(j["tensors"])
+            j.pop("manifest_sha256", None)
+            j["manifest_sha256"] = hashlib.sha256(json.dumps(j, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+            with open(m, "w") as f:
+                f.write(json.dumps(j, sort_keys=True, indent=2))
+            name = f"table of {step}: {label}"
+            rc_v, text_v = self.run(["verify", os.path.dirname(m)])
+            rc_j, text_j = self.run(["verify", os.path.dirname(m), "--json"])
+            # What every rank's load says: a replay of one step from this checkpoint on 2 ranks.
+            rc_l, text_l = self.run(["replay", run, "--from-checkpoint", "6", "--steps", "6:6", "--quiet", "--out",
+                                     os.path.join(self.work, "table-replay"), "--force"])
+            rc_r, text_r = self.run(["resume", run, "--plain", "--world-size", "2"])
+            if any(rc not in DOCUMENTED for rc in (rc_v, rc_j, rc_l, rc_r)):
+                self.verdict(name, "crashed", f"exits verify {rc_v}, --json {rc_j}, replay {rc_l}, resume {rc_r}")
+            elif rc_v != rc_j:
+                self.verdict(name, "missed", f"verify says {rc_v}, verify --json {rc_j}")
+            elif rc_v == 3:
+                self.verdict(name, "detected", "verify exit 3: " + [l for l in text_v.splitlines() if l.startswith("retrace:")][0][:140])
+            elif "skipped checkpoint" in text_r and step in text_r:
+                self.verdict(name, "missed", "verify says VERIFIED, the ranks' load skips it: " + text_r.strip().splitlines()[-1][:120])
+            else:
+                self.verdict(name, "accepted", "verify says VERIFIED and the ranks load it (the table says the same)")
+
     def final_chain(self, run):
         rc, text = self.run(["inspect", os.path.join(run, "trace.rtrace"), "--json"])
         if rc != 0:
@@ -479,15 +761,21 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--only", action="append", default=None,
                     help="only the damage cases whose name contains this text (repeatable), and no kills")
+    ap.add_argument("--classes", default="damage,kills,hostile",
+                    help="which parts to run, comma-separated: damage, kills, hostile (default: all three)")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="retrace-campaign-")
     os.makedirs(work, exist_ok=True)
     c = Campaign(os.path.abspath(a.retrace), work, random.Random(a.seed))
     try:
-        c.damage(smoke=a.smoke, quick=a.quick, only=a.only)
+        parts = set(a.classes.split(","))
+        if "damage" in parts:
+            c.damage(smoke=a.smoke, quick=a.quick, only=a.only)
         smoke_kills = 2 if a.quick else 4
-        if not a.only:
+        if not a.only and "kills" in parts:
             c.kills(a.kills if a.kills is not None else (1000 if a.long else (smoke_kills if a.smoke else 50)))
+        if not a.only and "hostile" in parts:
+            c.hostile(smoke=a.quick)
     finally:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)

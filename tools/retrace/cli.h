@@ -55,6 +55,7 @@ struct InspectArgs {
   std::string trace;
   bool json = false;
   bool csv = false;
+  bool config = false;  // print the config the header records (to write back a lost RUN/config.toml)
   std::string steps;
 };
 

@@ -103,7 +103,8 @@ void add_golden(CLI::App& app, GoldenArgs& args) {
   gu->add_option("--dir", g.dir, "golden directory (default: golden)");
   gu->add_option("--set", g.sets, "config overrides (for a new golden, on top of the built-in config)");
   gu->add_option("--inject", g.inject, "faults to record in the golden run");
-  gu->add_option("--interrupt-at", g.interrupt_at, "record interrupted at this step, then resumed");
+  gu->add_option("--interrupt-at", g.interrupt_at, "record interrupted at this step, then resumed (0: not interrupted)")
+      ->check(CLI::Range(int64_t{0}, kMaxSteps));
   gu->footer("Example:\n  retrace golden update fashion-mlp-100 --reason \"schedule now decays to 5 %\"");
 }
 

@@ -21,9 +21,9 @@ void add_memory(CLI::App& app, MemoryArgs& args) {
   auto* memc = app.add_subcommand("memory", "memory plan of a GPT config under each activation-checkpoint policy");
   memc->add_option("--config", mem.config_path, "GPT config (default configs/char-gpt.toml)");
   memc->add_option("--set", mem.sets, "config overrides");
-  memc->add_option("--world-size", mem.world_size, "world size for the ZeRO-1 figure (default 8)");
-  memc->add_option("--rounds", mem.rounds, "measurement rounds (0: estimate only; default 2)");
-  memc->add_option("--steps", mem.steps, "timed steps per measurement (default 3)");
+  memc->add_option("--world-size", mem.world_size, "world size for the ZeRO-1 figure (default 8)")->check(world_range());
+  memc->add_option("--rounds", mem.rounds, "measurement rounds (0: estimate only; default 2)")->check(CLI::Range(0, 1000));
+  memc->add_option("--steps", mem.steps, "timed steps per measurement (default 3)")->check(CLI::Range(1, 1000));
   memc->footer("Example:\n  retrace memory --config configs/char-gpt.toml\n  retrace memory --rounds 0");
 
 }

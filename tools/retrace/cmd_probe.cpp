@@ -16,7 +16,7 @@ void add_probe(CLI::App& app, ProbeArgs& args) {
   auto* p = app.add_subcommand("probe-step", "re-execute one step of a run with probes (bisect's worker)");
   p->group("");  // hidden from --help: bisect runs it
   p->add_option("run", args.run, "run directory")->required();
-  p->add_option("--step", args.step, "the step to re-execute")->required();
+  p->add_option("--step", args.step, "the step to re-execute")->required()->check(step_range());
   p->add_option("--numerics", args.numerics, "the numerics profile to re-execute under")->required();
   p->add_option("--out", args.out, "prefix of the probe files (PREFIX.rankN.json)")->required();
 }

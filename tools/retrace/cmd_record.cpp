@@ -88,7 +88,8 @@ void add_record(CLI::App& app, RecordArgs& args) {
                   "TOML config (default: the built-in fashion-mlp config, same as configs/fashion-mlp.toml)");
   rec->add_option("--set", r.sets, "override a config key, e.g. --set optim.lr=0.01 (repeatable)");
   rec->add_option("--out", r.out, "run directory (default: run)");
-  rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)");
+  rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)")
+      ->check(step_range());
   rec->add_flag("--force", r.force, "replace an existing run directory");
   rec->add_flag("--scratch", r.scratch,
                 "the run directory is a scratch directory: replace it only if retrace made it as one (it holds "
@@ -102,21 +103,26 @@ void add_record(CLI::App& app, RecordArgs& args) {
                 "print every config key (type, choices, default, meaning) as the Markdown tables of "
                 "docs/configuration.md and exit");
   rec->add_option("--interrupt-at", r.interrupt_at,
-                  "stop right after this step and its checkpoint, as if killed (resume with `retrace resume`)");
-  rec->add_option("--checkpoint-at", r.checkpoint_at, "also checkpoint after these steps (repeatable)");
+                  "stop right after this step and its checkpoint, as if killed (resume with `retrace resume`)")
+      ->check(step_range());
+  rec->add_option("--checkpoint-at", r.checkpoint_at, "also checkpoint after these steps (repeatable)")
+      ->check(step_range());
   rec->add_option("--accum-grid", r.accum_grid,
                   "train the same effective batch with each number of micro-batches (e.g. 1,2,4,8,16) and "
                   "print final loss, max loss difference, time per step and peak memory")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   rec->add_option("--world-size", r.world_size,
                   "data parallelism: start N rank processes on loopback (Gloo), or check WORLD_SIZE when a "
-                  "launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT");
+                  "launcher set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT")
+      ->check(world_range());
   rec->add_option("--tensorboard", r.tensorboard,
                   "live TensorBoard view: also write every record, as it is appended, to an event file in this "
                   "directory (an existing non-empty one needs --force, which replaces its event files)");
   rec->add_option("--resume-world-size", r.resume_world_size,
                   "with --verify-resume and --world-size: resume on this many ranks instead (resume --reshard), "
-                  "e.g. --world-size 4 --resume-world-size 2");
+                  "e.g. --world-size 4 --resume-world-size 2")
+      ->check(world_range());
   rec->add_flag("--verify-resume", r.verify_resume,
                 "with --interrupt-at: run uninterrupted (OUT/uninterrupted) and interrupted then resumed "
                 "(OUT/resumed), compare, print RESUME VERIFIED");

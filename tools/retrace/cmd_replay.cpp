@@ -27,9 +27,11 @@ void add_replay(CLI::App& app, ReplayArgs& args) {
   auto& rp = args;
   auto* rep = app.add_subcommand("replay", "re-execute a recorded run and compare every step with the trace");
   rep->add_option("run", rp.run, "run directory or its trace.rtrace")->required();
-  rep->add_option("--from-checkpoint", rp.from_checkpoint, "start from the run's checkpoint of this step");
+  rep->add_option("--from-checkpoint", rp.from_checkpoint, "start from the run's checkpoint of this step")
+      ->check(step_range());
   rep->add_option("--steps", rp.steps, "compare (and run up to the end of) step range A:B");
-  rep->add_option("--tolerance", rp.tolerance, "compare losses within this tolerance instead of bitwise");
+  rep->add_option("--tolerance", rp.tolerance, "compare losses within this tolerance instead of bitwise")
+      ->check(finite_at_least(0));
   rep->add_flag("--bitwise", rp.bitwise, "compare bitwise even when the environments differ");
   rep->add_option("--out", rp.out, "scratch run directory for the replay (default RUN/replay); replaced only if "
                   "retrace made it, or with --force");
@@ -71,6 +73,7 @@ int run_replay(const ReplayArgs& a, const Context& ctx) {
   replay::ReplayResult r = replay::replay_run(a.run, o, cb);
   printer->clear();
   std::printf("\nreplay of %s in %s\n", r.recorded_trace.c_str(), r.replay_dir.c_str());
+  for (const auto& w : r.config_warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   for (const auto& path : r.input_changes)
     std::printf("note: %s is not the file the run was recorded with (--accept-changed-inputs)\n", path.c_str());
   if (r.mode == replay::CompareMode::kBitwise) {

@@ -20,8 +20,9 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
   res->add_flag("--accept-other-torch", args.accept_other_torch,
                 "resume although this retrace is built against another LibTorch than the trace header records; "
                 "a warning event says so, and later steps compare with other runs within a tolerance only");
-  res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint");
-  res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded, or any with --reshard)");
+  res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint")->check(step_range());
+  res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded, or any with --reshard)")
+      ->check(world_range());
   res->add_flag("--reshard", args.reshard,
                 "resume on another world size than the checkpoint's: the global batch stays (data.batch_size becomes "
                 "the checkpoint's x its ranks / --world-size, written to the run's config.toml) and a \"resume\" "

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <cmath>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -101,6 +103,27 @@ std::vector<std::string> without_flag(std::vector<std::string> argv, const std::
   for (const auto& a : argv)
     if (a != flag) out.push_back(a);
   return out;
+}
+
+CLI::Validator step_range() {
+  return CLI::Range(int64_t{1}, kMaxSteps, "STEP in [1, 10^12]");
+}
+
+CLI::Validator world_range() {
+  return CLI::Range(int64_t{1}, int64_t{1} << 16, "RANKS in [1, 65536]");
+}
+
+CLI::Validator finite_at_least(double lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        double v = 0;
+        // CLI11 has converted it already when this runs after the conversion; read it again so that
+        // NaN and infinities, which pass a range check, are named here.
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo)
+          return "value " + text + " is not a finite number >= " + CLI::detail::to_string(lo);
+        return "";
+      },
+      "NUMBER >= " + CLI::detail::to_string(lo));
 }
 
 std::pair<uint64_t, uint64_t> parse_range(const std::string& spec) {

@@ -2,6 +2,8 @@
 // summary, rank wiring, argv editing for the launcher, step ranges.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -108,6 +110,15 @@ void print_summary(const run::RunSummary& s);
 // Replaces the value of `flag` in argv (or appends it), for commands the launcher re-runs.
 std::vector<std::string> with_flag(std::vector<std::string> argv, const std::string& flag, const std::string& value);
 std::vector<std::string> without_flag(std::vector<std::string> argv, const std::string& flag);
+// Validators of number flags: a value outside the range is exit 2 naming the flag and its range
+// (CLI11 refuses a value that is not a number of the flag's type, also exit 2).
+inline constexpr int64_t kMaxSteps = 1'000'000'000'000;  // train.steps' largest value
+// A step number: [1, kMaxSteps].
+CLI::Validator step_range();
+// A world size: [1, 65536] (the manifest's limit, ckpt/manifest.h kMaxWorldSize).
+CLI::Validator world_range();
+// A finite number >= lo (no NaN, no infinity).
+CLI::Validator finite_at_least(double lo);
 // --steps A:B, A:, :B or N.
 std::pair<uint64_t, uint64_t> parse_range(const std::string& spec);
 // RETRACE_TEST_SABOTAGE, for the edge tests' negative controls only (run::Sabotage); ConfigError
