@@ -62,7 +62,7 @@ std::vector<TensorView> views_of(const std::vector<RandomTensor>& ts) {
 }  // namespace
 
 int main() {
-  testing::TempDir tmp("props");
+  ckpt::testing::TempDir tmp("props");
   bool ok = true;
 
   ok &= rc::check("random shards round trip bitwise", [&] {
@@ -70,7 +70,7 @@ int main() {
     const auto metadata = *rc::gen::container<std::map<std::string, std::string>>(
         rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)),
         rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)));
-    const std::string path = tmp.sub("rt.safetensors");
+    const std::string path = tmp.file("rt.safetensors");
     ShardFileInfo info = write_shard(path, metadata, views_of(tensors));
     RC_ASSERT(info.size == std::filesystem::file_size(path));
     ShardData d = read_shard(path);
@@ -88,15 +88,15 @@ int main() {
   });
 
   // One small checkpoint, damaged in random ways; restored after each case.
-  const std::string root = tmp.sub("ck");
-  const std::string dir = testing::save_checkpoint(root, 10, 3, 200);
+  const std::string root = tmp.file("ck");
+  const std::string dir = ckpt::testing::save_checkpoint(root, 10, 3, 200);
   const std::string manifest_path = dir + "/manifest.json";
-  const std::string manifest_good = testing::read_all(manifest_path);
+  const std::string manifest_good = ckpt::testing::read_all(manifest_path);
 
   ok &= rc::check("a flipped or truncated shard is always a sha256 mismatch on its rank", [&] {
     const uint32_t rank = *rc::gen::inRange<uint32_t>(0, 3);
     const std::string path = dir + "/" + shard_file_name(rank);
-    const std::string good = testing::read_all(path);
+    const std::string good = ckpt::testing::read_all(path);
     std::string bad = good;
     if (*rc::gen::arbitrary<bool>()) {
       const size_t at = *rc::gen::inRange<size_t>(0, good.size());
@@ -104,14 +104,14 @@ int main() {
     } else {
       bad.resize(*rc::gen::inRange<size_t>(0, good.size()));
     }
-    testing::write_all(path, bad);
+    ckpt::testing::write_all(path, bad);
     std::string what;
     try {
       verify_checkpoint(dir, 3);
     } catch (const IntegrityError& e) {
       what = e.what();
     }
-    testing::write_all(path, good);
+    ckpt::testing::write_all(path, good);
     RC_ASSERT(what.rfind("sha256 mismatch on rank " + std::to_string(rank), 0) == 0);
   });
 
@@ -125,7 +125,7 @@ int main() {
       positions.insert(at);
     }
     if (*rc::gen::arbitrary<bool>()) bad.resize(*rc::gen::inRange<size_t>(0, bad.size()));
-    testing::write_all(manifest_path, bad);
+    ckpt::testing::write_all(manifest_path, bad);
     bool rejected = false;
     Manifest got;
     try {
@@ -137,7 +137,7 @@ int main() {
     } catch (const FormatError&) {
       rejected = true;
     }
-    testing::write_all(manifest_path, manifest_good);
+    ckpt::testing::write_all(manifest_path, manifest_good);
     if (!rejected) {
       auto is_ws = [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; };
       for (size_t at : positions) RC_ASSERT(at >= bad.size() || (is_ws(bad[at]) && is_ws(manifest_good[at])));
@@ -146,7 +146,7 @@ int main() {
   });
 
   ok &= rc::check("parse_shard never crashes on damaged shards and keeps its bounds", [&] {
-    std::string bytes = testing::read_all(dir + "/" + shard_file_name(0));
+    std::string bytes = ckpt::testing::read_all(dir + "/" + shard_file_name(0));
     const int edits = *rc::gen::inRange(1, 6);
     for (int i = 0; i < edits; ++i) {
       const size_t at = *rc::gen::inRange<size_t>(0, bytes.size());
@@ -187,12 +187,12 @@ int main() {
       total += t.numel() * *dtype_size(t.dtype);
     }
     for (uint64_t b : per_rank) RC_ASSERT(b <= total / world + 8);
-    const std::string root = tmp.sub("split");
+    const std::string root = tmp.file("split");
     std::filesystem::remove_all(root);
-    const std::string dir = testing::write_sharded(root, 1, world, layouts, values);
+    const std::string dir = ckpt::testing::write_sharded(root, 1, world, layouts, values);
     std::string rng;
     const uint32_t own = *rc::gen::inRange(0u, world);
-    RC_ASSERT(testing::read_sharded(dir, own, &rng) == values);
+    RC_ASSERT(ckpt::testing::read_sharded(dir, own, &rng) == values);
     RC_ASSERT(rng == "rng of rank " + std::to_string(own));
   });
 

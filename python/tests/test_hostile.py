@@ -1,4 +1,5 @@
 """A damaged run directory gives the CLI's clear errors, as Python exceptions of the exit code's class."""
+import json
 import os
 
 import pytest
@@ -108,9 +109,9 @@ def test_a_resume_without_a_run_is_an_integrity_error(tmp_path):
 
 
 def test_a_run_has_one_writer(tmp_path):
-    """Issue 54: while a recorder writes a run, another create (even with force), resume or the
-    CLI's resume is refused with the CLI's exit code 4 naming this process; after close() the run
-    continues, bitwise from its checkpoint."""
+    """Issue 54: while a recorder writes a run, another create (even with force), resume or a CLI
+    writer (`record --force` into it) is refused with the CLI's exit code 4 naming this process;
+    after close() the run continues from its checkpoint."""
     model, opt = make()
     rec = retrace.Recorder.create(tmp_path / "a", model, opt)
     model(torch.ones(4, 16)).sum().backward()
@@ -123,8 +124,9 @@ def test_a_run_has_one_writer(tmp_path):
             attempt()
         assert e.value.exit_code == 4
         assert "being written by another process" in str(e.value) and f"pid {os.getpid()}" in str(e.value)
-    code, _, err = cli("resume", tmp_path / "a", check=False)
+    code, _, err = cli("record", "--force", "--steps", "1", "--out", tmp_path / "a", check=False)
     assert code == 4 and f"pid {os.getpid()}" in err, err
+    assert (tmp_path / "a" / "trace.rtrace").exists()  # untouched
     code, out, _ = cli("inspect", tmp_path / "a", check=False)  # a reader needs no lock
     assert code == 0, out
     rec.close()
@@ -135,3 +137,17 @@ def test_a_run_has_one_writer(tmp_path):
     again = retrace.Recorder.resume(tmp_path / "a", model, opt)
     assert again.last_step == 1
     again.close()
+
+
+def test_a_trace_cut_after_a_checkpoint_resumes_from_the_one_before(run):
+    """Issue 54: the trace cut short (a full disk, a copy cut off) before the newest checkpoint's
+    position: resume passes over that checkpoint for the newest one the intact trace reaches."""
+    with open(ckpt(run, 6) / "manifest.json") as f:
+        position = json.load(f)["trace_position"]
+    os.truncate(run / "trace.rtrace", position - 1)
+    model, opt = make()
+    rec = retrace.Recorder.resume(run, model, opt)
+    assert rec.last_step == 3
+    rec.close()
+    code, out, _ = cli("inspect", run, "--json", check=False)
+    assert code == 0 and json.loads(out[out.index("{"):])["steps"][-1]["step"] == 3

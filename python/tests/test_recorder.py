@@ -34,6 +34,7 @@ def test_create_lays_out_a_run_the_cli_reads(tmp_path):
     files = j["header"]["data_files"]
     assert files[0]["size"] == 1000  # std::filesystem inside python: libstdc++'s, not libtorch's copy
     assert rec.last_step == 0 and rec.next_step == 1
+    rec.close()  # a live recorder's directory is refused for its lock (IoError); a finished run for existing
     with pytest.raises(retrace.ConfigError) as e:
         retrace.Recorder.create(run, model, opt)
     assert e.value.exit_code == 2 and str(run) in str(e.value)

@@ -1,5 +1,8 @@
 #include "ckpt/verify.h"
 
+#include <string_view>
+#include <unordered_map>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -148,12 +151,20 @@ Manifest verify_checkpoint(const std::string& dir, std::optional<uint32_t> expec
 void check_table(const std::string& dir, const Manifest& manifest) {
   if (manifest.tensors.empty()) return;
   std::vector<ShardData> headers;
+  // Each shard's tensors by name: one lookup per piece, not a scan (a model of many tensors on
+  // many ranks has as many pieces as tensors and ranks together).
+  std::vector<std::unordered_map<std::string_view, const TensorEntry*>> by_name;
   for (const ShardEntry& s : manifest.shards) headers.push_back(read_shard_header(join(dir, s.file), fs::Links::kRefuse));
+  for (const ShardData& h : headers) {
+    by_name.emplace_back();
+    for (const TensorEntry& e : h.tensors) by_name.back().emplace(e.name, &e);
+  }
   for (const TensorLayout& t : manifest.tensors) {
     const uint64_t elem = *dtype_size(t.dtype);  // known: checked when the manifest was parsed
     for (const TensorPiece& p : t.pieces) {
       const ShardData& shard = headers.at(p.rank);
-      const TensorEntry* e = shard.find(t.name);
+      const auto found = by_name[p.rank].find(t.name);
+      const TensorEntry* e = found == by_name[p.rank].end() ? nullptr : found->second;
       const uint64_t count = p.end - p.begin;
       const std::vector<int64_t> shape =
           p.begin == 0 && p.end == t.numel() ? t.shape : std::vector<int64_t>{static_cast<int64_t>(count)};

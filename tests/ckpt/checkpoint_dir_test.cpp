@@ -37,7 +37,7 @@ std::pair<std::string, std::string> verify_error(const std::string& dir, std::op
 TEST(CheckpointDir, SaveVerifyLoad) {
   TempDir tmp;
   const std::string dir = save_checkpoint(tmp.path(), 10, 2, 4096);
-  EXPECT_EQ(dir, tmp.sub("step-00000010"));
+  EXPECT_EQ(dir, tmp.file("step-00000010"));
   Manifest m = verify_checkpoint(dir, 2);
   EXPECT_EQ(m.step, 10u);
   EXPECT_EQ(testing::check_checkpoint_content(dir, m), "");
@@ -168,9 +168,9 @@ TEST(CheckpointDir, UnknownSchemaInManifest) {
 TEST(CheckpointDir, ManifestForAnotherStep) {
   TempDir tmp;
   const std::string dir = save_checkpoint(tmp.path(), 10, 1, 256);
-  stdfs::create_directory(tmp.sub("step-00000011"));
-  stdfs::copy(dir, tmp.sub("step-00000011"), stdfs::copy_options::recursive | stdfs::copy_options::overwrite_existing);
-  auto [kind, what] = verify_error(tmp.sub("step-00000011"));
+  stdfs::create_directory(tmp.file("step-00000011"));
+  stdfs::copy(dir, tmp.file("step-00000011"), stdfs::copy_options::recursive | stdfs::copy_options::overwrite_existing);
+  auto [kind, what] = verify_error(tmp.file("step-00000011"));
   EXPECT_EQ(kind, "integrity error");
   EXPECT_NE(what.find("says step 10"), std::string::npos) << what;
 }
@@ -181,18 +181,18 @@ TEST(CheckpointDir, RotationKeepsFiveAndRemovesLeftovers) {
   for (uint64_t s = 1; s <= 7; ++s) save_checkpoint(root, s, 2, 256);
   // Leftovers of interrupted saves: an older dir without manifest, .tmp files, and a newer
   // manifest-less dir that rotation must leave alone (it may be a save in progress).
-  stdfs::create_directories(tmp.sub("step-00000005x"));  // not a step dir: ignored
+  stdfs::create_directories(tmp.file("step-00000005x"));  // not a step dir: ignored
   const std::string torn = prepare_checkpoint_dir(root, 6);  // re-save of 6 that never commits
   write_all(torn + "/shard-rank00000.safetensors.tmp", "partial");
-  write_all(tmp.sub("LATEST.tmp"), "x");
+  write_all(tmp.file("LATEST.tmp"), "x");
   const std::string future = prepare_checkpoint_dir(root, 99);
   write_all(future + "/shard-rank00000.safetensors", "partial");
   save_checkpoint(root, 8, 2, 256);
   std::vector<uint64_t> steps;
   for (auto& [step, dir] : list_step_dirs(root)) steps.push_back(step);
   EXPECT_EQ(steps, (std::vector<uint64_t>{99, 8, 7, 5, 4, 3})) << "keeps 3,4,5,7,8; 6 lost its manifest";
-  EXPECT_FALSE(stdfs::exists(tmp.sub("LATEST.tmp")));
-  EXPECT_TRUE(stdfs::exists(tmp.sub("step-00000005x")));
+  EXPECT_FALSE(stdfs::exists(tmp.file("LATEST.tmp")));
+  EXPECT_TRUE(stdfs::exists(tmp.file("step-00000005x")));
   EXPECT_EQ(read_latest(root).value_or(""), "step-00000008");
   for (uint64_t s : {3, 4, 5, 7, 8}) EXPECT_NO_THROW(verify_checkpoint(root + "/" + step_dir_name(s), 2)) << s;
   save_checkpoint(root, 9, 2, 256, /*keep_last=*/2);
@@ -207,7 +207,7 @@ TEST(CheckpointDir, FindNewestValidFallsBack) {
   TempDir tmp;
   const std::string root = tmp.path();
   EXPECT_FALSE(find_newest_valid(root, 2).has_value());
-  EXPECT_FALSE(find_newest_valid(tmp.sub("absent"), 2).has_value());
+  EXPECT_FALSE(find_newest_valid(tmp.file("absent"), 2).has_value());
   for (uint64_t s : {10, 20, 30}) save_checkpoint(root, s, 2, 4096);
   // Newest complete one is torn (a shard cut short behind a valid manifest) ...
   const std::string shard30 = root + "/step-00000030/" + shard_file_name(0);
@@ -296,7 +296,7 @@ TEST(CheckpointDir, ReportListsEveryProblem) {
   ASSERT_EQ(r.problems.size(), 2u);
   EXPECT_TRUE(starts_with(r.problems[0], "sha256 mismatch on rank 0"));
   EXPECT_TRUE(starts_with(r.problems[1], "shard file missing: "));
-  auto j = verify_report_json(tmp.sub("nowhere"));
+  auto j = verify_report_json(tmp.file("nowhere"));
   EXPECT_FALSE(j["ok"].get<bool>());
   EXPECT_TRUE(j.contains("error"));
 }

@@ -14,20 +14,6 @@
 
 namespace retrace::ckpt::testing {
 
-TempDir::TempDir(const std::string& tag) {
-  const char* base = std::getenv("TMPDIR");
-  std::string templ = std::string(base && *base ? base : "/tmp") + "/retrace-" + tag + "-XXXXXX";
-  std::vector<char> buf(templ.begin(), templ.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + templ);
-  path_ = buf.data();
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 std::vector<uint8_t> pattern_bytes(uint64_t step, uint32_t rank, uint32_t index, uint64_t nbytes) {
   std::vector<uint8_t> out(nbytes);
   uint64_t x = (step * 0x9E3779B97F4A7C15ull) ^ (uint64_t(rank) << 32) ^ (uint64_t(index) << 48) ^ 0x5bd1e995u;

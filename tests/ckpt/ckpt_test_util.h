@@ -9,22 +9,11 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/manifest.h"
 #include "ckpt/shard.h"
+#include "testing/temp_dir.h"
 
 namespace retrace::ckpt::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its content on destruction.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag = "ckpt");
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using TempDir = ::retrace::testing::TempDir;  // the one test library's (tests/testing/temp_dir.h)
 
 // Deterministic content for (step, rank, tensor index): a counter-based pattern, so a reader can
 // check every byte without keeping the original.

@@ -46,7 +46,7 @@ TEST(CrashConsistency, SigkillDuringSavesNeverYieldsATornCheckpoint) {
   std::cout << "crash test: " << trials << " kills, RETRACE_SEED=" << seed << "\n";
 
   TempDir tmp("crash");
-  const std::string root = tmp.sub("checkpoints");
+  const std::string root = tmp.file("checkpoints");
 
   // Time one save to spread the kills over every phase of several saves.
   auto t0 = std::chrono::steady_clock::now();

@@ -219,7 +219,7 @@ TEST(Schema, V0FixtureMigrates) {
   // Work on a copy: loading must not need write access, but rotation tests elsewhere must not touch it.
   TempDir tmp;
   std::filesystem::copy(kFixture, tmp.path(), std::filesystem::copy_options::recursive);
-  const std::string dir = tmp.sub("step-00000003");
+  const std::string dir = tmp.file("step-00000003");
   Manifest m = verify_checkpoint(dir, 2);
   EXPECT_EQ(m.schema, "ckpt.v0");
   EXPECT_EQ(m.step, 3u);

@@ -49,7 +49,7 @@ TEST(Shard, RoundTripBytesAndMetadata) {
   TempDir tmp;
   Sample s;
   std::map<std::string, std::string> md = {{"schema", "ckpt.v1"}, {"step", "7"}, {"note", "h\u00e9llo \"q\""}};
-  const std::string path = tmp.sub("a.safetensors");
+  const std::string path = tmp.file("a.safetensors");
   ShardFileInfo info = write_shard(path, md, s.views());
   EXPECT_EQ(info.file, "a.safetensors");
   EXPECT_EQ(info.size, std::filesystem::file_size(path));
@@ -74,7 +74,7 @@ TEST(Shard, RoundTripBytesAndMetadata) {
 TEST(Shard, SafetensorsLayout) {
   TempDir tmp;
   Sample s;
-  const std::string path = tmp.sub("b.safetensors");
+  const std::string path = tmp.file("b.safetensors");
   write_shard(path, {{"schema", "ckpt.v1"}}, s.views());
   const std::string b = testing::read_all(path);
   const uint64_t n = le64(b);
@@ -111,18 +111,18 @@ TEST(Shard, LargeShardHashedInPassMatchesFileDigest) {
   TempDir tmp;
   auto big = testing::pattern_bytes(1, 0, 0, 24u << 20);
   auto small = testing::pattern_bytes(1, 0, 1, 100);
-  ShardFileInfo info = write_shard(tmp.sub("big.safetensors"), {},
+  ShardFileInfo info = write_shard(tmp.file("big.safetensors"), {},
                                    {{"big", "U8", {int64_t(big.size())}, big.data(), big.size()},
                                     {"small", "U8", {100}, small.data(), 100}});
-  EXPECT_EQ(info.sha256, sha256_file_hex(tmp.sub("big.safetensors")));
-  ShardData d = read_shard(tmp.sub("big.safetensors"));
+  EXPECT_EQ(info.sha256, sha256_file_hex(tmp.file("big.safetensors")));
+  ShardData d = read_shard(tmp.file("big.safetensors"));
   EXPECT_EQ(std::memcmp(d.data(*d.find("big")), big.data(), big.size()), 0);
 }
 
 TEST(Shard, WriterRejectsContradictoryViews) {
   TempDir tmp;
   float x[2] = {1, 2};
-  const std::string p = tmp.sub("c.safetensors");
+  const std::string p = tmp.file("c.safetensors");
   EXPECT_THROW(write_shard(p, {}, {{"x", "F32", {3}, x, 8}}), InvariantError);
   EXPECT_THROW(write_shard(p, {}, {{"x", "Q8", {2}, x, 2}}), InvariantError);
   EXPECT_THROW(write_shard(p, {}, {{"x", "F32", {-2}, x, 8}}), InvariantError);
@@ -185,7 +185,7 @@ TEST(Shard, EmptyShardIsValid) {
 TEST(Shard, FailedWriteRemovesTmpAndThrowsIoError) {
   TempDir tmp;
   auto big = testing::pattern_bytes(2, 0, 0, 10u << 20);
-  const std::string p = tmp.sub("f.safetensors");
+  const std::string p = tmp.file("f.safetensors");
   testing::write_all(p, "previous content");
   for (uint64_t at : {uint64_t(0), uint64_t(5), uint64_t(4u << 20), uint64_t(10u << 20)}) {
     try {
@@ -206,7 +206,7 @@ TEST(Shard, FailedWriteRemovesTmpAndThrowsIoError) {
 TEST(Shard, RealEnospcFromDevFull) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   TempDir tmp;
-  const std::string p = tmp.sub("g.safetensors");
+  const std::string p = tmp.file("g.safetensors");
   std::filesystem::create_symlink("/dev/full", p + ".tmp");
   auto data = testing::pattern_bytes(3, 0, 0, 4096);
   try {

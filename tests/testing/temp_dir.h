@@ -1,16 +1,21 @@
-// A temporary directory removed when the object goes out of scope.
+// A temporary directory removed with its content when the object goes out of scope: the one
+// every test uses (its name says which test made it: retrace-TAG-XXXXXX under $TMPDIR or /tmp).
 #pragma once
 
+#include <stdlib.h>
+
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 namespace retrace::testing {
 
 class TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "retrace-test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
+  explicit TempDir(const std::string& tag = "test") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / ("retrace-" + tag + "-XXXXXX")).string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
+    path_ = tmpl;
   }
   ~TempDir() {
     std::error_code ec;

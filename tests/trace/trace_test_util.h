@@ -13,30 +13,11 @@
 #include <string>
 
 #include "records/records.h"
+#include "testing/temp_dir.h"
 
 namespace retrace::trace::testing {
 
-// A fresh directory under the system temp dir, removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("retrace_trace_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using TempDir = ::retrace::testing::TempDir;  // the one test library's (tests/testing/temp_dir.h)
 
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
