@@ -479,9 +479,13 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   if (std::filesystem::is_directory(dir)) lock = run::RunLock::acquire(dir, "Recorder::resume (a user's loop)");
   std::optional<trace::TraceReader> before;
   if (std::filesystem::exists(run::trace_path(dir))) before.emplace(trace::TraceReader::open(run::trace_path(dir)));
+  // A checkpoint past the intact trace (cut short after it) or of another trace: an older one,
+  // judged on its manifest before its shard is read.
+  const ckpt::ManifestCheck continues_trace = [&](const ckpt::Manifest& m) {
+    if (before)
+      before->check_continues(m.trace_position, parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
+  };
   const auto check = [&](const ckpt::LoadedSnapshot& s) {
-    // A checkpoint past the intact trace (cut short after it) or of another trace: an older one.
-    if (before) before->check_continues(s.position.bytes, s.position.chain);
     if (!same_optimizer(s)) return;  // the loop's choice, not damage: a config error below
     train::check_model_state(mine, s.model, s.where);
     train::check_optimizer_state(s.optim, current.parameters, *kind, s.where);
@@ -489,7 +493,8 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
     ckpt::metadata_u64(s, "samples_seen");
   };
   std::vector<std::pair<std::string, std::string>> skipped;
-  auto pick = ckpt::load_newest_snapshot(run::checkpoint_root(dir), 1, 0, &skipped, {}, check);  // own shard hashed once
+  auto pick = ckpt::load_newest_snapshot(run::checkpoint_root(dir), 1, 0, &skipped, {}, check, nullptr,
+                                         continues_trace);  // own shard hashed once
   RETRACE_CHECK(pick.has_value(), IntegrityError, "Recorder::resume: no checkpoint of ", dir, " verifies",
                 skipped.empty() ? " (there is none)" : ": " + skipped.front().first + ": " + skipped.front().second,
                 "; start the run again with Recorder::create");

@@ -468,12 +468,7 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
                                                    std::vector<std::pair<std::string, std::string>>* skipped,
                                                    const KeepRange& keep,
                                                    const std::function<void(const LoadedSnapshot&)>& check,
-                                                   const ShardSync* ranks) {
-  auto attempt = [&](const std::string& dir) {
-    LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep);
-    if (check) check(s);
-    return s;
-  };
+                                                   const ShardSync* ranks, const ManifestCheck& before_read) {
   // Each rank reads only what it needs of the other ranks' shards, so each may find damage the
   // others do not see: every candidate is taken by all ranks or skipped by all, with the first
   // complaining rank's reason.
@@ -486,6 +481,25 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
         if (!all[r].empty()) return "rank " + std::to_string(r) + " cannot load it: " + all[r];
       return std::string();
     };
+  auto attempt = [&](const std::string& dir) {
+    if (before_read) {
+      // The manifest's verdict first, agreed by the ranks, so that no rank reads the shards of a
+      // checkpoint that one of them refuses on its manifest alone.
+      std::string why;
+      try {
+        before_read(read_checked_manifest(dir, world_size));
+      } catch (const WorldSizeMismatch&) {
+        throw;  // the same on every rank: reported, not skipped (newest_step_dir_that)
+      } catch (const Error& e) {
+        why = e.what();
+      }
+      if (agree) why = agree(why);
+      RETRACE_CHECK(why.empty(), IntegrityError, why);
+    }
+    LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep);
+    if (check) check(s);
+    return s;
+  };
   std::vector<std::pair<std::string, std::string>> skips;
   std::optional<NewestSnapshot> out;
   auto found = newest_step_dir_that(root, attempt, skips, agree);
@@ -633,16 +647,12 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard, const ShardSync* ranks,
-                                                    const std::function<void(const LoadedSnapshot&)>& also) {
+                                                    const ManifestCheck& before_read) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
-  auto newest = load_newest_snapshot(
-      root, world, rank, skipped, keep_of(trainer),
-      [&trainer, &also](const LoadedSnapshot& s) {
-        if (also) also(s);
-        check_snapshot_values(trainer, s);
-      },
-      ranks);
+  auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer),
+                                     [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); },
+                                     ranks, before_read);
   if (!newest) return std::nullopt;
   return restore(trainer, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }

@@ -120,11 +120,17 @@ struct NewestSnapshot {
 // the pieces of other ranks' shards it needs (read_pieces), so it may see damage the others do not;
 // after each candidate the ranks exchange their verdicts (one all-gather of the reasons) and all
 // take it or all skip it, with the first complaining rank's reason.
+// `before_read`, when given, judges each candidate's manifest before any shard is read (e.g. that
+// its trace position continues the run's trace): one that throws an Error is skipped without
+// reading its shards. With ranks, every rank passes one (a no-op where it has nothing to judge),
+// since the verdicts are exchanged in one more all-gather per candidate.
+using ManifestCheck = std::function<void(const Manifest&)>;
 std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint32_t world_size, uint32_t rank,
                                                    std::vector<std::pair<std::string, std::string>>* skipped = nullptr,
                                                    const KeepRange& keep = {},
                                                    const std::function<void(const LoadedSnapshot&)>& check = {},
-                                                   const ShardSync* ranks = nullptr);
+                                                   const ShardSync* ranks = nullptr,
+                                                   const ManifestCheck& before_read = {});
 // A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
 uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
 
@@ -153,14 +159,13 @@ struct Reshard {
   std::string config_hash;
 };
 // load_checkpoint of the newest checkpoint under `root` that loads (load_newest_snapshot); nullopt
-// when none does (`skipped` then says why each was skipped). `also`, when given, is one more
-// check of each candidate (e.g. that it continues the run's trace): one that throws an Error is
-// skipped like a damaged one.
+// when none does (`skipped` then says why each was skipped). `before_read` as in
+// load_newest_snapshot.
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard = nullptr,
                                                     const ShardSync* ranks = nullptr,
-                                                    const std::function<void(const LoadedSnapshot&)>& also = {});
+                                                    const ManifestCheck& before_read = {});
 // The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);
 

@@ -585,10 +585,13 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   RETRACE_CHECK(!writes_trace || before.has_value(), IntegrityError, "cannot resume ", run_dir, ": its trace ",
                 trace_path(run_dir), " is missing; the checkpoints are kept, but the run's record cannot continue "
                 "without it. Restore the trace, or start again with `retrace record --force`");
-  std::function<void(const ckpt::LoadedSnapshot&)> continues_trace;
-  if (writes_trace && before)
-    continues_trace = [&before](const ckpt::LoadedSnapshot& s) {
-      before->check_continues(s.position.bytes, s.position.chain);
+  // It is judged on the manifest, before any shard is read (a checkpoint past a cut costs no
+  // read of its bytes); every rank passes the check when the trace is on, for the ranks' round.
+  ckpt::ManifestCheck continues_trace;
+  if (config.trace.enabled)
+    continues_trace = [&before, writes_trace](const ckpt::Manifest& m) {
+      if (writes_trace && before)
+        before->check_continues(m.trace_position, parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
     };
   std::optional<ckpt::RestoredState> loaded =
       ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr,
