@@ -90,6 +90,25 @@ ShardDigests hash_shards(const std::string& dir, const std::vector<const ShardEn
 
 uint64_t data_start_offset(const ShardData& shard, const TensorEntry& e) { return shard.data_start + e.offset; }
 
+// What a load requires of the shard entry `e` (nullptr when absent) that holds piece `p` of `t`:
+// present, of the table's dtype and the piece's bytes, and (ckpt.v3) at the recorded offset.
+// IntegrityError naming the shard, the tensor and the elements. read_pieces (every load of pieces)
+// and check_table (`retrace verify`) share it, so that VERIFIED means what a load checks.
+void check_piece_entry(const ShardData& shard, const TensorEntry* e, const TensorLayout& t, const TensorPiece& p) {
+  const uint64_t count = p.end - p.begin, size = *dtype_size(t.dtype);  // known: checked as the manifest was parsed
+  RETRACE_CHECK(e != nullptr, IntegrityError, "shard ", shard.source, " lacks elements [", p.begin, ", ", p.end,
+                ") of ", t.name, ", which the manifest puts there; the shard belongs to another checkpoint or was "
+                "rewritten; ", kResumeHint);
+  RETRACE_CHECK(e->dtype == t.dtype && e->nbytes == count * size, IntegrityError, "shard ", shard.source, ": ", t.name,
+                " elements [", p.begin, ", ", p.end, ") should be ", count, " ", t.dtype, " (", count * size,
+                " bytes), the shard holds ", e->dtype, " of ", e->nbytes,
+                " bytes; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
+  RETRACE_CHECK(!p.hashed() || data_start_offset(shard, *e) == p.offset, IntegrityError, "shard ", shard.source, ": ",
+                t.name, " elements [", p.begin, ", ", p.end, ") are at byte ", data_start_offset(shard, *e),
+                ", the manifest records ", p.offset, "; the shard belongs to another checkpoint or was rewritten; ",
+                kResumeHint);
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
@@ -160,25 +179,19 @@ void check_table(const std::string& dir, const Manifest& manifest) {
     for (const TensorEntry& e : h.tensors) by_name.back().emplace(e.name, &e);
   }
   for (const TensorLayout& t : manifest.tensors) {
-    const uint64_t elem = *dtype_size(t.dtype);  // known: checked when the manifest was parsed
     for (const TensorPiece& p : t.pieces) {
       const ShardData& shard = headers.at(p.rank);
       const auto found = by_name[p.rank].find(t.name);
       const TensorEntry* e = found == by_name[p.rank].end() ? nullptr : found->second;
-      const uint64_t count = p.end - p.begin;
-      const std::vector<int64_t> shape =
-          p.begin == 0 && p.end == t.numel() ? t.shape : std::vector<int64_t>{static_cast<int64_t>(count)};
-      const std::string piece = t.name + " elements [" + std::to_string(p.begin) + ", " + std::to_string(p.end) + ")";
-      RETRACE_CHECK(e != nullptr, IntegrityError, "shard ", shard.source, " lacks ", piece,
-                    ", which the manifest's table puts there; the manifest does not describe its shards; ",
+      check_piece_entry(shard, e, t, p);
+      // The shape a save writes: the table's for a whole tensor, a 1-D run for part of one.
+      const std::vector<int64_t> shape = p.begin == 0 && p.end == t.numel()
+                                             ? t.shape
+                                             : std::vector<int64_t>{static_cast<int64_t>(p.end - p.begin)};
+      RETRACE_CHECK(e->shape == shape, IntegrityError, "shard ", shard.source, ": ", t.name, " elements [", p.begin,
+                    ", ", p.end, ") should have shape ", shape_text(shape), " by the manifest's table, the shard's "
+                    "is ", shape_text(e->shape), "; the shard belongs to another checkpoint or was rewritten; ",
                     kResumeHint);
-      RETRACE_CHECK(e->dtype == t.dtype && e->shape == shape && e->nbytes == count * elem, IntegrityError, "shard ",
-                    shard.source, ": ", piece, " should be ", t.dtype, " ", shape_text(shape), " (", count * elem,
-                    " bytes) by the manifest's table, the shard holds ", e->dtype, " ", shape_text(e->shape),
-                    " (", e->nbytes, " bytes); the manifest does not describe its shards; ", kResumeHint);
-      RETRACE_CHECK(!p.hashed() || data_start_offset(shard, *e) == p.offset, IntegrityError, "shard ", shard.source,
-                    ": ", piece, " are at byte ", data_start_offset(shard, *e), ", the manifest's table records ",
-                    p.offset, "; the manifest does not describe its shards; ", kResumeHint);
     }
   }
 }
@@ -387,18 +400,8 @@ uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
         for (const auto& [index, piece] : by_rank[r]) {
           const TensorLayout& t = manifest.tensors[index];
           const TensorEntry* e = shard.find(t.name);
-          const uint64_t count = piece->end - piece->begin, size = *dtype_size(t.dtype);
-          RETRACE_CHECK(e != nullptr, IntegrityError, "shard ", shard.source, " lacks elements [", piece->begin, ", ",
-                        piece->end, ") of ", t.name, ", which the manifest puts there; the shard belongs to another "
-                        "checkpoint or was rewritten; ", kResumeHint);
-          RETRACE_CHECK(e->dtype == t.dtype && e->nbytes == count * size, IntegrityError, "shard ", shard.source,
-                        ": ", t.name, " elements [", piece->begin, ", ", piece->end, ") should be ", count, " ",
-                        t.dtype, " (", count * size, " bytes), the shard holds ", e->dtype, " of ", e->nbytes,
-                        " bytes; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
-          RETRACE_CHECK(!piece->hashed() || data_start_offset(shard, *e) == piece->offset, IntegrityError, "shard ",
-                        shard.source, ": ", t.name, " elements [", piece->begin, ", ", piece->end, ") are at byte ",
-                        data_start_offset(shard, *e), ", the manifest records ", piece->offset,
-                        "; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
+          check_piece_entry(shard, e, t, *piece);
+          const uint64_t size = *dtype_size(t.dtype);
           if (!window) {
             std::memcpy(static_cast<char*>(destination(index)) + piece->begin * size, shard.data(*e), e->nbytes);
             continue;

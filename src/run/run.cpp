@@ -596,6 +596,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   std::optional<ckpt::RestoredState> loaded =
       ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr,
                                    ranks ? &*ranks : nullptr, continues_trace);
+  if (!writes_trace) before.reset();  // only the trace's writer keeps it (not through the training loop)
   if (loaded && cb.on_message && rank == 0)
     cb.on_message("loaded " + loaded->dir + " (" + (world > 1 ? "rank 0: " : "") +
                   bytes_and_speed(loaded->bytes_read, load_start) +
