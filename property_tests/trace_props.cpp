@@ -111,6 +111,22 @@ void truncation() {
   for (size_t i = 0; i < read.size(); ++i) RC_ASSERT(steps_equal(read[i], steps[i]));
 }
 
+// A skip reason's text and its enum map to each other; any other text is kOther, so a Recorder
+// user's own reason is written as given (the record keeps the text).
+void skip_reasons() {
+  using records::SkipReason;
+  for (SkipReason r : {SkipReason::kNone, SkipReason::kNonFiniteLoss, SkipReason::kNonFiniteGrad,
+                       SkipReason::kLossSpike})
+    RC_ASSERT(records::skip_reason_of(records::skip_text(r)) == r);
+  const std::string text = *rc::gen::oneOf(rc::gen::arbitrary<std::string>(),
+                                           rc::gen::element<std::string>("", "non_finite_loss", "loss_spike",
+                                                                         "non_finite_grad", "other", "loss_spike "));
+  const SkipReason r = records::skip_reason_of(text);
+  if (r == SkipReason::kOther) RC_ASSERT(text != records::skip_text(SkipReason::kNone) && text != "non_finite_loss" &&
+                                         text != "non_finite_grad" && text != "loss_spike");
+  else RC_ASSERT(text == records::skip_text(r));
+}
+
 }  // namespace
 }  // namespace retrace::trace
 
@@ -120,5 +136,7 @@ int main() {
                  retrace::trace::round_trip) && ok;
   ok = rc::check("a trace cut at a random offset yields exactly the complete frames",
                  retrace::trace::truncation) && ok;
+  ok = rc::check("skip reasons: every text maps to its enum and back, any other text is kOther",
+                 retrace::trace::skip_reasons) && ok;
   return ok ? 0 : 1;
 }

@@ -75,7 +75,7 @@ Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uin
   while (t.step() + 1 < s) {
     records::StepRecord r = t.run_step(false);
     progress();
-    if (r.skip_reason == "loss_spike")
+    if (records::skip_reason_of(r.skip_reason) == records::SkipReason::kLossSpike)
       out.notes.push_back(label + ": a loss spike at step " + std::to_string(r.step) +
                           " during re-execution; the original run rolled back there, so the re-executed "
                           "state may not be the recorded one");

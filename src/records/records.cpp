@@ -33,6 +33,23 @@ std::vector<std::string> numerics_differences(const std::vector<KeyValue>& a, co
   return keys;
 }
 
+const char* skip_text(SkipReason reason) {
+  switch (reason) {
+    case SkipReason::kNone: return "";
+    case SkipReason::kNonFiniteLoss: return "non_finite_loss";
+    case SkipReason::kNonFiniteGrad: return "non_finite_grad";
+    case SkipReason::kLossSpike: return "loss_spike";
+    case SkipReason::kOther: break;
+  }
+  return "other";
+}
+
+SkipReason skip_reason_of(const std::string& text) {
+  for (SkipReason r : {SkipReason::kNone, SkipReason::kNonFiniteLoss, SkipReason::kNonFiniteGrad, SkipReason::kLossSpike})
+    if (text == skip_text(r)) return r;
+  return SkipReason::kOther;
+}
+
 namespace {
 
 // Builds the canonical byte string of a record: fixed-width little-endian scalars, doubles by

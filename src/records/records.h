@@ -16,6 +16,14 @@ inline constexpr const char* kTraceSchema = "retrace.trace.v1";
 
 enum class Outcome : uint8_t { kStep = 0, kSkip = 1 };
 
+// Why retrace skipped a step. The trace holds the text (skip_text), so a user's loop may record
+// a reason of its own through the Recorder; skip_reason_of reads any text back, kOther for a
+// text retrace does not write itself.
+enum class SkipReason : uint8_t { kNone, kNonFiniteLoss, kNonFiniteGrad, kLossSpike, kOther };
+// "", "non_finite_loss", "non_finite_grad", "loss_spike"; kOther has no text of its own ("other").
+const char* skip_text(SkipReason reason);
+SkipReason skip_reason_of(const std::string& text);
+
 struct KeyValue {
   std::string key;
   std::string value;
@@ -109,7 +117,7 @@ struct StepRecord {
   double lr = 0;
   double loss_scale = 1;
   Outcome outcome = Outcome::kStep;
-  std::string skip_reason;  // "" for STEP, e.g. "non_finite_loss"
+  std::string skip_reason;  // "" for STEP; skip_text(SkipReason), or a Recorder user's own text
   Digest128 param_digest;   // all parameters and buffers, canonical (sorted by name) order
   Digest128 optim_digest;   // optimizer state in the same order, every trace.optimizer_digest_every
                             // steps (zero in between)

@@ -259,7 +259,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     if (cb.on_step) cb.on_step(rec, trainer.total_steps());
     for (const auto& [kind, text] : trainer.take_events()) emit(writer, cb, rec.step, kind, text);
 
-    if (rec.skip_reason == "loss_spike") {
+    if (records::skip_reason_of(rec.skip_reason) == records::SkipReason::kLossSpike) {
       // Each rollback sets one more batch aside; a run that meets a spike on every re-run would
       // walk the whole data set back and forth. Stop it and say why.
       RETRACE_CHECK(++rollbacks_in_a_row <= kMaxRollbacksInARow, ConfigError, kMaxRollbacksInARow,

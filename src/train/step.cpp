@@ -163,7 +163,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     if (!collective_loss && !std::isfinite(loss_value)) {
       r.loss = policy.chunk > 0 ? fold(chunk_losses) : total.item<float>();
       r.skipped = true;
-      r.skip_reason = "non_finite_loss";  // the scaler is not updated on this path
+      r.skip_reason = records::SkipReason::kNonFiniteLoss;  // the scaler is not updated on this path
       return r;
     }
     if (last) {
@@ -175,12 +175,12 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
       }
       if (!std::isfinite(r.loss)) {
         r.skipped = true;
-        r.skip_reason = "non_finite_loss";
+        r.skip_reason = records::SkipReason::kNonFiniteLoss;
         return r;
       }
       if (policy.spike && policy.spike->is_spike(r.loss)) {
         r.skipped = true;
-        r.skip_reason = "loss_spike";
+        r.skip_reason = records::SkipReason::kLossSpike;
         return r;
       }
     }
@@ -213,7 +213,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   if (found_inf || !std::isfinite(r.grad_norm_pre)) {
     if (policy.scaler) policy.scaler->update(/*found_inf=*/true);
     r.skipped = true;
-    r.skip_reason = "non_finite_grad";
+    r.skip_reason = records::SkipReason::kNonFiniteGrad;
     r.grad_norm_post = r.grad_norm_pre;
     r.optimizer_ms = ms_since(t);
     return r;

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "records/records.h"
+
 namespace retrace::train {
 
 class LossScaler;
@@ -87,7 +89,7 @@ struct StepResult {
   double grad_norm_pre = 0;
   double grad_norm_post = 0;
   bool skipped = false;
-  std::string skip_reason;
+  records::SkipReason skip_reason = records::SkipReason::kNone;
   double forward_ms = 0, backward_ms = 0, optimizer_ms = 0;
 };
 

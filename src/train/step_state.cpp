@@ -157,7 +157,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
   rec.grad_norm_pre = r.grad_norm_pre;
   rec.grad_norm_post = r.grad_norm_post;
   rec.outcome = r.skipped ? records::Outcome::kSkip : records::Outcome::kStep;
-  rec.skip_reason = r.skip_reason;
+  rec.skip_reason = records::skip_text(r.skip_reason);
   rec.micro_batch_sizes = r.micro_sizes;
   rec.micro_losses = r.micro_losses;
   rec.timings.forward_ms = records::Timings::whole_ns(r.forward_ms);  // sums over micro-batches

@@ -168,7 +168,7 @@ TEST(TrainStep, NonFiniteLossSkipsWithoutUpdatingTheScaler) {
   nan.nan_loss = true;
   StepResult r = train_step(*f.model, f.forward(), opt, split(f, {2, 4}), policy, nan);
   EXPECT_TRUE(r.skipped);
-  EXPECT_EQ(r.skip_reason, "non_finite_loss");
+  EXPECT_EQ(r.skip_reason, records::SkipReason::kNonFiniteLoss);
   EXPECT_EQ(state_of(scaler), std::make_pair(65536.0f, int64_t{1}));  // neither backoff nor tracker reset
   EXPECT_TRUE(all_equal(clone_params(*f.model), before));
 }
@@ -189,7 +189,7 @@ TEST(TrainStep, InfGradientSkipsAndHalvesTheScale) {
   faults.inf_grad = "layers.0.weight";
   StepResult r = train_step(*f.model, f.forward(), opt, split(f, {3, 3}), policy, faults);
   EXPECT_TRUE(r.skipped);
-  EXPECT_EQ(r.skip_reason, "non_finite_grad");
+  EXPECT_EQ(r.skip_reason, records::SkipReason::kNonFiniteGrad);
   EXPECT_EQ(state_of(scaler), std::make_pair(32768.0f, int64_t{0}));
   EXPECT_TRUE(all_equal(clone_params(*f.model), before));
 }
@@ -260,7 +260,7 @@ TEST(LossScaler, DisabledScalerIsTheIdentityAndNeverMoves) {
   }
   StepFaults faults;
   faults.inf_grad = "layers.1.bias";
-  EXPECT_EQ(train_step(*f.model, f.forward(), opt, split(f, {6}), policy, faults).skip_reason, "non_finite_grad");
+  EXPECT_EQ(train_step(*f.model, f.forward(), opt, split(f, {6}), policy, faults).skip_reason, records::SkipReason::kNonFiniteGrad);
   EXPECT_EQ(scaler.state(), initial);
   EXPECT_EQ(scaler.scale(), 1.0);
 
