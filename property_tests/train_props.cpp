@@ -55,6 +55,7 @@
 #include "rng/feistel.h"
 #include "rng/philox.h"
 #include "rng/rng_state.h"
+#include "testing/step_records.h"
 #include "testing/temp_dir.h"
 #include "train/config.h"
 #include "train/step.h"
@@ -261,30 +262,12 @@ train::Config tiny_config(int64_t steps, int64_t accum, const std::string& optim
                               "optim.name=" + optim, "schedule.warmup_steps=2"});
 }
 
+// The training fields that differ (not the trace writer's digests, nor timings).
 std::string first_difference(const records::StepRecord& a, const records::StepRecord& b) {
-  std::ostringstream out;
-#define RETRACE_FIELD(f) \
-  if (!(a.f == b.f)) out << #f " differs at step " << a.step << "; ";
-  RETRACE_FIELD(step)
-  RETRACE_FIELD(epoch)
-  RETRACE_FIELD(batch_in_epoch)
-  RETRACE_FIELD(batch_size)
-  RETRACE_FIELD(sample_digest)
-  RETRACE_FIELD(loss_bits)
-  RETRACE_FIELD(loss)
-  RETRACE_FIELD(grad_norm_pre)
-  RETRACE_FIELD(grad_norm_post)
-  RETRACE_FIELD(lr)
-  RETRACE_FIELD(loss_scale)
-  RETRACE_FIELD(outcome)
-  RETRACE_FIELD(skip_reason)
-  RETRACE_FIELD(param_digest)
-  RETRACE_FIELD(optim_digest)
-  RETRACE_FIELD(rng_digest)
-  RETRACE_FIELD(micro_batch_sizes)
-  RETRACE_FIELD(micro_losses)
-#undef RETRACE_FIELD
-  return out.str();
+  std::string out;
+  for (const std::string& f : testing::differing_fields(a, b, /*informational=*/false))
+    if (f != "content_digest" && f != "chain_digest") out += f + " differs at step " + std::to_string(a.step) + "; ";
+  return out;
 }
 
 std::string named_difference(const NamedTensors& a, const NamedTensors& b) {

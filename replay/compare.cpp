@@ -6,6 +6,9 @@
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <type_traits>
+
+#include "records/step_fields.h"
 
 namespace retrace::replay {
 namespace {
@@ -48,69 +51,60 @@ double ToleranceRule::allowed(uint64_t step, double loss_a) const {
   return std::max(abs, late_rel * std::fabs(loss_a));
 }
 
+namespace {
+
+// A field's value as a report writes it.
+std::string text(uint64_t v) { return std::to_string(v); }
+std::string text(uint32_t v) { return std::to_string(v); }
+std::string text(double v) { return num(v); }
+std::string text(const Digest128& d) { return d.hex(); }
+std::string text(records::Outcome o) { return records::outcome_text(o); }
+std::string text(const std::string& s) { return s; }
+template <typename T>
+std::string text(const std::vector<T>& v) {
+  return join(v);
+}
+
+template <typename T>
+bool same(const T& a, const T& b) {
+  return a == b;
+}
+bool same(double a, double b) { return same_bits(a, b); }
+bool same(const std::vector<double>& a, const std::vector<double>& b) { return same_bits(a, b); }
+
+}  // namespace
+
 std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b,
                                    CompareMode mode, const ToleranceRule& tolerance) {
+  const uint8_t bit = mode == CompareMode::kBitwise  ? records::kCompareBitwise
+                      : mode == CompareMode::kLayout ? records::kCompareLayout
+                                                     : records::kCompareTolerance;
   std::vector<FieldDiff> d;
-  auto check = [&](const char* field, bool same, const std::string& va, const std::string& vb) {
-    if (!same) d.push_back({a.step, field, va, vb});
-  };
-#define RETRACE_CMP_INT(f) check(#f, a.f == b.f, std::to_string(a.f), std::to_string(b.f))
-#define RETRACE_CMP_DBL(f) check(#f, same_bits(a.f, b.f), num(a.f), num(b.f))
-#define RETRACE_CMP_DIG(f) check(#f, a.f == b.f, a.f.hex(), b.f.hex())
-  const bool layout = mode == CompareMode::kLayout;
-  RETRACE_CMP_INT(epoch);
-  RETRACE_CMP_INT(batch_in_epoch);
-  if (!layout) {
-    RETRACE_CMP_INT(batch_size);
-    RETRACE_CMP_DIG(sample_digest);
-  }
-  if (mode == CompareMode::kBitwise || layout) {
-    RETRACE_CMP_DBL(loss);
-    RETRACE_CMP_INT(loss_bits);
-    RETRACE_CMP_DBL(grad_norm_pre);
-    RETRACE_CMP_DBL(grad_norm_post);
-    RETRACE_CMP_DBL(lr);
-    RETRACE_CMP_DBL(loss_scale);
-  } else {
-    const double diff = std::fabs(a.loss - b.loss);
-    check("loss", diff <= tolerance.allowed(a.step, a.loss) || (std::isnan(a.loss) && std::isnan(b.loss)),
-          num(a.loss), num(b.loss));
-    // The schedule is a function of the step alone: no kernel changes it.
-    RETRACE_CMP_DBL(lr);
-  }
-  check("outcome", a.outcome == b.outcome, a.outcome == records::Outcome::kStep ? "STEP" : "SKIP",
-        b.outcome == records::Outcome::kStep ? "STEP" : "SKIP");
-  check("skip_reason", a.skip_reason == b.skip_reason, a.skip_reason, b.skip_reason);
-  if (mode == CompareMode::kBitwise || layout) {
-    RETRACE_CMP_DIG(param_digest);
-    RETRACE_CMP_DIG(optim_digest);
-    RETRACE_CMP_DIG(rng_digest);
-    RETRACE_CMP_DIG(state_digest);
-    RETRACE_CMP_DIG(grad_digest);
-    // Per-module digests where both runs recorded them (a recorder run's): the whole digests above
-    // already cover the same tensors, so this only adds the first module that differs.
-    if (!a.module_digests.empty() && !b.module_digests.empty() && a.module_digests != b.module_digests) {
-      const auto& ma = a.module_digests;
-      const auto& mb = b.module_digests;
-      size_t i = 0;
-      while (i < ma.size() && i < mb.size() && ma[i] == mb[i]) ++i;
-      check("module_digests", false, i < ma.size() ? ma[i].module : "(none)", i < mb.size() ? mb[i].module : "(none)");
-    }
-  }
-  if (layout) return d;
-  check("micro_batch_sizes", a.micro_batch_sizes == b.micro_batch_sizes, join(a.micro_batch_sizes),
-        join(b.micro_batch_sizes));
-  if (mode == CompareMode::kBitwise) {
-    check("micro_losses", same_bits(a.micro_losses, b.micro_losses), join(a.micro_losses), join(b.micro_losses));
-    check("rank_grad_digests", a.rank_grad_digests == b.rank_grad_digests, join(a.rank_grad_digests),
-          join(b.rank_grad_digests));
-    check("rank_rng_digests", a.rank_rng_digests == b.rank_rng_digests, join(a.rank_rng_digests),
-          join(b.rank_rng_digests));
-    RETRACE_CMP_DIG(chain_digest);
-  }
-#undef RETRACE_CMP_INT
-#undef RETRACE_CMP_DBL
-#undef RETRACE_CMP_DIG
+  records::for_each_field(
+      [&](const records::StepField& f, const auto& va, const auto& vb) {
+        using T = std::decay_t<decltype(va)>;
+        if constexpr (std::is_same_v<T, records::Timings>) {
+          return;  // never compared
+        } else if constexpr (std::is_same_v<T, std::vector<records::ModuleDigest>>) {
+          // Where both runs recorded them (a recorder run's): the whole digests already cover the
+          // same tensors, so this only adds the first module that differs.
+          if (!(f.compared & bit) || va.empty() || vb.empty() || va == vb) return;
+          size_t i = 0;
+          while (i < va.size() && i < vb.size() && va[i] == vb[i]) ++i;
+          d.push_back({a.step, f.name, i < va.size() ? va[i].module : "(none)", i < vb.size() ? vb[i].module : "(none)"});
+        } else {
+          if constexpr (std::is_same_v<T, double>) {
+            if ((f.compared & records::kLossByRule) && bit == records::kCompareTolerance) {
+              const bool within = std::fabs(va - vb) <= tolerance.allowed(a.step, va) ||
+                                  (std::isnan(va) && std::isnan(vb));
+              if (!within) d.push_back({a.step, f.name, num(va), num(vb)});
+              return;
+            }
+          }
+          if ((f.compared & bit) && !same(va, vb)) d.push_back({a.step, f.name, text(va), text(vb)});
+        }
+      },
+      a, b);
   return d;
 }
 

@@ -1,5 +1,7 @@
 #include "replay/diff.h"
 
+#include "records/step_fields.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -201,46 +203,14 @@ nlohmann::json eval_json(const std::optional<EvalRecord>& e) {
           {"perplexity", num_json(e->perplexity())}};
 }
 
-// StepRecord's fields in declaration order (as diff_record reports them).
-constexpr const char* kFieldOrder[] = {"step",
-                                       "epoch",
-                                       "batch_in_epoch",
-                                       "batch_size",
-                                       "sample_digest",
-                                       "loss",
-                                       "loss_bits",
-                                       "grad_norm_pre",
-                                       "grad_norm_post",
-                                       "lr",
-                                       "loss_scale",
-                                       "outcome",
-                                       "skip_reason",
-                                       "param_digest",
-                                       "optim_digest",
-                                       "grad_digest",
-                                       "module_digests",
-                                       "rng_digest",
-                                       "micro_batch_sizes",
-                                       "micro_losses",
-                                       "rank_grad_digests",
-                                       "content_digest",
-                                       "chain_digest"};
-
-size_t field_rank(const std::string& name) {
-  const size_t n = sizeof kFieldOrder / sizeof kFieldOrder[0];
-  for (size_t i = 0; i < n; ++i)
-    if (name == kFieldOrder[i]) return i;
-  return n;  // a field added later sorts last
-}
-
 }  // namespace
 
 std::vector<const FieldDiff*> fields_by_step(const DiffReport& r) {
   std::vector<const FieldDiff*> v;
   for (const auto& [name, f] : r.first_by_field) v.push_back(&f);
   std::sort(v.begin(), v.end(), [](const FieldDiff* x, const FieldDiff* y) {
-    return std::make_tuple(x->step, field_rank(x->field), x->field) <
-           std::make_tuple(y->step, field_rank(y->field), y->field);
+    return std::make_tuple(x->step, records::step_field_index(x->field), x->field) <
+           std::make_tuple(y->step, records::step_field_index(y->field), y->field);
   });
   return v;
 }
@@ -312,25 +282,24 @@ HeaderDiff diff_headers(const records::TraceHeader& a, const records::TraceHeade
 std::optional<StepDivergence> locate_divergence(const StepRecord& a, const StepRecord& b) {
   const std::vector<FieldDiff> fields = diff_record(a, b, CompareMode::kBitwise, ToleranceRule{0.0});
   if (fields.empty()) return std::nullopt;
-  // The phases in the order a step runs them, each with the fields it decides.
-  static const std::vector<std::pair<const char*, std::vector<std::string>>> kPhases = {
-      {"data", {"epoch", "batch_in_epoch", "batch_size", "sample_digest", "micro_batch_sizes"}},
-      {"forward", {"loss", "loss_bits", "micro_losses"}},
-      {"backward", {"grad_norm_pre", "grad_digest", "rank_grad_digests"}},
-      {"optimizer", {"grad_norm_post", "lr", "loss_scale", "outcome", "skip_reason", "param_digest", "optim_digest"}},
-  };
-  StepDivergence d;
-  d.step = a.step;
-  d.phase = "state";
-  for (const auto& [phase, names] : kPhases) {
-    const bool hit = std::any_of(fields.begin(), fields.end(), [&names = names](const FieldDiff& f) {
-      return std::find(names.begin(), names.end(), f.field) != names.end();
-    });
-    if (hit) {
-      d.phase = phase;
-      break;
+  // The earliest phase of the step that decides a differing field (records/step_fields.h); the
+  // rest of the state when none does.
+  using records::StepPhase;
+  StepPhase earliest = StepPhase::kState;
+  for (const FieldDiff& f : fields) {
+    const size_t i = records::step_field_index(f.field);
+    if (i < records::step_fields().size()) {
+      const StepPhase p = records::step_fields()[i].phase;
+      if (p != StepPhase::kNone && p < earliest) earliest = p;
     }
   }
+  StepDivergence d;
+  d.step = a.step;
+  d.phase = earliest == StepPhase::kData       ? "data"
+            : earliest == StepPhase::kForward  ? "forward"
+            : earliest == StepPhase::kBackward ? "backward"
+            : earliest == StepPhase::kOptimizer ? "optimizer"
+                                                : "state";
   if (!a.module_digests.empty() && !b.module_digests.empty()) {
     std::map<std::string, const records::ModuleDigest*> other;
     for (const auto& m : b.module_digests) other[m.module] = &m;

@@ -4,8 +4,10 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
 
 #include "core/le.h"
+#include "records/step_fields.h"
 
 namespace retrace::records {
 
@@ -52,6 +54,11 @@ SkipReason skip_reason_of(const std::string& text) {
 
 namespace {
 
+template <typename T>
+struct is_vector : std::false_type {};
+template <typename T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
 // Builds the canonical byte string of a record: fixed-width little-endian scalars, doubles by
 // their bit pattern, strings length-prefixed, vectors count-prefixed. Hashing one contiguous
 // buffer is faster than streaming many 8-byte updates.
@@ -81,6 +88,24 @@ class Canonical {
     u64(s.size());
     bytes_.append(s);
   }
+  // A field's value: vectors count-prefixed, a module's digests as its name and three digests.
+  void put(uint64_t v) { u64(v); }
+  void put(uint32_t v) { u32(v); }
+  void put(double v) { f64(v); }
+  void put(const Digest128& d) { digest(d); }
+  void put(Outcome o) { u8(static_cast<uint8_t>(o)); }
+  void put(const std::string& s) { str(s); }
+  void put(const ModuleDigest& m) {
+    str(m.module);
+    digest(m.param);
+    digest(m.grad);
+    digest(m.optim);
+  }
+  template <typename T>
+  void put(const std::vector<T>& v) {
+    u64(v.size());
+    for (const T& x : v) put(x);
+  }
   const std::string& bytes() const { return bytes_; }
 
  private:
@@ -91,52 +116,37 @@ class Canonical {
 
 Digest128 content_digest(const StepRecord& r) {
   Canonical c;
-  c.u64(r.step);
-  c.u64(r.epoch);
-  c.u64(r.batch_in_epoch);
-  c.u32(r.batch_size);
-  c.digest(r.sample_digest);
-  c.f64(r.loss);
-  c.u32(r.loss_bits);
-  c.f64(r.grad_norm_pre);
-  c.f64(r.grad_norm_post);
-  c.f64(r.lr);
-  c.f64(r.loss_scale);
-  c.u8(static_cast<uint8_t>(r.outcome));
-  c.str(r.skip_reason);
-  c.digest(r.param_digest);
-  c.digest(r.optim_digest);
-  c.digest(r.rng_digest);
-  c.u64(r.micro_batch_sizes.size());
-  for (uint32_t v : r.micro_batch_sizes) c.u32(v);
-  c.u64(r.micro_losses.size());
-  for (double v : r.micro_losses) c.f64(v);
-  c.u64(r.rank_grad_digests.size());
-  for (const Digest128& d : r.rank_grad_digests) c.digest(d);
-  if (r.state_digest != Digest128{}) {
-    c.u8(1);
-    c.digest(r.state_digest);
-  }
-  if (!r.rank_rng_digests.empty()) {
-    c.u8(2);
-    c.u64(r.rank_rng_digests.size());
-    for (const Digest128& d : r.rank_rng_digests) c.digest(d);
-  }
-  if (r.grad_digest != Digest128{}) {
-    c.u8(3);
-    c.digest(r.grad_digest);
-  }
-  if (!r.module_digests.empty()) {
-    c.u8(4);
-    c.u64(r.module_digests.size());
-    for (const ModuleDigest& m : r.module_digests) {
-      c.str(m.module);
-      c.digest(m.param);
-      c.digest(m.grad);
-      c.digest(m.optim);
+  for_each_field([&c](const StepField& f, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (!std::is_same_v<T, Timings>) {  // timings are never digested
+      if (f.digest == InDigest::kNever) return;
+      if constexpr (std::is_same_v<T, Digest128> || is_vector<T>::value) {
+        if (f.digest == InDigest::kWhenSet) {
+          if (unset(value)) return;
+          c.u8(f.tag);
+        }
+      }
+      c.put(value);
     }
-  }
+  }, r);
   return xxh3_128(c.bytes().data(), c.bytes().size());
+}
+
+const std::vector<StepField>& step_fields() {
+  static const std::vector<StepField> kFields = [] {
+    std::vector<StepField> v;
+    const StepRecord empty;
+    for_each_field([&v](const StepField& f, const auto&) { v.push_back(f); }, empty);
+    return v;
+  }();
+  return kFields;
+}
+
+size_t step_field_index(const std::string& name) {
+  const std::vector<StepField>& fields = step_fields();
+  size_t i = 0;
+  while (i < fields.size() && name != fields[i].name) ++i;
+  return i;
 }
 
 bool is_process_event(const EventRecord& e) {

@@ -3,7 +3,10 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "records/step_fields.h"
 
 namespace retrace::trace {
 namespace {
@@ -67,50 +70,37 @@ json header_json(const records::TraceHeader& h) {
   return j;
 }
 
+// A field's value as JSON: digests as hex, the outcome as STEP or SKIP, module digests as objects.
+json json_of(const Digest128& d) { return d.hex(); }
+json json_of(records::Outcome o) { return records::outcome_text(o); }
+json json_of(const records::ModuleDigest& m) {
+  return {{"module", m.module}, {"param", m.param.hex()}, {"grad", m.grad.hex()}, {"optim", m.optim.hex()}};
+}
+json json_of(const records::Timings& t) {
+  return {{"data_ms", t.data_ms},         {"forward_ms", t.forward_ms}, {"backward_ms", t.backward_ms},
+          {"optimizer_ms", t.optimizer_ms}, {"trace_ms", t.trace_ms},     {"allreduce_ms", t.allreduce_ms}};
+}
+template <typename T>
+json json_of(const T& v) {
+  return v;
+}
+template <typename T>
+json json_of(const std::vector<T>& v) {
+  json a = json::array();
+  for (const T& x : v) a.push_back(json_of(x));
+  return a;
+}
+
 json step_json(const records::StepRecord& r) {
   json j;
-  j["step"] = r.step;
-  j["epoch"] = r.epoch;
-  j["batch_in_epoch"] = r.batch_in_epoch;
-  j["batch_size"] = r.batch_size;
-  j["sample_digest"] = r.sample_digest.hex();
-  j["loss"] = r.loss;
-  j["loss_bits"] = r.loss_bits;
-  j["grad_norm_pre"] = r.grad_norm_pre;
-  j["grad_norm_post"] = r.grad_norm_post;
-  j["lr"] = r.lr;
-  j["loss_scale"] = r.loss_scale;
-  j["outcome"] = r.outcome == records::Outcome::kSkip ? "SKIP" : "STEP";
-  j["skip_reason"] = r.skip_reason;
-  j["param_digest"] = r.param_digest.hex();
-  j["optim_digest"] = r.optim_digest.hex();
-  j["rng_digest"] = r.rng_digest.hex();
-  j["state_digest"] = r.state_digest.hex();
-  j["grad_digest"] = r.grad_digest.hex();
-  j["micro_batch_sizes"] = r.micro_batch_sizes;
-  j["micro_losses"] = r.micro_losses;
-  json grads = json::array();
-  for (const Digest128& d : r.rank_grad_digests) grads.push_back(d.hex());
-  j["rank_grad_digests"] = grads;
-  json rngs = json::array();
-  for (const Digest128& d : r.rank_rng_digests) rngs.push_back(d.hex());
-  j["rank_rng_digests"] = rngs;
-  if (!r.module_digests.empty()) {
-    json mods = json::array();
-    for (const records::ModuleDigest& m : r.module_digests)
-      mods.push_back({{"module", m.module}, {"param", m.param.hex()}, {"grad", m.grad.hex()}, {"optim", m.optim.hex()}});
-    j["module_digests"] = mods;
-  }
-  j["content_digest"] = r.content_digest.hex();
-  j["chain_digest"] = r.chain_digest.hex();
-  j["allreduce_calls"] = r.allreduce_calls;
-  j["allreduce_bytes"] = r.allreduce_bytes;
-  j["timings"] = {{"data_ms", r.timings.data_ms},
-                  {"forward_ms", r.timings.forward_ms},
-                  {"backward_ms", r.timings.backward_ms},
-                  {"optimizer_ms", r.timings.optimizer_ms},
-                  {"trace_ms", r.timings.trace_ms},
-                  {"allreduce_ms", r.timings.allreduce_ms}};
+  records::for_each_field(
+      [&j](const records::StepField& f, const auto& value) {
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::vector<records::ModuleDigest>>)
+          if (value.empty()) return;  // a recorder run's only
+        j[f.name] = json_of(value);
+      },
+      r);
   return j;
 }
 
@@ -191,35 +181,64 @@ std::string csv_field(const std::string& s) {
   return q;
 }
 
-template <typename T, typename F>
-std::string joined(const std::vector<T>& v, F f) {
+// A field's value as one CSV cell: lists joined by ';', a module's digests as module:param:grad:optim.
+std::string cell_of(uint64_t v) { return std::to_string(v); }
+std::string cell_of(uint32_t v) { return std::to_string(v); }
+std::string cell_of(double v) { return number(v); }
+std::string cell_of(const Digest128& d) { return d.hex(); }
+std::string cell_of(records::Outcome o) { return records::outcome_text(o); }
+std::string cell_of(const std::string& s) { return s; }
+std::string cell_of(const records::ModuleDigest& m) {
+  return m.module + ':' + m.param.hex() + ':' + m.grad.hex() + ':' + m.optim.hex();
+}
+template <typename T>
+std::string cell_of(const std::vector<T>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) {
     if (i > 0) s.push_back(';');
-    s += f(v[i]);
+    s += cell_of(v[i]);
   }
   return s;
 }
 
+// The CSV's columns: the fields in the trace's order, the timings as one column per phase, and
+// the fields recorded only when set (records::InDigest::kWhenSet) last, so that the columns of
+// older versions keep their places.
+template <typename Record, typename Emit>
+void csv_fields(const Record& r, Emit&& emit) {
+  for (bool when_set : {false, true})
+    records::for_each_field(
+        [&](const records::StepField& f, const auto& value) {
+          if ((f.digest == records::InDigest::kWhenSet) != when_set) return;
+          using T = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<T, records::Timings>) {
+            emit("data_ms", number(value.data_ms));
+            emit("forward_ms", number(value.forward_ms));
+            emit("backward_ms", number(value.backward_ms));
+            emit("optimizer_ms", number(value.optimizer_ms));
+            emit("trace_ms", number(value.trace_ms));
+            emit("allreduce_ms", number(value.allreduce_ms));
+          } else {
+            emit(f.name, csv_field(cell_of(value)));
+          }
+        },
+        r);
+}
+
 void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
-  out << "step,epoch,batch_in_epoch,batch_size,sample_digest,loss,loss_bits,grad_norm_pre,"
-         "grad_norm_post,lr,loss_scale,outcome,skip_reason,param_digest,optim_digest,rng_digest,"
-         "micro_batch_sizes,micro_losses,rank_grad_digests,content_digest,chain_digest,data_ms,"
-         "forward_ms,backward_ms,optimizer_ms,trace_ms,allreduce_ms,allreduce_calls,allreduce_bytes\n";
+  const char* sep = "";
+  csv_fields(records::StepRecord{}, [&](const char* name, const std::string&) {
+    out << sep << name;
+    sep = ",";
+  });
+  out << '\n';
   for (const records::StepRecord& r : reader.steps(first, last)) {
-    out << r.step << ',' << r.epoch << ',' << r.batch_in_epoch << ',' << r.batch_size << ','
-        << r.sample_digest.hex() << ',' << number(r.loss) << ',' << r.loss_bits << ','
-        << number(r.grad_norm_pre) << ',' << number(r.grad_norm_post) << ',' << number(r.lr)
-        << ',' << number(r.loss_scale) << ',' << (r.outcome == records::Outcome::kSkip ? "SKIP" : "STEP")
-        << ',' << csv_field(r.skip_reason) << ',' << r.param_digest.hex() << ','
-        << r.optim_digest.hex() << ',' << r.rng_digest.hex() << ','
-        << joined(r.micro_batch_sizes, [](uint32_t v) { return std::to_string(v); }) << ','
-        << joined(r.micro_losses, [](double v) { return number(v); }) << ','
-        << joined(r.rank_grad_digests, [](const Digest128& d) { return d.hex(); }) << ','
-        << r.content_digest.hex() << ',' << r.chain_digest.hex() << ','
-        << number(r.timings.data_ms) << ',' << number(r.timings.forward_ms) << ','
-        << number(r.timings.backward_ms) << ',' << number(r.timings.optimizer_ms) << ','
-        << number(r.timings.trace_ms) << ',' << number(r.timings.allreduce_ms) << ',' << r.allreduce_calls << ',' << r.allreduce_bytes << '\n';
+    sep = "";
+    csv_fields(r, [&](const char*, const std::string& value) {
+      out << sep << value;
+      sep = ",";
+    });
+    out << '\n';
   }
 }
 

@@ -8,7 +8,8 @@ trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/../testing/expect.sh"
 small=(--plain --set "model.hidden=[32]" --set train.eval_each_epoch=false --set checkpoint.every_steps=5)
 chain() {  # the chain digest of a run's last step
-  "$RETRACE" inspect "$1" --csv 2>/dev/null | tail -1 | tr ',' '\n' | grep -E '^[0-9a-f]{32}$' | tail -1
+  "$RETRACE" inspect "$1" --csv 2>/dev/null |
+    awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "chain_digest") c = i } END { print $c }'
 }
 
 # A live writer: the second writer of each kind is refused (exit 4, naming the holder's pid), a

@@ -6,6 +6,7 @@
 #include "ckpt/train_state.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "testing/step_records.h"
 #include "testing/temp_dir.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
@@ -24,27 +25,7 @@ RunSummary record_into(const std::string& dir, std::vector<std::string> sets) {
 }
 
 void expect_same_records(const records::StepRecord& a, const records::StepRecord& b) {
-  SCOPED_TRACE("step " + std::to_string(a.step));
-  EXPECT_EQ(a.step, b.step);
-  EXPECT_EQ(a.epoch, b.epoch);
-  EXPECT_EQ(a.batch_in_epoch, b.batch_in_epoch);
-  EXPECT_EQ(a.batch_size, b.batch_size);
-  EXPECT_EQ(a.sample_digest, b.sample_digest);
-  EXPECT_EQ(a.loss_bits, b.loss_bits);
-  EXPECT_EQ(a.loss, b.loss);
-  EXPECT_EQ(a.grad_norm_pre, b.grad_norm_pre);
-  EXPECT_EQ(a.grad_norm_post, b.grad_norm_post);
-  EXPECT_EQ(a.lr, b.lr);
-  EXPECT_EQ(a.loss_scale, b.loss_scale);
-  EXPECT_EQ(a.outcome, b.outcome);
-  EXPECT_EQ(a.skip_reason, b.skip_reason);
-  EXPECT_EQ(a.param_digest, b.param_digest);
-  EXPECT_EQ(a.optim_digest, b.optim_digest);
-  EXPECT_EQ(a.rng_digest, b.rng_digest);
-  EXPECT_EQ(a.micro_batch_sizes, b.micro_batch_sizes);
-  EXPECT_EQ(a.micro_losses, b.micro_losses);
-  EXPECT_EQ(a.content_digest, b.content_digest);
-  EXPECT_EQ(a.chain_digest, b.chain_digest);
+  EXPECT_EQ(testing::first_differences(a, b, /*informational=*/false), "");
 }
 
 TEST(Record, SameSeedGivesEqualRecordsDifferentSeedDoesNot) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "records/records.h"
+#include "testing/step_records.h"
 #include "testing/temp_dir.h"
 
 namespace retrace::trace::testing {
@@ -81,25 +82,7 @@ inline records::StepRecord sample_step(uint64_t n) {
 
 
 inline bool steps_equal(const records::StepRecord& a, const records::StepRecord& b) {
-  return a.step == b.step && a.epoch == b.epoch && a.batch_in_epoch == b.batch_in_epoch &&
-         a.batch_size == b.batch_size && a.sample_digest == b.sample_digest &&
-         same_bits(a.loss, b.loss) && a.loss_bits == b.loss_bits &&
-         same_bits(a.grad_norm_pre, b.grad_norm_pre) &&
-         same_bits(a.grad_norm_post, b.grad_norm_post) && same_bits(a.lr, b.lr) &&
-         same_bits(a.loss_scale, b.loss_scale) && a.outcome == b.outcome &&
-         a.skip_reason == b.skip_reason && a.param_digest == b.param_digest &&
-         a.optim_digest == b.optim_digest && a.rng_digest == b.rng_digest && a.state_digest == b.state_digest &&
-         a.grad_digest == b.grad_digest && a.module_digests == b.module_digests &&
-         a.micro_batch_sizes == b.micro_batch_sizes &&
-         a.micro_losses.size() == b.micro_losses.size() &&
-         std::equal(a.micro_losses.begin(), a.micro_losses.end(), b.micro_losses.begin(),
-                    same_bits) &&
-         a.rank_grad_digests == b.rank_grad_digests && a.content_digest == b.content_digest &&
-         a.chain_digest == b.chain_digest && same_bits(a.timings.data_ms, b.timings.data_ms) &&
-         same_bits(a.timings.forward_ms, b.timings.forward_ms) &&
-         same_bits(a.timings.backward_ms, b.timings.backward_ms) &&
-         same_bits(a.timings.optimizer_ms, b.timings.optimizer_ms) &&
-         same_bits(a.timings.trace_ms, b.timings.trace_ms);
+  return retrace::testing::differing_fields(a, b).empty();
 }
 
 inline bool headers_equal(const records::TraceHeader& a, const records::TraceHeader& b) {
