@@ -136,8 +136,14 @@ if(RETRACE_PYTHON3)
   # Issue 54: the audit also fails on a throwing parser (std::sto*); this plants one in a copy.
   add_test(NAME internal_errors_catches_throwing_parse
            COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/audit/internal_errors.py ${CMAKE_SOURCE_DIR} --plant)
+  # Issue 53: no production function over 80 lines without a reason in tools/audit/function_length.allow;
+  # the second test plants an 81-line function in a copy and passes only when the audit catches it.
+  add_test(NAME function_length COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/audit/function_length.py
+           ${CMAKE_SOURCE_DIR})
+  add_test(NAME function_length_catches_long_function
+           COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/audit/function_length.py ${CMAKE_SOURCE_DIR} --plant)
   set_tests_properties(layering layering_catches_wrong_way internal_errors internal_errors_catches_throwing_parse
-                       PROPERTIES LABELS torchfree)
+                       function_length function_length_catches_long_function PROPERTIES LABELS torchfree)
   # docs/configuration.md's key reference equals what the config table in code prints.
   add_test(NAME config_reference COMMAND ${RETRACE_PYTHON3} ${CMAKE_SOURCE_DIR}/tools/docs/config_reference.py
            $<TARGET_FILE:retrace> ${CMAKE_SOURCE_DIR}/docs/configuration.md)
