@@ -293,7 +293,7 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   RETRACE_CHECK(o.keep_last >= 1, ConfigError, "RecorderOptions::keep_last must be at least 1");
   RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, ConfigError, "RecorderOptions::digest_version is ",
                 o.digest_version, "; use 1 to 4 (4: retrace's current digests)");
-  records::TraceHeader h;
+  run::HeaderParts h;
   const NamedTensors model = model_tensors(state);
   for (const auto& [name, t] : model)
     RETRACE_CHECK(t.defined(), ConfigError, "Recorder: tensor ", name, " is undefined");
@@ -319,14 +319,12 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   impl->config_hash = ckpt::config_hash(config_text);
   impl->params = h.params;
   impl->modules = index_modules(h.params);
-  h.retrace_version = train::retrace_version();
   h.config_toml = config_text;
   h.config_hash = impl->config_hash;
   h.seed = o.seed;
   h.fingerprint = train::fingerprint(runtime_now(), 1);
   h.model_description = o.description.empty() ? "a user's model" : o.description;
-  h.created_utc = run::utc_now();
-  impl->writer.emplace(trace::TraceWriter::create(run::trace_path(dir), h, kZstdLevel));
+  impl->writer.emplace(trace::TraceWriter::create(run::trace_path(dir), run::trace_header(std::move(h)), kZstdLevel));
   return Recorder(std::move(impl));
 }
 

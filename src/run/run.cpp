@@ -505,21 +505,19 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
 
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
-    records::TraceHeader h;
-    h.retrace_version = retrace_version();
-    h.config_toml = config_text;
-    h.config_hash = ckpt::config_hash(to_toml(config));
-    h.seed = static_cast<uint64_t>(config.seed);
-    h.fingerprint = run_fingerprint(config, trainer.model(), world, pg);
-    h.model_description = trainer.model().description;
+    HeaderParts parts{config_text,
+                      ckpt::config_hash(to_toml(config)),
+                      static_cast<uint64_t>(config.seed),
+                      run_fingerprint(config, trainer.model(), world, pg),
+                      trainer.model().description,
+                      trainer.param_info(),
+                      data.files};
+    parts.data_files.insert(parts.data_files.end(), trainer.model().files.begin(), trainer.model().files.end());
+    records::TraceHeader h = trace_header(std::move(parts));
     h.faults = config.faults.parsed;
-    h.params = trainer.param_info();
-    h.data_files = data.files;
-    h.data_files.insert(h.data_files.end(), trainer.model().files.begin(), trainer.model().files.end());
     h.total_steps = trainer.total_steps();
     h.world_size = world;
     h.effective_batch = static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps) * world;
-    h.created_utc = utc_now();
     writer.emplace(trace::TraceWriter::create(summary.trace_path, h, static_cast<int>(config.trace.zstd_level),
                                               static_cast<uint32_t>(config.train.accum_steps)));
     attach_tensorboard(*writer, options.control, h, true, options.force);
@@ -690,6 +688,20 @@ std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+records::TraceHeader trace_header(HeaderParts parts) {
+  records::TraceHeader h;
+  h.retrace_version = retrace_version();
+  h.config_toml = std::move(parts.config_toml);
+  h.config_hash = std::move(parts.config_hash);
+  h.seed = parts.seed;
+  h.fingerprint = std::move(parts.fingerprint);
+  h.model_description = std::move(parts.model_description);
+  h.params = std::move(parts.params);
+  h.data_files = std::move(parts.data_files);
+  h.created_utc = utc_now();
+  return h;
 }
 
 }  // namespace retrace::run

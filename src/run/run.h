@@ -144,6 +144,21 @@ void check_same_libtorch(const std::vector<records::KeyValue>& recorded, const s
 // The time now as ISO 8601 UTC ("2026-12-01T14:26:20Z"): a trace header's created_utc.
 std::string utc_now();
 
+// What every trace header says of its run, whoever writes it (`retrace record` or a user's loop
+// through the Recorder).
+struct HeaderParts {
+  std::string config_toml;  // the text RUN/config.toml holds
+  std::string config_hash;  // the hash checkpoints and resumes compare (config.h's rule for a config)
+  uint64_t seed = 0;
+  std::vector<records::KeyValue> fingerprint;
+  std::string model_description;
+  std::vector<records::ParamInfo> params;
+  std::vector<records::FileInfo> data_files;
+};
+// The one place a trace header is made: the parts, this binary's version and the time now. The
+// caller adds what only a full run knows (faults, totals, ranks).
+records::TraceHeader trace_header(HeaderParts parts);
+
 // The environment fingerprint of a run's trace header: the runtime's (train/environment.h) and the
 // model's own numerics settings (a TorchScript model's executor); with ranks, the process group's
 // backend (on CUDA), this rank's endpoint, its peers and its launcher as information.
