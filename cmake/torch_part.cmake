@@ -151,6 +151,7 @@ retrace_torch_part(retrace_run
   src/run/ranks.cpp
   src/run/inputs.cpp
   src/run/run.cpp
+  src/run/loop_parts.cpp
   src/run/data_parallel.cpp
   src/run/memory_report.cpp
 )

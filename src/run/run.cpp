@@ -32,6 +32,7 @@
 #include "run/data_parallel.h"
 #include "run/inputs.h"
 #include "run/layout.h"
+#include "run/loop_parts.h"
 #include "run/memory_report.h"
 #include "run/run_dir.h"
 
@@ -81,12 +82,6 @@ void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, con
 
 constexpr uint64_t kMaxRollbacksInARow = 16;
 
-// The rollback anchor: the state after the newest step that is a multiple of
-// checkpoint.every_steps (while the spike guard is on), kept in memory and stored in every
-// checkpoint taken after it. A rollback always returns to it, so the trajectory after a spike
-// depends on the config and the step alone, not on which checkpoint files exist.
-using Anchor = std::optional<ckpt::StateSnapshot>;
-
 bool anchor_due(const Config& config, uint64_t step) {
   const int64_t every = config.checkpoint.every_steps;
   return config.guards.spike_factor > 0 && every > 0 && step % static_cast<uint64_t>(every) == 0;
@@ -117,31 +112,6 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
   for (const auto& [e, b] : trainer.set_aside()) msg << " " << e << ":" << b;
   emit(writer, cb, spike.step, "rollback", msg.str());
   return rolled;
-}
-
-// The bytes of the files in `dir` (not recursive).
-uint64_t directory_bytes(const std::string& dir) {
-  uint64_t n = 0;
-  std::error_code ec;
-  for (stdfs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_regular_file(ec)) n += it->file_size(ec);
-  return n;
-}
-
-// "1503.2 MB" (MB = 10^6 bytes).
-std::string mb_text(uint64_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
-  return buf;
-}
-
-// "1503.2 MB in 2.10 s, 716 MB/s" (MB = 10^6 bytes), for messages.
-std::string bytes_and_speed(uint64_t bytes, Clock::time_point start) {
-  const double s = std::chrono::duration<double>(Clock::now() - start).count();
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%.1f MB in %.2f s, %.0f MB/s", static_cast<double>(bytes) / 1e6, s,
-                s > 0 ? static_cast<double>(bytes) / 1e6 / s : 0.0);
-  return buf;
 }
 
 // The data set of `config`, and when `recorded` (a trace header's inputs) is given, what changed
@@ -175,8 +145,6 @@ data::Dataset load_checked_data(const Registry& registry, const Config& config,
   return data;
 }
 
-// The checkpoint metadata key that says an evaluation was due at its step (run after it).
-constexpr const char* kEvalDueKey = "eval_due";
 
 // Whether an evaluation follows step `step`: at an epoch's end (eval.each_epoch), every
 // eval.every_steps steps, and after the last step.
@@ -215,8 +183,8 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   distributed::CollectiveStats no_stats;
   distributed::CollectiveStats& stats = dp ? dp->stats : no_stats;
   const auto start = Clock::now();
-  auto last_ckpt = start;
-  std::set<std::string> left_reported;  // paths rotation left in place, reported once
+  CheckpointCadence cadence(config.checkpoint, control, pg, trainer.rank());
+  Checkpointer checkpointer(run_dir, static_cast<uint32_t>(config.checkpoint.keep_last), dp ? &dp->sync() : nullptr);
   uint64_t rollbacks_in_a_row = 0;
   double last_write_ms = 0;
   summary.first_step = trainer.step() + 1;
@@ -247,15 +215,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       writer->append_step(rec);
       last_write_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
     }
-    summary.steps += 1;
-    summary.last_step = rec.step;
-    summary.skipped += rec.outcome == records::Outcome::kSkip ? 1 : 0;
-    summary.final_loss = rec.loss;
-    summary.data_ms += rec.timings.data_ms;
-    summary.forward_ms += rec.timings.forward_ms;
-    summary.backward_ms += rec.timings.backward_ms;
-    summary.optimizer_ms += rec.timings.optimizer_ms;
-    summary.trace_ms += rec.timings.trace_ms;
+    summary.add(rec);
     if (cb.on_step) cb.on_step(rec, trainer.total_steps());
     for (const auto& [kind, text] : trainer.take_events()) emit(writer, cb, rec.step, kind, text);
 
@@ -285,44 +245,10 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     const bool eval_due = evaluation_due(config, s, epoch_done, last);
     if (anchor_due(config, s)) anchor = ckpt::snapshot_of(trainer, /*copy=*/true);
 
-    const auto& ck = config.checkpoint;
-    bool time_due = ck.every_seconds > 0 &&
-                    std::chrono::duration<double>(Clock::now() - last_ckpt).count() >= ck.every_seconds;
-    // Clocks differ between ranks: rank 0's decides, or the ranks would part ways in the save.
-    if (pg && ck.every_seconds > 0) {
-      distributed::CollectiveStats ignored;
-      time_due = pg->allreduce_sum(trainer.rank() == 0 && time_due ? 1.0f : 0.0f, ignored) > 0;
-    }
-    const bool due =
-        (interrupt && control.checkpoint_on_interrupt) || control.checkpoint_at.count(s) ||
-        (ck.every_steps > 0 && s % static_cast<uint64_t>(ck.every_steps) == 0) || time_due ||
-        (last && ck.at_end);
-    if (due) {
-      ckpt::TracePosition pos;
-      if (writer) {
-        writer->sync();  // the checkpoint points into the trace: that prefix must be durable
-        pos.bytes = writer->bytes_written();
-        pos.chain = writer->last_chain();
-      }
-      ckpt::RotationReport rotation;
-      // An evaluation due at this step runs after the checkpoint: a kill or an error during it
-      // loses no step, and the resume redoes it (the checkpoint says it is due).
-      std::map<std::string, std::string> extra;
-      if (eval_due) extra[kEvalDueKey] = "1";
-      const auto save_start = Clock::now();
-      std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir), pos,
-                                              static_cast<uint32_t>(ck.keep_last), extra, dp ? &dp->sync() : nullptr,
-                                              &rotation, anchor ? &*anchor : nullptr);
+    if (cadence.due(s, last, interrupt)) {
+      checkpointer.save(trainer, writer, s, eval_due, anchor, cb);
       summary.checkpoints += 1;
-      last_ckpt = Clock::now();
-      if (cb.on_message && trainer.rank() == 0)
-        cb.on_message("checkpoint " + dir + " (" + bytes_and_speed(directory_bytes(dir), save_start) + ")");
-      for (const auto& [path, why] : rotation.left) {
-        if (!left_reported.insert(path).second) continue;  // once per run, not at every save
-        const std::string warn = "checkpoint rotation left " + path + " in place: " + why;
-        if (writer) writer->append_event({s, "checkpoint", warn});
-        if (cb.on_message) cb.on_message("warning: " + warn);
-      }
+      cadence.saved();
     }
     // An interrupt stops after the step's checkpoint and evaluation: an interrupted run's
     // evaluations are the uninterrupted run's.

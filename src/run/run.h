@@ -116,6 +116,8 @@ struct RunSummary {
   std::string resumed_from;  // checkpoint directory, for resume
   std::vector<std::string> input_changes;  // inputs accepted although changed (RecordOptions)
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;  // totals
+  // Counts one step this process ran into the totals.
+  void add(const records::StepRecord& step);
 };
 
 // Trains `config` into options.out_dir. Validates everything (config, data set, output

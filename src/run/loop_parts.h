@@ -1,0 +1,80 @@
+// The training loop's concerns other than the step, each a part of its own (issue 53): when a
+// checkpoint is due (steps, clock, the ranks' vote), writing the loop's checkpoints (trace
+// position, the evaluation-due key, rotation warnings once per run) and the sizes and speeds the
+// loop reports. run.cpp's loop calls them; none of them trains.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "ckpt/train_state.h"
+#include "run/run.h"
+
+namespace retrace::trace {
+class TraceWriter;
+}
+
+namespace retrace::distributed {
+class ProcessGroup;
+}
+
+namespace retrace::run {
+
+// The checkpoint metadata key that says an evaluation was due at its step (run after it).
+inline constexpr const char* kEvalDueKey = "eval_due";
+
+// The rollback anchor: the state after the newest step that is a multiple of
+// checkpoint.every_steps (while the spike guard is on), kept in memory and stored in every
+// checkpoint taken after it. A rollback always returns to it, so the trajectory after a spike
+// depends on the config and the step alone, not on which checkpoint files exist.
+using Anchor = std::optional<ckpt::StateSnapshot>;
+
+// When the loop saves: after the interrupt step (when the control asks for a checkpoint there), at
+// the control's extra steps, every checkpoint.every_steps steps, every checkpoint.every_seconds
+// seconds and after the last step (checkpoint.at_end). With ranks, rank 0's clock decides for all
+// (clocks differ; the ranks would part ways in the save).
+class CheckpointCadence {
+ public:
+  CheckpointCadence(const train::CheckpointConfig& config, const LoopControl& control,
+                    distributed::ProcessGroup* ranks, uint32_t rank);
+  // Called once after every step by every rank: holds a collective when the clock counts.
+  bool due(uint64_t step, bool last, bool interrupt);
+  // A checkpoint was written: the clock starts again.
+  void saved();
+
+ private:
+  train::CheckpointConfig config_;
+  const LoopControl& control_;
+  distributed::ProcessGroup* ranks_;
+  uint32_t rank_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+// Writes the loop's checkpoints into RUN/checkpoints: the trace made durable first (a checkpoint
+// points into it), the evaluation-due key when one follows the step, the rollback anchor, and the
+// paths rotation left in place reported once per run (an event and a message).
+class Checkpointer {
+ public:
+  Checkpointer(std::string run_dir, uint32_t keep_last, const ckpt::ShardSync* sync);
+  // Returns the step directory written.
+  std::string save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
+                   const Anchor& anchor, const RunCallbacks& cb);
+
+ private:
+  std::string run_dir_;
+  uint32_t keep_last_;
+  const ckpt::ShardSync* sync_;
+  std::set<std::string> left_reported_;
+};
+
+// The bytes of the files in `dir` (not recursive).
+uint64_t directory_bytes(const std::string& dir);
+// "1503.2 MB" (MB = 10^6 bytes).
+std::string mb_text(uint64_t bytes);
+// "1503.2 MB in 2.10 s, 716 MB/s" (MB = 10^6 bytes), for messages.
+std::string bytes_and_speed(uint64_t bytes, std::chrono::steady_clock::time_point start);
+
+}  // namespace retrace::run
