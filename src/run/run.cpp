@@ -452,160 +452,207 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   return summary;
 }
 
-RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-                  distributed::ProcessGroup* pg, const Registry& registry) {
-  const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
-  const std::string cfg_path = config_path(run_dir);
-  RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir, ": there is no such directory; "
-                "give the --out directory of a `retrace record` run");
-  // Rank 0 holds the run directory's lock until the run ends, taken before anything is read that
-  // another writer could be changing (run_lock.h).
-  RunLock lock;
-  if (rank == 0 && !control.run_locked) lock = RunLock::acquire(run_dir, "resume");
-  check_config_present(run_dir, "resume");
-  Config config = load_config(cfg_path, {}, ConfigSource::kRecorded);
-  resolve_threads(config.runtime);
-  apply_environment(config.runtime);
-  if (cb.on_message && rank == 0) cb.on_message(numerics_summary(config.runtime));
+namespace {
 
-  // Before anything is changed on disk: the inputs (data and model files) must be the ones the
-  // trace was recorded with (checked as the data set is loaded, below).
-  std::vector<InputChange> changes;
-  std::optional<std::vector<records::FileInfo>> recorded_inputs;
+// What a resume reads and checks before it loads a checkpoint: the run's config (resharded when
+// asked), the trace as it is on disk, and the data set, checked against the trace's inputs.
+struct ResumeInputs {
+  uint32_t rank = 0, world = 1;
+  Config config;
   // The trace as it is on disk, opened once: its header, and (rank 0, which writes it) the intact
   // frames that a checkpoint must continue.
   std::optional<trace::TraceReader> before;
-  if (stdfs::exists(trace_path(run_dir))) {
-    before.emplace(trace::TraceReader::open(trace_path(run_dir)));
-    check_same_libtorch(before->header().fingerprint, trace_path(run_dir), "resume", control.accept_other_torch);
-    recorded_inputs = before->header().data_files;
-  }
   std::optional<ckpt::Reshard> reshard;
   std::string reshard_note;
+  std::vector<InputChange> changes;  // inputs accepted although changed
+  data::Dataset data;
+  bool writes_trace() const { return config.trace.enabled && rank == 0; }
+};
+
+ResumeInputs check_resume_inputs(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
+                                 distributed::ProcessGroup* pg, const Registry& registry) {
+  ResumeInputs in;
+  in.rank = pg ? pg->rank() : 0;
+  in.world = pg ? pg->world_size() : 1;
+  in.config = load_config(config_path(run_dir), {}, ConfigSource::kRecorded);
+  Config& config = in.config;
+  resolve_threads(config.runtime);
+  apply_environment(config.runtime);
+  const bool speaks = cb.on_message && in.rank == 0;
+  if (speaks) cb.on_message(numerics_summary(config.runtime));
+
+  // Before anything is changed on disk: the inputs (data and model files) must be the ones the
+  // trace was recorded with (checked as the data set is loaded, below).
+  std::optional<std::vector<records::FileInfo>> recorded_inputs;
+  if (stdfs::exists(trace_path(run_dir))) {
+    in.before.emplace(trace::TraceReader::open(trace_path(run_dir)));
+    check_same_libtorch(in.before->header().fingerprint, trace_path(run_dir), "resume", control.accept_other_torch);
+    recorded_inputs = in.before->header().data_files;
+  }
   if (control.reshard || control.zero_stage) {
-    reshard = plan_reshard(config, checkpoint_root(run_dir), world, reshard_note, control.zero_stage, control.reshard);
-    if (cb.on_message && rank == 0 && !reshard_note.empty()) cb.on_message(reshard_note);
-    if (control.reshard && config.runtime.invariance != Invariance::kBatch && cb.on_message && rank == 0)
+    in.reshard = plan_reshard(config, checkpoint_root(run_dir), in.world, in.reshard_note, control.zero_stage,
+                              control.reshard);
+    if (speaks && !in.reshard_note.empty()) cb.on_message(in.reshard_note);
+    if (control.reshard && config.runtime.invariance != Invariance::kBatch && speaks)
       cb.on_message("warning: runtime.invariance is \"none\": the resharded run continues within float rounding of "
                     "the uninterrupted one, not bitwise (record with --set runtime.invariance=batch for equal bits)");
   }
   registry.check(config);
-  data::Dataset data = load_checked_data(registry, config, recorded_inputs ? &*recorded_inputs : nullptr,
-                                         "cannot resume " + run_dir, control.accept_changed_inputs,
-                                         " (the change is recorded in the trace)", changes,
-                                         rank == 0 ? cb.on_message : nullptr);
-  check_memory_fits(config, data.vocab_size);
-  Trainer trainer(config, data, registry, rank, world);
+  in.data = load_checked_data(registry, config, recorded_inputs ? &*recorded_inputs : nullptr,
+                              "cannot resume " + run_dir, control.accept_changed_inputs,
+                              " (the change is recorded in the trace)", in.changes, in.rank == 0 ? cb.on_message : nullptr);
+  check_memory_fits(config, in.data.vocab_size);
+  RETRACE_CHECK(!in.writes_trace() || in.before.has_value(), IntegrityError, "cannot resume ", run_dir, ": its trace ",
+                trace_path(run_dir), " is missing; the checkpoints are kept, but the run's record cannot continue "
+                "without it. Restore the trace, or start again with `retrace record --force`");
+  return in;
+}
+
+struct ChosenCheckpoint {
+  ckpt::RestoredState restored;
+  std::vector<std::pair<std::string, std::string>> skipped;  // newer ones passed over, and why
+};
+
+// The newest checkpoint that verifies, parses and continues the trace, loaded into `trainer`;
+// this rank's shard is read and hashed once. Every rank continues from rank 0's choice.
+ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in, Trainer& trainer,
+                                   const LoopControl& control, const RunCallbacks& cb, distributed::ProcessGroup* pg) {
   const rng::RngState fresh = trainer.rng_state();
-  // The newest checkpoint that verifies and parses; this rank's shard is read and hashed once.
-  std::vector<std::pair<std::string, std::string>> skipped;
+  ChosenCheckpoint chosen;
   const auto load_start = Clock::now();
   std::optional<ckpt::ShardSync> ranks;
   if (pg) ranks = shard_sync(*pg);
   // A checkpoint must sit on a frame boundary of the intact trace with the same chain digest
   // there; one that does not (the trace was cut short after it, or it belongs to another trace) is
   // skipped for an older one like a damaged checkpoint. Rank 0 judges, and the ranks agree.
-  const bool writes_trace = config.trace.enabled && rank == 0;
-  RETRACE_CHECK(!writes_trace || before.has_value(), IntegrityError, "cannot resume ", run_dir, ": its trace ",
-                trace_path(run_dir), " is missing; the checkpoints are kept, but the run's record cannot continue "
-                "without it. Restore the trace, or start again with `retrace record --force`");
   // It is judged on the manifest, before any shard is read (a checkpoint past a cut costs no
   // read of its bytes); every rank passes the check when the trace is on, for the ranks' round.
+  const bool writes_trace = in.writes_trace();
   ckpt::ManifestCheck continues_trace;
-  if (config.trace.enabled)
-    continues_trace = [&before, writes_trace](const ckpt::Manifest& m) {
+  if (in.config.trace.enabled)
+    continues_trace = [&before = in.before, writes_trace](const ckpt::Manifest& m) {
       if (writes_trace && before)
         before->check_continues(m.trace_position, parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
     };
   std::optional<ckpt::RestoredState> loaded =
-      ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &skipped, reshard ? &*reshard : nullptr,
-                                   ranks ? &*ranks : nullptr, continues_trace);
-  if (!writes_trace) before.reset();  // only the trace's writer keeps it (not through the training loop)
-  if (loaded && cb.on_message && rank == 0)
-    cb.on_message("loaded " + loaded->dir + " (" + (world > 1 ? "rank 0: " : "") +
+      ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &chosen.skipped,
+                                   in.reshard ? &*in.reshard : nullptr, ranks ? &*ranks : nullptr, continues_trace);
+  if (!writes_trace) in.before.reset();  // only the trace's writer keeps it (not through the training loop)
+  const bool speaks = cb.on_message && in.rank == 0;
+  if (loaded && speaks)
+    cb.on_message("loaded " + loaded->dir + " (" + (in.world > 1 ? "rank 0: " : "") +
                   bytes_and_speed(loaded->bytes_read, load_start) +
-                  (world > 1 ? ", of the checkpoint's " + mb_text(directory_bytes(loaded->dir)) : std::string()) +
+                  (in.world > 1 ? ", of the checkpoint's " + mb_text(directory_bytes(loaded->dir)) : std::string()) +
                   ", verified while read)");
-  for (const auto& [dir, why] : skipped)
-    if (cb.on_message && rank == 0) cb.on_message("skipped checkpoint " + dir + ": " + why);
-  RETRACE_CHECK(loaded.has_value(), IntegrityError, "no complete checkpoint in ",
-                checkpoint_root(run_dir), skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
+  for (const auto& [dir, why] : chosen.skipped)
+    if (speaks) cb.on_message("skipped checkpoint " + dir + ": " + why);
+  RETRACE_CHECK(loaded.has_value(), IntegrityError, "no complete checkpoint in ", checkpoint_root(run_dir),
+                chosen.skipped.empty() ? " (there is none)" : " (all failed verification, see above)",
                 "; start again with `retrace record --force`");
-  ckpt::RestoredState restored = std::move(*loaded);
+  chosen.restored = std::move(*loaded);
   if (pg) {
     // Every rank must continue from the same checkpoint: rank 0's wins.
-    const auto picks = pg->allgather(restored.dir);
-    RETRACE_CHECK(picks[0] == restored.dir, IntegrityError, "rank ", rank, " picked ", restored.dir,
+    const auto picks = pg->allgather(chosen.restored.dir);
+    RETRACE_CHECK(picks[0] == chosen.restored.dir, IntegrityError, "rank ", in.rank, " picked ", chosen.restored.dir,
                   " but rank 0 picked ", picks[0], "; are the ranks looking at the same run directory?");
   }
-  if (rank == 1 && control.sabotage == Sabotage::kRank1RngRestore) rng::restore_torch(fresh, cuda_index(config.runtime));
+  if (in.rank == 1 && control.sabotage == Sabotage::kRank1RngRestore)
+    rng::restore_torch(fresh, cuda_index(in.config.runtime));
   // The run directory's config is the resharded one from now on (its checkpoints will be).
-  if (reshard && rank == 0) fs::write_file_atomic(cfg_path, to_toml(config, TomlForm::kComplete));
+  if (in.reshard && in.rank == 0) fs::write_file_atomic(config_path(run_dir), to_toml(in.config, TomlForm::kComplete));
+  return chosen;
+}
+
+// Rank 0's trace, continued from the chosen checkpoint: the frames after its position set aside,
+// and the resume, what it passed over, the changed inputs and other numerics said as events.
+std::optional<trace::TraceWriter> reopen_trace(const std::string& run_dir, ResumeInputs& in,
+                                               const ChosenCheckpoint& chosen, Trainer& trainer,
+                                               const LoopControl& control, const RunCallbacks& cb,
+                                               distributed::ProcessGroup* pg) {
+  std::optional<trace::TraceWriter> writer;
+  if (!in.writes_trace()) return writer;
+  const ckpt::RestoredState& restored = chosen.restored;
+  const auto& skipped = chosen.skipped;
+  const std::string side = set_aside_path(run_dir), path = trace_path(run_dir);
+  // The checkpoint continues the trace (checked while it was chosen): the frames after its
+  // position are set aside, and an incomplete one at the end (a write cut short) is kept in
+  // trace.set-aside.rtrace.tail-N (TraceWriter::resume).
+  const records::TraceHeader header = in.before->header();
+  const std::vector<records::KeyValue>& recorded = header.fingerprint;
+  const uint64_t intact = in.before->valid_bytes(), on_disk = stdfs::file_size(path);
+  in.before.reset();
+  writer.emplace(trace::TraceWriter::resume(path, restored.position.bytes, restored.position.chain, trainer.step(),
+                                            side, static_cast<int>(in.config.trace.zstd_level)));
+  attach_tensorboard(*writer, control, header, false, false);
+  std::string msg = "resumed from " + restored.dir + " at step " + std::to_string(trainer.step());
+  if (intact > restored.position.bytes)
+    msg += "; " + std::to_string(intact - restored.position.bytes) +
+           " trace bytes written after that checkpoint were set aside in " + side;
+  if (on_disk > intact)
+    msg += "; the trace was cut short: its last " + std::to_string(on_disk - intact) +
+           " bytes, an incomplete frame, were kept in " + side + ".tail-" + std::to_string(intact);
+  if (!skipped.empty()) {
+    msg += "; passed over newer checkpoint" + std::string(skipped.size() > 1 ? "s" : "") + " ";
+    for (size_t i = 0; i < skipped.size(); ++i)
+      msg += (i ? ", " : "") + stdfs::path(skipped[i].first).filename().string();
+    msg += " (see the reasons above)";
+  }
+  writer->append_event({trainer.step(), "resume", msg});
+  if (cb.on_message) cb.on_message((on_disk > intact || !skipped.empty() ? "warning: " : "") + msg);
+  if (in.reshard && !in.reshard_note.empty()) writer->append_event({trainer.step(), "resume", in.reshard_note});
+  if (!in.changes.empty()) {
+    const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(in.changes);
+    writer->append_event({trainer.step(), "resume", warn});
+    if (cb.on_message) cb.on_message("warning: " + warn);
+  }
+  // The header's fingerprint is the first process's; a resume under other numerics (another
+  // machine in native mode, another kernel set in the environment) is said and recorded.
+  const auto now = run_fingerprint(in.config, trainer.model(), in.world, pg);
+  if (const auto keys = records::numerics_differences(recorded, now); !keys.empty()) {
+    std::string what;
+    for (const auto& k : keys) {
+      auto value = [&](const std::vector<records::KeyValue>& f) {
+        for (const auto& kv : f)
+          if (kv.key == k) return kv.value;
+        return std::string("(absent)");
+      };
+      what += (what.empty() ? "" : ", ") + k + " " + value(recorded) + " -> " + value(now);
+    }
+    const std::string warn = "resumed under other numerics than the trace header records (" + what +
+                             "): steps after " + std::to_string(trainer.step()) +
+                             " compare bitwise only with runs under the new numerics";
+    writer->append_event({trainer.step(), "resume", warn});
+    if (cb.on_message) cb.on_message("warning: " + warn);
+  }
+  return writer;
+}
+
+}  // namespace
+
+RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
+                  distributed::ProcessGroup* pg, const Registry& registry) {
+  RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir, ": there is no such directory; "
+                "give the --out directory of a `retrace record` run");
+  // Rank 0 holds the run directory's lock until the run ends, taken before anything is read that
+  // another writer could be changing (run_lock.h).
+  RunLock lock;
+  const uint32_t rank = pg ? pg->rank() : 0;
+  if (rank == 0 && !control.run_locked) lock = RunLock::acquire(run_dir, "resume");
+  check_config_present(run_dir, "resume");
+  ResumeInputs in = check_resume_inputs(run_dir, control, cb, pg, registry);
+  Trainer trainer(in.config, in.data, registry, in.rank, in.world);
+  ChosenCheckpoint chosen = choose_checkpoint(run_dir, in, trainer, control, cb, pg);
   load_fired(run_dir, trainer);
 
   RunSummary summary;
   summary.run_dir = run_dir;
   summary.trace_path = trace_path(run_dir);
-  summary.resumed_from = restored.dir;
-  for (const auto& c : changes) summary.input_changes.push_back(c.path);
-  std::optional<trace::TraceWriter> writer;
-  if (writes_trace) {
-    const std::string side = set_aside_path(run_dir);
-    // The checkpoint continues the trace (checked while it was chosen): the frames after its
-    // position are set aside, and an incomplete one at the end (a write cut short) is kept in
-    // trace.set-aside.rtrace.tail-N (TraceWriter::resume).
-    const records::TraceHeader header = before->header();
-    const std::vector<records::KeyValue>& recorded = header.fingerprint;
-    const uint64_t intact = before->valid_bytes(), on_disk = stdfs::file_size(summary.trace_path);
-    before.reset();
-    writer.emplace(trace::TraceWriter::resume(summary.trace_path, restored.position.bytes,
-                                              restored.position.chain, trainer.step(), side,
-                                              static_cast<int>(config.trace.zstd_level)));
-    attach_tensorboard(*writer, control, header, false, false);
-    std::string msg = "resumed from " + restored.dir + " at step " + std::to_string(trainer.step());
-    if (intact > restored.position.bytes)
-      msg += "; " + std::to_string(intact - restored.position.bytes) +
-             " trace bytes written after that checkpoint were set aside in " + side;
-    if (on_disk > intact)
-      msg += "; the trace was cut short: its last " + std::to_string(on_disk - intact) +
-             " bytes, an incomplete frame, were kept in " + side + ".tail-" + std::to_string(intact);
-    if (!skipped.empty()) {
-      msg += "; passed over newer checkpoint" + std::string(skipped.size() > 1 ? "s" : "") + " ";
-      for (size_t i = 0; i < skipped.size(); ++i)
-        msg += (i ? ", " : "") + stdfs::path(skipped[i].first).filename().string();
-      msg += " (see the reasons above)";
-    }
-    writer->append_event({trainer.step(), "resume", msg});
-    if (cb.on_message) cb.on_message((on_disk > intact || !skipped.empty() ? "warning: " : "") + msg);
-    if (reshard && !reshard_note.empty()) writer->append_event({trainer.step(), "resume", reshard_note});
-    if (!changes.empty()) {
-      const std::string warn = "resumed with changed inputs (--accept-changed-inputs): " + describe_changes(changes);
-      writer->append_event({trainer.step(), "resume", warn});
-      if (cb.on_message) cb.on_message("warning: " + warn);
-    }
-    // The header's fingerprint is the first process's; a resume under other numerics (another
-    // machine in native mode, another kernel set in the environment) is said and recorded.
-    const auto now = run_fingerprint(config, trainer.model(), world, pg);
-    if (const auto keys = records::numerics_differences(recorded, now); !keys.empty()) {
-      std::string what;
-      for (const auto& k : keys) {
-        auto value = [&](const std::vector<records::KeyValue>& f) {
-          for (const auto& kv : f)
-            if (kv.key == k) return kv.value;
-          return std::string("(absent)");
-        };
-        what += (what.empty() ? "" : ", ") + k + " " + value(recorded) + " -> " + value(now);
-      }
-      const std::string warn = "resumed under other numerics than the trace header records (" + what +
-                               "): steps after " + std::to_string(trainer.step()) +
-                               " compare bitwise only with runs under the new numerics";
-      writer->append_event({trainer.step(), "resume", warn});
-      if (cb.on_message) cb.on_message("warning: " + warn);
-    }
-  }
-  const bool redo_evaluation = restored.extra.count(kEvalDueKey) > 0;
-  run_loop(trainer, config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg,
-           std::move(restored.anchor), redo_evaluation);
+  summary.resumed_from = chosen.restored.dir;
+  for (const auto& c : in.changes) summary.input_changes.push_back(c.path);
+  std::optional<trace::TraceWriter> writer = reopen_trace(run_dir, in, chosen, trainer, control, cb, pg);
+  const bool redo_evaluation = chosen.restored.extra.count(kEvalDueKey) > 0;
+  run_loop(trainer, in.config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg,
+           std::move(chosen.restored.anchor), redo_evaluation);
   return summary;
 }
 
