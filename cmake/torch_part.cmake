@@ -116,6 +116,7 @@ retrace_torch_part(retrace_train_torch
   src/train/policies.cpp
   src/train/state.cpp
   src/train/step_state.cpp
+  src/train/data_parallel.cpp
   src/train/invariant.cpp
   src/train/trainer.cpp
   src/train/zero.cpp
@@ -152,7 +153,6 @@ retrace_torch_part(retrace_run
   src/run/inputs.cpp
   src/run/run.cpp
   src/run/loop_parts.cpp
-  src/run/data_parallel.cpp
   src/run/memory_report.cpp
 )
 target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_distributed)

@@ -6,7 +6,7 @@
 // and accumulation count a that split the global batch into whole chunks), several steps of
 // AdamW leave parameters, optimizer state, every step's loss bits and the RNG state bitwise equal
 // to one rank with one micro-batch. The W ranks are real Trainers in W threads over a fake
-// process group (an all-to-all through shared memory; the ranks take turns computing, because
+// collective (tests/testing/fake_ranks.h: shared memory; the ranks take turns computing, because
 // torch's CPU generator is one per process); tests/distributed/distributed_test.cpp runs real Gloo ranks.
 //
 // Negative controls, each of which must FAIL the property (so it can fail):
@@ -33,6 +33,7 @@
 #include "train/invariant.h"
 #include "train/numerics.h"
 #include "train/trainer.h"
+#include "testing/fake_ranks.h"
 
 using namespace retrace;
 
@@ -111,47 +112,6 @@ train::Config make_config(const Case& c, int64_t world, int64_t accum, const std
        "runtime.invariance_chunk=" + std::to_string(c.chunk), "trace.digests=false", "train.eval_each_epoch=false"});
 }
 
-// W ranks in W threads. All-gathers meet in shared memory; a rank computes only while it holds
-// `turn`, which it gives up while it waits for the others at a collective.
-class FakeGroup {
- public:
-  explicit FakeGroup(int world) : world_(world), slots_(static_cast<size_t>(world * world)) {}
-  std::mutex turn;
-
-  // to[r] goes to rank r; returns what every rank sent this one.
-  std::vector<torch::Tensor> exchange(int rank, const std::vector<torch::Tensor>& to) {
-    std::unique_lock<std::mutex> lock(m_);
-    for (int r = 0; r < world_; ++r)
-      slots_[static_cast<size_t>(rank * world_ + r)] = to[static_cast<size_t>(r)].reshape({-1}).clone();
-    turn.unlock();
-    const uint64_t generation = generation_;
-    if (++arrived_ == world_) {
-      result_ = slots_;
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return generation_ != generation; });
-    }
-    std::vector<torch::Tensor> out;
-    for (int q = 0; q < world_; ++q) out.push_back(result_[static_cast<size_t>(q * world_ + rank)]);
-    lock.unlock();
-    turn.lock();
-    return out;
-  }
-  std::vector<torch::Tensor> allgather(int rank, const torch::Tensor& t) {
-    return exchange(rank, std::vector<torch::Tensor>(static_cast<size_t>(world_), t));
-  }
-
- private:
-  int world_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  std::vector<torch::Tensor> slots_, result_;
-};
-
 struct Outcome {
   std::vector<uint32_t> loss_bits;
   std::vector<torch::Tensor> params, optim;
@@ -161,13 +121,16 @@ struct Outcome {
 Outcome run_layout(const Case& c, const data::Dataset& data, int64_t world, int64_t accum, const std::string& invariance,
                    train::ChunkOrder order) {
   const train::Config config = make_config(c, world, accum, invariance);
+  // The ranks: threads of this process over a fake collective (tests/testing/fake_ranks.h).
+  testing::FakeWorld group(static_cast<int>(world));
+  std::vector<std::unique_ptr<testing::FakeRank>> fakes;
   std::vector<std::unique_ptr<train::Trainer>> ranks;
-  for (int64_t r = 0; r < world; ++r)
-    ranks.push_back(std::make_unique<train::Trainer>(config, data, train::builtin_registry(), static_cast<uint32_t>(r),
-                                                     static_cast<uint32_t>(world)));
-  FakeGroup group(static_cast<int>(world));
-  std::vector<train::ChunkGrads> chunks(static_cast<size_t>(world));
-  std::vector<float> ring_loss(static_cast<size_t>(world));
+  for (int64_t r = 0; r < world; ++r) {
+    fakes.push_back(std::make_unique<testing::FakeRank>(group, static_cast<int>(r)));
+    ranks.push_back(std::make_unique<train::Trainer>(config, data, train::builtin_registry(),
+                                                     world > 1 ? fakes.back().get() : nullptr));
+    if (order == train::ChunkOrder::kRankSums) ranks.back()->fold_chunks_by_rank_sums();
+  }
   Outcome out;
   std::vector<std::thread> threads;
   std::exception_ptr failure;
@@ -177,36 +140,6 @@ Outcome run_layout(const Case& c, const data::Dataset& data, int64_t world, int6
       std::lock_guard<std::mutex> hold(group.turn);
       try {
         train::Trainer& t = *ranks[static_cast<size_t>(r)];
-        auto gather = [&group, r](const torch::Tensor& x) { return group.allgather(static_cast<int>(r), x); };
-        const train::Exchange exchange = [&group, r](const std::vector<torch::Tensor>& to, const std::vector<int64_t>&) {
-          return group.exchange(static_cast<int>(r), to);
-        };
-        const auto rank = static_cast<uint32_t>(r), w = static_cast<uint32_t>(world);
-        if (world > 1 && t.invariant()) {
-          auto& mine = chunks[static_cast<size_t>(r)];
-          t.set_invariant_hooks([&mine] { mine = train::ChunkGrads(); }, [&mine, &t] { mine.take(t.module().parameters()); },
-                                [w, exchange](const std::vector<float>& l) { return train::fold_chunk_losses(l, w, exchange); });
-          t.set_after_last_backward([&mine, &t, rank, w, exchange, order] {
-            mine.reduce_into(t.module().parameters(), rank, w, exchange, order);
-          });
-        } else if (world > 1) {
-          // An all-reduce in rank order of each rank's own sums (what Gloo's ring does, up to order).
-          t.set_after_last_backward([&t, gather] {
-            torch::NoGradGuard no_grad;
-            for (const auto& p : t.module().parameters()) {
-              auto all = gather(p.grad());
-              torch::Tensor s = all[0].clone();
-              for (size_t i = 1; i < all.size(); ++i) s.add_(all[i]);
-              p.grad().copy_(s);
-            }
-          });
-          t.set_reduce_loss([gather](float v) {
-            auto all = gather(torch::full({1}, v));
-            float s = all[0].item<float>();
-            for (size_t i = 1; i < all.size(); ++i) s += all[i].item<float>();
-            return s;
-          });
-        }
         std::vector<uint32_t> bits;
         for (int64_t s = 0; s < c.steps; ++s) bits.push_back(t.run_step(false).loss_bits);
         if (r == 0) {

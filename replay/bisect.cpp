@@ -20,7 +20,6 @@
 #include "train/trainer.h"
 #include "distributed/launcher.h"
 #include "distributed/process_group.h"
-#include "run/data_parallel.h"
 
 #include <nlohmann/json.hpp>
 #include <fstream>
@@ -52,9 +51,7 @@ Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uin
   train::apply_environment(cfg.runtime);
   registry.check(cfg);
   data::Dataset data = registry.load_data(cfg);
-  train::Trainer t(cfg, data, registry, pg ? pg->rank() : 0, pg ? pg->world_size() : 1);
-  std::optional<run::DataParallel> dp;
-  if (pg) dp.emplace(t, *pg, cfg);
+  train::Trainer t(cfg, data, registry, pg);
   Probed out;
   for (const auto& [step, dir] : ckpt::list_step_dirs(run::checkpoint_root(run_dir))) {
     if (step >= s) continue;

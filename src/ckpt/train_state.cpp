@@ -63,7 +63,7 @@ struct SlicePart {
 // pieces in rank order. A tensor whose slices do not cover it exactly is an InvariantError (the
 // ranks disagree about the split), caught here before anything is committed.
 std::vector<TensorLayout> sliced_layouts(const std::vector<SlicePart>& mine, uint32_t rank, uint32_t world,
-                                         const ShardSync* sync, const std::string& dir) {
+                                         train::Collective* sync, const std::string& dir) {
   std::ostringstream said;
   for (const SlicePart& s : mine) {
     said << s.name << '\t' << dtype_name(s.tensor.scalar_type()) << '\t' << s.slice.begin << '\t'
@@ -115,11 +115,11 @@ std::string config_hash(const std::string& config_toml) {
 }
 
 std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
-                          uint32_t keep_last, const ShardSync* sync, RotationReport* rotation,
+                          uint32_t keep_last, train::Collective* sync, RotationReport* rotation,
                           const StateSnapshot* anchor) {
   const uint64_t step = snap.step;
   const uint32_t rank = snap.rank, world = snap.world_size;
-  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs a ShardSync");
+  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs the ranks (a train::Collective)");
   std::string dir = root + "/" + step_dir_name(step);
   if (rank == 0) dir = prepare_checkpoint_dir(root, step);
   if (sync) sync->barrier();
@@ -315,7 +315,7 @@ void apply_snapshot(train::Trainer& trainer, const StateSnapshot& snap, const st
 
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync, RotationReport* rotation, const StateSnapshot* anchor) {
+                            train::Collective* sync, RotationReport* rotation, const StateSnapshot* anchor) {
   StateSnapshot snap = snapshot_of(trainer, /*copy=*/false);
   for (const auto& [k, v] : extra) snap.metadata["x." + k] = v;
   return save_snapshot(snap, root, pos, keep_last, sync, rotation, anchor);
@@ -468,7 +468,7 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
                                                    std::vector<std::pair<std::string, std::string>>* skipped,
                                                    const KeepRange& keep,
                                                    const std::function<void(const LoadedSnapshot&)>& check,
-                                                   const ShardSync* ranks, const ManifestCheck& before_read) {
+                                                   train::Collective* ranks, const ManifestCheck& before_read) {
   // Each rank reads only what it needs of the other ranks' shards, so each may find damage the
   // others do not see: every candidate is taken by all ranks or skipped by all, with the first
   // complaining rank's reason.
@@ -646,7 +646,7 @@ RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
 
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
-                                                    const Reshard* reshard, const ShardSync* ranks,
+                                                    const Reshard* reshard, train::Collective* ranks,
                                                     const ManifestCheck& before_read) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();

@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/manifest.h"
 #include "core/digest.h"
+#include "train/collective.h"
 #include "core/tensor_digest.h"
 
 namespace retrace::train {
@@ -31,22 +32,15 @@ struct TracePosition {
   Digest128 chain;     // chain digest of the last step frame before it
 };
 
-// How the ranks of a data-parallel run agree during a sharded save (two-phase commit). Default:
-// one process.
-struct ShardSync {
-  std::function<std::vector<std::string>(const std::string&)> allgather;  // every rank's bytes
-  std::function<void()> barrier;
-};
-
 // Writes this rank's shard and, for world size 1, commits the checkpoint (manifest last, LATEST,
 // rotation). Returns the step directory. The trainer's policy state (scaler, guards, fired faults,
 // batches set aside) and `extra` are stored in the shard metadata with an "x." prefix.
-// With a ShardSync: rank 0 creates the step directory, every rank writes its shard in parallel,
+// With the ranks (a train::Collective; nullptr: one process): rank 0 creates the step directory, every rank writes its shard in parallel,
 // the ranks exchange (file, size, sha256) once every shard is durable, and rank 0 writes the
 // manifest (the commit point) before a last barrier. Rank 0's rotation report goes to `rotation`.
 std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
                             uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            const ShardSync* sync = nullptr, RotationReport* rotation = nullptr,
+                            train::Collective* sync = nullptr, RotationReport* rotation = nullptr,
                             const StateSnapshot* anchor = nullptr);
 
 // A rank's state as plain data, what its shard holds: the Trainer's (save_checkpoint) or a user's
@@ -71,7 +65,7 @@ struct StateSnapshot {
 // "anchor.step" and "anchor.m.<key>"; an anchor at the snapshot's own step is stored as
 // "anchor.step" alone.
 std::string save_snapshot(const StateSnapshot& snapshot, const std::string& root, const TracePosition& pos,
-                          uint32_t keep_last, const ShardSync* sync = nullptr, RotationReport* rotation = nullptr,
+                          uint32_t keep_last, train::Collective* sync = nullptr, RotationReport* rotation = nullptr,
                           const StateSnapshot* anchor = nullptr);
 
 // The trainer's state as a snapshot; `copy`: tensors are copies (an anchor kept in memory while
@@ -129,7 +123,7 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
                                                    std::vector<std::pair<std::string, std::string>>* skipped = nullptr,
                                                    const KeepRange& keep = {},
                                                    const std::function<void(const LoadedSnapshot&)>& check = {},
-                                                   const ShardSync* ranks = nullptr,
+                                                   train::Collective* ranks = nullptr,
                                                    const ManifestCheck& before_read = {});
 // A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
 uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
@@ -164,7 +158,7 @@ struct Reshard {
 std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard = nullptr,
-                                                    const ShardSync* ranks = nullptr,
+                                                    train::Collective* ranks = nullptr,
                                                     const ManifestCheck& before_read = {});
 // The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "distributed/endpoint.h"
+#include "train/collective.h"
 
 namespace retrace::distributed {
 
@@ -34,13 +35,10 @@ struct DistEnv {
 // variable when one is malformed or RANK >= WORLD_SIZE.
 std::optional<DistEnv> env_from_environment();
 
-struct CollectiveStats {
-  uint32_t calls = 0;
-  uint64_t bytes = 0;
-  double ms = 0;
-};
+using CollectiveStats = train::CollectiveStats;
 
-class ProcessGroup {
+// The c10d implementation of train::Collective (the one a launched run uses).
+class ProcessGroup final : public train::Collective {
  public:
   // Connects to the other ranks (blocks until all have joined or `timeout` passes: IoError).
   // cuda: NCCL on device LOCAL_RANK (only in builds with RETRACE_WITH_NCCL, else ConfigError);
@@ -50,8 +48,8 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  uint32_t rank() const { return env_.rank; }
-  uint32_t world_size() const { return env_.world_size; }
+  uint32_t rank() const override { return env_.rank; }
+  uint32_t world_size() const override { return env_.world_size; }
   // Where this rank's transport is bound and how it was chosen (distributed/endpoint.h); how the rank was
   // launched; the other ranks' endpoints ("rank 1 at eth0 10.0.0.2 (...)"). For the fingerprint's
   // information fields and for the messages of failed collectives.
@@ -63,23 +61,24 @@ class ProcessGroup {
 
   // Sums every defined gradient over the ranks, in place, flattening them into buckets of at most
   // bucket_bytes in parameter order. Adds to stats.
-  void allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes, CollectiveStats& stats);
+  void allreduce_grads(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes,
+                       CollectiveStats& stats) override;
   // Sum of a scalar over the ranks (float32, like the losses it carries).
-  float allreduce_sum(float value, CollectiveStats& stats);
+  float allreduce_sum(float value, CollectiveStats& stats) override;
   // All-to-all of float32 vectors: to_rank[r] goes to rank r; returns what each rank q sent this
   // one, recv_numel[q] elements from rank q, on the CPU (one c10d alltoall_base). Adds to stats.
   std::vector<torch::Tensor> alltoall(const std::vector<torch::Tensor>& to_rank, const std::vector<int64_t>& recv_numel,
-                                      CollectiveStats& stats);
+                                      CollectiveStats& stats) override;
   // All-to-all of equal rows: row r of `rows` ([world, n], any dtype) goes to rank r; row q of the
   // result came from rank q. On this rank's collective device, where the rows already are on a GPU
   // (ZeRO's reduce-scatter of the gradients; one c10d alltoall_base). Adds to stats.
-  torch::Tensor alltoall_rows(const torch::Tensor& rows, CollectiveStats& stats);
+  torch::Tensor alltoall_rows(const torch::Tensor& rows, CollectiveStats& stats) override;
   // Every rank's `mine` (a 1-D tensor of the same numel and dtype on every rank), indexed by rank,
   // on this rank's collective device (ZeRO's all-gather of the parameters). Adds to stats.
-  std::vector<torch::Tensor> allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats);
+  std::vector<torch::Tensor> allgather_tensor(const torch::Tensor& mine, CollectiveStats& stats) override;
   // Every rank's bytes, indexed by rank.
-  std::vector<std::string> allgather(const std::string& mine);
-  void barrier();
+  std::vector<std::string> allgather(const std::string& mine) override;
+  void barrier() override;
 
  private:
   template <typename Fn>

@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <map>
 
-#include "distributed/process_group.h"
 #include "run/layout.h"
 #include "trace/trace_writer.h"
 #include "train/trainer.h"
@@ -13,15 +12,15 @@ namespace retrace::run {
 using LoopClock = std::chrono::steady_clock;
 
 CheckpointCadence::CheckpointCadence(const train::CheckpointConfig& config, const LoopControl& control,
-                                     distributed::ProcessGroup* ranks, uint32_t rank)
-    : config_(config), control_(control), ranks_(ranks), rank_(rank), last_(LoopClock::now()) {}
+                                     train::Collective* ranks)
+    : config_(config), control_(control), ranks_(ranks), last_(LoopClock::now()) {}
 
 bool CheckpointCadence::due(uint64_t step, bool last, bool interrupt) {
   bool time_due = config_.every_seconds > 0 &&
                   std::chrono::duration<double>(LoopClock::now() - last_).count() >= config_.every_seconds;
   if (ranks_ && config_.every_seconds > 0) {
-    distributed::CollectiveStats ignored;  // not the step's collectives
-    time_due = ranks_->allreduce_sum(rank_ == 0 && time_due ? 1.0f : 0.0f, ignored) > 0;
+    train::CollectiveStats ignored;  // not the step's collectives
+    time_due = ranks_->allreduce_sum(ranks_->rank() == 0 && time_due ? 1.0f : 0.0f, ignored) > 0;
   }
   return (interrupt && control_.checkpoint_on_interrupt) || control_.checkpoint_at.count(step) ||
          (config_.every_steps > 0 && step % static_cast<uint64_t>(config_.every_steps) == 0) || time_due ||
@@ -30,8 +29,8 @@ bool CheckpointCadence::due(uint64_t step, bool last, bool interrupt) {
 
 void CheckpointCadence::saved() { last_ = LoopClock::now(); }
 
-Checkpointer::Checkpointer(std::string run_dir, uint32_t keep_last, const ckpt::ShardSync* sync)
-    : run_dir_(std::move(run_dir)), keep_last_(keep_last), sync_(sync) {}
+Checkpointer::Checkpointer(std::string run_dir, uint32_t keep_last, train::Collective* ranks)
+    : run_dir_(std::move(run_dir)), keep_last_(keep_last), ranks_(ranks) {}
 
 std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
                                const Anchor& anchor, const RunCallbacks& cb) {
@@ -47,7 +46,7 @@ std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writ
   std::map<std::string, std::string> extra;
   if (eval_due) extra[kEvalDueKey] = "1";
   const auto start = LoopClock::now();
-  std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir_), pos, keep_last_, extra, sync_,
+  std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir_), pos, keep_last_, extra, ranks_,
                                           &rotation, anchor ? &*anchor : nullptr);
   if (cb.on_message && trainer.rank() == 0)
     cb.on_message("checkpoint " + dir + " (" + bytes_and_speed(directory_bytes(dir), start) + ")");

@@ -11,14 +11,11 @@
 #include <string>
 
 #include "ckpt/train_state.h"
+#include "train/collective.h"
 #include "run/run.h"
 
 namespace retrace::trace {
 class TraceWriter;
-}
-
-namespace retrace::distributed {
-class ProcessGroup;
 }
 
 namespace retrace::run {
@@ -38,8 +35,7 @@ using Anchor = std::optional<ckpt::StateSnapshot>;
 // (clocks differ; the ranks would part ways in the save).
 class CheckpointCadence {
  public:
-  CheckpointCadence(const train::CheckpointConfig& config, const LoopControl& control,
-                    distributed::ProcessGroup* ranks, uint32_t rank);
+  CheckpointCadence(const train::CheckpointConfig& config, const LoopControl& control, train::Collective* ranks);
   // Called once after every step by every rank: holds a collective when the clock counts.
   bool due(uint64_t step, bool last, bool interrupt);
   // A checkpoint was written: the clock starts again.
@@ -48,8 +44,7 @@ class CheckpointCadence {
  private:
   train::CheckpointConfig config_;
   const LoopControl& control_;
-  distributed::ProcessGroup* ranks_;
-  uint32_t rank_;
+  train::Collective* ranks_;
   std::chrono::steady_clock::time_point last_;
 };
 
@@ -58,7 +53,7 @@ class CheckpointCadence {
 // paths rotation left in place reported once per run (an event and a message).
 class Checkpointer {
  public:
-  Checkpointer(std::string run_dir, uint32_t keep_last, const ckpt::ShardSync* sync);
+  Checkpointer(std::string run_dir, uint32_t keep_last, train::Collective* ranks);
   // Returns the step directory written.
   std::string save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
                    const Anchor& anchor, const RunCallbacks& cb);
@@ -66,7 +61,7 @@ class Checkpointer {
  private:
   std::string run_dir_;
   uint32_t keep_last_;
-  const ckpt::ShardSync* sync_;
+  train::Collective* ranks_;
   std::set<std::string> left_reported_;
 };
 

@@ -29,7 +29,6 @@
 #include "train/environment.h"
 #include "train/faults.h"
 #include "train/trainer.h"
-#include "run/data_parallel.h"
 #include "run/inputs.h"
 #include "run/layout.h"
 #include "run/loop_parts.h"
@@ -177,21 +176,15 @@ void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallb
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
               const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
               RunSummary& summary, distributed::ProcessGroup* pg, Anchor anchor, bool redo_evaluation = false) {
-  // Data parallelism (data_parallel.h): gradient and loss sums, every rank's digests, sharded saves.
-  std::optional<DataParallel> dp;
-  if (pg) dp.emplace(trainer, *pg, config);
-  distributed::CollectiveStats no_stats;
-  distributed::CollectiveStats& stats = dp ? dp->stats : no_stats;
   const auto start = Clock::now();
-  CheckpointCadence cadence(config.checkpoint, control, pg, trainer.rank());
-  Checkpointer checkpointer(run_dir, static_cast<uint32_t>(config.checkpoint.keep_last), dp ? &dp->sync() : nullptr);
+  CheckpointCadence cadence(config.checkpoint, control, pg);
+  // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit.
+  Checkpointer checkpointer(run_dir, static_cast<uint32_t>(config.checkpoint.keep_last), pg);
   uint64_t rollbacks_in_a_row = 0;
   double last_write_ms = 0;
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
   const bool digests = config.trace.enabled && config.trace.digests;
-  // Every rank's RNG digest in the trace (its dropout masks are its own).
-  const bool rank_rng = pg && digests && config.trace.digest_version >= 2;
   for (const auto& id : control.fired) trainer.mark_fired(id);
   // A resume from a checkpoint whose step's evaluation was due redoes it first (killed during it,
   // or it ran and was set aside with the trace bytes after the checkpoint).
@@ -199,14 +192,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 
   while (trainer.step() < trainer.total_steps()) {
     const uint64_t epoch_before = trainer.cursor().epoch;
-    stats = {};
-    if (dp) dp->rank_grad_digests.clear();
     records::StepRecord rec = trainer.run_step(digests);
-    if (dp) rec.rank_grad_digests = dp->rank_grad_digests;
-    rec.allreduce_calls = stats.calls;
-    rec.allreduce_bytes = stats.bytes;
-    rec.timings.allreduce_ms = records::Timings::whole_ns(stats.ms);
-    if (rank_rng) rec.rank_rng_digests = dp->gather(rec.rng_digest);  // each rank's own, from its step
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;
@@ -418,7 +404,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   check_memory_fits(config, data.vocab_size);
   distributed::ProcessGroup* pg = options.process_group;
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
-  Trainer trainer(config, data, registry, rank, world);
+  Trainer trainer(config, data, registry, pg);
   // Rank 0 holds the run directory's lock until the run ends: the one writer (run_lock.h).
   RunLock lock;
   if (rank == 0) lock = create_run_dir(options.out_dir, options.force, options.scratch, config_text);
@@ -520,8 +506,6 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
   const rng::RngState fresh = trainer.rng_state();
   ChosenCheckpoint chosen;
   const auto load_start = Clock::now();
-  std::optional<ckpt::ShardSync> ranks;
-  if (pg) ranks = shard_sync(*pg);
   // A checkpoint must sit on a frame boundary of the intact trace with the same chain digest
   // there; one that does not (the trace was cut short after it, or it belongs to another trace) is
   // skipped for an older one like a damaged checkpoint. Rank 0 judges, and the ranks agree.
@@ -536,7 +520,7 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
     };
   std::optional<ckpt::RestoredState> loaded =
       ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &chosen.skipped,
-                                   in.reshard ? &*in.reshard : nullptr, ranks ? &*ranks : nullptr, continues_trace);
+                                   in.reshard ? &*in.reshard : nullptr, pg, continues_trace);
   if (!writes_trace) in.before.reset();  // only the trace's writer keeps it (not through the training loop)
   const bool speaks = cb.on_message && in.rank == 0;
   if (loaded && speaks)
@@ -640,7 +624,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   if (rank == 0 && !control.run_locked) lock = RunLock::acquire(run_dir, "resume");
   check_config_present(run_dir, "resume");
   ResumeInputs in = check_resume_inputs(run_dir, control, cb, pg, registry);
-  Trainer trainer(in.config, in.data, registry, in.rank, in.world);
+  Trainer trainer(in.config, in.data, registry, pg);
   ChosenCheckpoint chosen = choose_checkpoint(run_dir, in, trainer, control, cb, pg);
   load_fired(run_dir, trainer);
 

@@ -47,7 +47,7 @@ bool scaler_enabled(const Config& c) {
 }
 
 Policies make_policies(const Config& c, const Registry& registry, uint64_t total_steps) {
-  return Policies{static_cast<uint64_t>(c.seed),
+  Policies p{static_cast<uint64_t>(c.seed),
                   LrSchedule(c.schedule, c.optim.lr, total_steps),
                   c.train.max_norm,
                   c.runtime.device == DeviceKind::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
@@ -59,6 +59,9 @@ Policies make_policies(const Config& c, const Registry& registry, uint64_t total
                   static_cast<uint64_t>(c.trace.optimizer_digest_every),
                   static_cast<uint8_t>(c.trace.digest_version),
                   c.runtime.invariance == Invariance::kBatch ? c.runtime.invariance_chunk : 0};
+  p.bucket_bytes = static_cast<uint64_t>(c.runtime.bucket_mb * 1024 * 1024);
+  p.zero_reduce_scatter = c.runtime.zero_reduce == ZeroReduce::kReduceScatter;
+  return p;
 }
 
 }  // namespace retrace::train

@@ -53,6 +53,13 @@ struct Policies {
   uint64_t optimizer_digest_every = 1;
   uint8_t digest_version = 2;  // trace.digest_version
   int64_t invariance_chunk = 0;  // runtime.invariance = "batch": samples per chunk (0: not invariant)
+  // Data parallelism (data_parallel.h): the gradient buckets' size (runtime.bucket_mb) and ZeRO's
+  // reduce-scatter of the gradients (runtime.zero_reduce).
+  uint64_t bucket_bytes = 0;
+  bool zero_reduce_scatter = false;
+  // Batch invariance's fold as the ranks' own sums (invariant.h ChunkOrder::kRankSums) instead of
+  // the global fold: only the invariance property's negative control sets it.
+  bool chunk_rank_sums = false;
 };
 
 Policies make_policies(const Config& config, const Registry& registry, uint64_t total_steps);

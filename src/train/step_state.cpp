@@ -1,9 +1,12 @@
 #include "train/step_state.h"
 
+#include "train/data_parallel.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 #include "core/parse_number.h"
@@ -68,11 +71,14 @@ StepFaults faults_for(TrainState& s, const Policies& p, uint64_t step, Events& e
 }
 }  // namespace
 
-StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, const StepHooks& hooks,
+StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Collective* ranks, StepProbe* probe,
                       bool with_digests) {
   StepOutput out;
   records::StepRecord& rec = out.record;
-  if (hooks.step_start) hooks.step_start();
+  // Among other ranks, the step's collectives are wired in (data_parallel.h); one process meets none.
+  std::optional<RankWork> work;
+  StepHooks hooks;
+  if (ranks && ranks->world_size() > 1) hooks = rank_hooks(work.emplace(*ranks), s, p);
   // Split the rank's batch into accum_steps micro-batches, as evenly as possible (a kept last
   // batch can be ragged): piece j holds samples [j*n/a, (j+1)*n/a).
   std::vector<MicroBatch> micro;
@@ -147,7 +153,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
       if (after) after();
     };
   }
-  policy.probe = hooks.probe;
+  policy.probe = probe;
   policy.loss = p.loss;
   StepResult r = train_step(*s.model.module, s.model.forward, *s.optimizer, micro, policy,
                             faults_for(s, p, rec.step, out.events));
@@ -207,6 +213,15 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, cons
     rec.rng_digest = xxh3_128(rng.data(), rng.size());
     if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
     rec.timings.trace_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  }
+  if (work) {
+    rec.rank_grad_digests = work->rank_grad_digests;
+    rec.allreduce_calls = work->stats.calls;
+    rec.allreduce_bytes = work->stats.bytes;
+    rec.timings.allreduce_ms = records::Timings::whole_ns(work->stats.ms);
+    // Every rank's RNG digest in the trace (its dropout masks are its own): each rank's own, from
+    // its step. Not one of the step's counted collectives.
+    if (with_digests && p.digest_version >= 2) rec.rank_rng_digests = gather_digests(work->ranks, rec.rng_digest);
   }
   return out;
 }

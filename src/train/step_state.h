@@ -8,13 +8,13 @@
 
 #include <torch/types.h>
 
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "data/sampler.h"
 #include "records/records.h"
+#include "train/collective.h"
 #include "train/policies.h"
 #include "train/state.h"
 
@@ -33,34 +33,15 @@ struct Batch {
   double data_ms = 0;            // time taken to gather it
 };
 
-// What the step calls out to: the data-parallel all-reduce after the last backward, the loss sum
-// over ranks, and bisection's probe.
-struct StepHooks {
-  std::function<void()> after_last_backward;
-  std::function<float(float)> reduce_loss;
-  // Batch invariance under data parallelism (train/invariant.h): after each chunk's backward, and
-  // the step's loss from this rank's chunk losses. Unset: one rank (autograd's accumulation and a
-  // local fold are already the global fold).
-  std::function<void()> step_start;
-  std::function<void()> after_chunk_backward;
-  std::function<float(const std::vector<float>&)> fold_losses;
-  // ZeRO under data parallelism (train/zero.h): the parameters all-gathered after an applied
-  // step, and the digests' sums added over the ranks. Unset: one rank.
-  std::function<void()> after_optimizer_step;
-  std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)> sum_over_ranks;
-  // ZeRO's reduce-scatter (runtime.zero_reduce): after_last_backward left this rank its range's
-  // reduced gradients only, and this gives the global gradient norm from every rank's part.
-  // Unset: every rank holds the whole reduced gradient.
-  std::function<double()> grad_norm;
-  StepProbe* probe = nullptr;
-};
-
 struct StepOutput {
   records::StepRecord record;  // every field but the trace writer's digests and timings.trace_ms
   std::vector<std::pair<std::string, std::string>> events;  // (kind, text): faults, guard warnings
 };
 
-StepOutput step_state(TrainState& state, const Batch& batch, const Policies& policies, const StepHooks& hooks,
-                      bool with_digests);
+// `ranks`: the other ranks of a data-parallel run (data_parallel.h), nullptr for one process; the
+// record then holds every rank's gradient digests (and, with digests at trace.digest_version 2 or
+// more, every rank's RNG digest) and the step's collectives. `probe`: bisection's, or nullptr.
+StepOutput step_state(TrainState& state, const Batch& batch, const Policies& policies, Collective* ranks,
+                      StepProbe* probe, bool with_digests);
 
 }  // namespace retrace::train

@@ -40,15 +40,15 @@ uint64_t rank_seed(uint64_t seed, uint32_t rank) {
   return (z ^ (z >> 31)) & ((1ull << 53) - 1);
 }
 
-Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry& registry, uint32_t rank,
-                 uint32_t world_size)
+Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry& registry, Collective* ranks)
     : config_(config),
       data_(data),
-      rank_(rank),
-      world_size_(world_size),
+      ranks_(ranks),
+      rank_(ranks ? ranks->rank() : 0),
+      world_size_(ranks ? ranks->world_size() : 1),
       sampler_(static_cast<uint64_t>(config.seed), static_cast<uint64_t>(data.train.size()),
                static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), config.data.last_batch,
-               rank, world_size, config.data.order),
+               rank_, world_size_, config.data.order),
       total_steps_(total_steps_for(config, sampler_.batches_per_epoch())),
       policies_(make_policies(config, registry, total_steps_)),
       state_(initial_state(config, data, registry)) {
@@ -115,7 +115,7 @@ Batch Trainer::next_batch() {
 }
 
 records::StepRecord Trainer::run_step(bool with_digests) {
-  StepOutput out = step_state(state_, next_batch(), policies_, hooks_, with_digests);
+  StepOutput out = step_state(state_, next_batch(), policies_, ranks_, probe_, with_digests);
   for (auto& e : out.events) events_.push_back(std::move(e));
   return out.record;
 }

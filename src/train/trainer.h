@@ -1,5 +1,5 @@
 // A rank's training: its TrainState (state.h), the Policies chosen from the config (policies.h),
-// the sampler that yields its batches, and the hooks of the loop around it. run_step() is
+// the sampler that yields its batches, and the other ranks (a Collective, collective.h). run_step() is
 // step_state() on the next batch; the rest gives access to the state for digests, checkpoints,
 // rollback and resume. The loop that drives it (record, resume, rollback) lives in run/run.h.
 //
@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "records/records.h"
 #include "rng/rng_state.h"
+#include "train/collective.h"
 #include "train/config.h"
 #include "train/policies.h"
 #include "train/probe.h"
@@ -41,9 +42,10 @@ class Trainer {
   // has for model.kind) and the optimizer, and checks that the model fits the data and the loss
   // (check_model_fits). Then, on a rank other than 0, re-keys torch's generators with
   // rank_seed(seed, rank): every rank starts from the same parameters and draws its own dropout
-  // masks. `data` must outlive the trainer; the registry need not.
+  // masks. `data` and `ranks` (the other ranks of a data-parallel run, nullptr for one process)
+  // must outlive the trainer; the registry need not.
   Trainer(const Config& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
-          uint32_t rank = 0, uint32_t world_size = 1);
+          Collective* ranks = nullptr);
 
   // The next batch at the cursor (skipping batches set aside by a rollback), on the device.
   Batch next_batch();
@@ -111,43 +113,27 @@ class Trainer {
     return policies_.faults.due(FaultKind::kCrashInEval, step, state_.fired).has_value();
   }
 
-  // The hook run after the last micro-batch's backward (data-parallel all-reduce).
-  void set_after_last_backward(std::function<void()> hook) { hooks_.after_last_backward = std::move(hook); }
   // Bisection's probe for the next steps (nullptr: none). Not owned.
   void set_probe(StepProbe* probe) {
-    hooks_.probe = probe;
+    probe_ = probe;
     if (state_.model.set_probe) state_.model.set_probe(probe);
   }
-  // Data parallelism: the sum of a loss over the ranks (see StepPolicy::reduce_loss).
-  void set_reduce_loss(std::function<float(float)> reduce) { hooks_.reduce_loss = std::move(reduce); }
-  // Batch invariance under data parallelism (StepHooks): at the start of each step, after each
-  // chunk's backward, and the step's loss from this rank's chunk losses.
-  void set_invariant_hooks(std::function<void()> step_start, std::function<void()> after_chunk_backward,
-                           std::function<float(const std::vector<float>&)> fold_losses) {
-    hooks_.step_start = std::move(step_start);
-    hooks_.after_chunk_backward = std::move(after_chunk_backward);
-    hooks_.fold_losses = std::move(fold_losses);
-  }
   bool invariant() const { return policies_.invariance_chunk > 0; }
-  // ZeRO under data parallelism: the all-gather of the parameters after an applied step, and the
-  // sum of the digests' sums over the ranks (StepHooks).
-  void set_zero_hooks(std::function<void()> after_optimizer_step,
-                      std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)> sum_over_ranks) {
-    hooks_.after_optimizer_step = std::move(after_optimizer_step);
-    hooks_.sum_over_ranks = std::move(sum_over_ranks);
-  }
-  // ZeRO's reduce-scatter (runtime.zero_reduce): the global gradient norm from the ranks' parts.
-  void set_grad_norm(std::function<double()> grad_norm) { hooks_.grad_norm = std::move(grad_norm); }
+  // The other ranks (nullptr: one process).
+  Collective* ranks() const { return ranks_; }
+  // The invariance property's negative control only: batch invariance's fold as the ranks' own sums.
+  void fold_chunks_by_rank_sums() { policies_.chunk_rank_sums = true; }
 
  private:
   Config config_;
   const data::Dataset& data_;
+  Collective* ranks_;
   uint32_t rank_, world_size_;
   data::Sampler sampler_;
   uint64_t total_steps_;
   Policies policies_;
   TrainState state_;
-  StepHooks hooks_;
+  StepProbe* probe_ = nullptr;
   std::vector<std::pair<std::string, std::string>> events_;
 };
 
