@@ -25,7 +25,7 @@ import tempfile
 from PIL import Image
 
 FAILS = []
-PLOT_FILL = (0xfd, 0xfb, 0xf3)   # the divergence charts' plot area (html_report.cpp kDiffPlotFill)
+PLOT_FILL = (0xfd, 0xfb, 0xf3)   # the divergence charts' plot area (report_chart.cpp kDiffPlotFill)
 ABS_DIFF = (0x6a, 0x3d, 0x9a)    # the absolute-difference series (kColorAbs)
 DIFFERS = (0xe5, 0x48, 0x4d)     # a digest strip cell whose digests differ
 
