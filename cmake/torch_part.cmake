@@ -27,7 +27,10 @@ target_link_libraries(retrace_rng PUBLIC retrace_core)
 add_library(retrace_data STATIC src/data/sampler.cpp src/data/idx.cpp src/data/token_header.cpp)
 target_link_libraries(retrace_data PUBLIC retrace_rng retrace_records ZLIB::ZLIB)
 add_library(retrace_train STATIC
-  src/train/config.cpp
+  src/train/config_fields.cpp
+  src/train/config_toml.cpp
+  src/train/config_validate.cpp
+  src/train/config_reference.cpp
   src/train/numerics.cpp
   src/train/faults.cpp
   src/train/guards.cpp

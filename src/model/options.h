@@ -1,4 +1,4 @@
-// The model choices a config makes, as enums: parsed once from their config names (config.cpp
+// The model choices a config makes, as enums: parsed once from their config names (config_fields.cpp
 // holds the table), so no model compares strings while it trains.
 #pragma once
 

@@ -60,7 +60,8 @@ done
 # The config parser's own sources, for the config fuzzer only.
 config_objs=()
 newest_train_header="$(find "$repo/src/train" "$repo/src/model" "$repo/src/data" -name '*.h' -newer "$out/.built" 2>/dev/null | head -1 || true)"
-for src in src/train/config.cpp src/train/faults.cpp; do
+for src in src/train/config_fields.cpp src/train/config_toml.cpp src/train/config_validate.cpp \
+           src/train/config_reference.cpp src/train/faults.cpp; do
   obj="$out/obj/config_$(basename "$src").o"
   if [[ ! -f "$obj" || "$repo/$src" -nt "$obj" || -n "$newest_header" || -n "$newest_train_header" || ! -f "$out/.built" ]]; then
     echo "compiling $src"
