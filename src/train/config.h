@@ -1,6 +1,6 @@
 // The run configuration: parsed once from TOML (plus `--set key=value` overrides) into typed
 // structs; the rest of the code never looks an option up by string. Every key, its type, default,
-// valid range or choices and meaning is in the table of config.cpp; `retrace record --help-config`
+// valid range or choices and meaning is in the table of config_fields.cpp; `retrace record --help-config`
 // prints it. Unknown keys and bad values are ConfigErrors naming the key and the valid choices.
 #pragma once
 
@@ -17,7 +17,7 @@
 
 namespace retrace::train {
 
-// Choices of the config as enums, in the order of their names in config.cpp's table (the TOML
+// Choices of the config as enums, in the order of their names in config_fields.cpp's table (the TOML
 // text keeps the names; the enums are what the code compares).
 enum class OptimizerKind : uint8_t { kAdamW, kSgd };      // optim.name: adamw | sgd
 enum class ScheduleKind : uint8_t { kCosine, kConstant };  // schedule.kind: cosine | constant
