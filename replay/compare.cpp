@@ -19,16 +19,6 @@ std::string num(double v) {
   return buf;
 }
 
-template <typename T>
-std::string join(const std::vector<T>& v) {
-  std::string s;
-  for (const auto& x : v) {
-    if (!s.empty()) s += ";";
-    if constexpr (std::is_same_v<T, Digest128>) s += x.hex();
-    else s += num(static_cast<double>(x));
-  }
-  return s;
-}
 
 // Bitwise equality of doubles: NaN equals NaN of the same bits, +0 differs from -0.
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -52,18 +42,6 @@ double ToleranceRule::allowed(uint64_t step, double loss_a) const {
 }
 
 namespace {
-
-// A field's value as a report writes it.
-std::string text(uint64_t v) { return std::to_string(v); }
-std::string text(uint32_t v) { return std::to_string(v); }
-std::string text(double v) { return num(v); }
-std::string text(const Digest128& d) { return d.hex(); }
-std::string text(records::Outcome o) { return records::outcome_text(o); }
-std::string text(const std::string& s) { return s; }
-template <typename T>
-std::string text(const std::vector<T>& v) {
-  return join(v);
-}
 
 template <typename T>
 bool same(const T& a, const T& b) {
@@ -101,7 +79,7 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
               return;
             }
           }
-          if ((f.compared & bit) && !same(va, vb)) d.push_back({a.step, f.name, text(va), text(vb)});
+          if ((f.compared & bit) && !same(va, vb)) d.push_back({a.step, f.name, records::value_text(va), records::value_text(vb)});
         }
       },
       a, b);

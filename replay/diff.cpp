@@ -215,7 +215,7 @@ std::vector<const FieldDiff*> fields_by_step(const DiffReport& r) {
   return v;
 }
 
-const char* outcome_name(records::Outcome o) { return o == records::Outcome::kStep ? "STEP" : "SKIP"; }
+const char* outcome_name(records::Outcome o) { return records::outcome_text(o); }
 
 bool EvalRow::differs() const {
   if (!a || !b) return true;

@@ -1,6 +1,7 @@
 #include "records/records.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -147,6 +148,20 @@ size_t step_field_index(const std::string& name) {
   size_t i = 0;
   while (i < fields.size() && name != fields[i].name) ++i;
   return i;
+}
+
+std::string value_text(uint64_t v) { return std::to_string(v); }
+std::string value_text(uint32_t v) { return std::to_string(v); }
+std::string value_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+std::string value_text(const Digest128& d) { return d.hex(); }
+std::string value_text(Outcome o) { return outcome_text(o); }
+std::string value_text(const std::string& s) { return s; }
+std::string value_text(const ModuleDigest& m) {
+  return m.module + ':' + m.param.hex() + ':' + m.grad.hex() + ':' + m.optim.hex();
 }
 
 bool is_process_event(const EventRecord& e) {

@@ -101,4 +101,24 @@ bool unset(const std::vector<T>& v) {
 // "STEP" or "SKIP", as every view of a trace writes the outcome.
 inline const char* outcome_text(Outcome o) { return o == Outcome::kSkip ? "SKIP" : "STEP"; }
 
+// A field's value as text, as `compare` reports it and `inspect --csv` writes it: integers in
+// decimal, doubles in the shortest "%.17g" that reads back to the same bits, digests in hex, lists
+// joined by ';', a module's digests as module:param:grad:optim.
+std::string value_text(uint64_t v);
+std::string value_text(uint32_t v);
+std::string value_text(double v);
+std::string value_text(const Digest128& d);
+std::string value_text(Outcome o);
+std::string value_text(const std::string& s);
+std::string value_text(const ModuleDigest& m);
+template <typename T>
+std::string value_text(const std::vector<T>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s.push_back(';');
+    s += value_text(v[i]);
+  }
+  return s;
+}
+
 }  // namespace retrace::records

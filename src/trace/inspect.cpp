@@ -181,26 +181,6 @@ std::string csv_field(const std::string& s) {
   return q;
 }
 
-// A field's value as one CSV cell: lists joined by ';', a module's digests as module:param:grad:optim.
-std::string cell_of(uint64_t v) { return std::to_string(v); }
-std::string cell_of(uint32_t v) { return std::to_string(v); }
-std::string cell_of(double v) { return number(v); }
-std::string cell_of(const Digest128& d) { return d.hex(); }
-std::string cell_of(records::Outcome o) { return records::outcome_text(o); }
-std::string cell_of(const std::string& s) { return s; }
-std::string cell_of(const records::ModuleDigest& m) {
-  return m.module + ':' + m.param.hex() + ':' + m.grad.hex() + ':' + m.optim.hex();
-}
-template <typename T>
-std::string cell_of(const std::vector<T>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i > 0) s.push_back(';');
-    s += cell_of(v[i]);
-  }
-  return s;
-}
-
 // The CSV's columns: the fields in the trace's order, the timings as one column per phase, and
 // the fields recorded only when set (records::InDigest::kWhenSet) last, so that the columns of
 // older versions keep their places.
@@ -219,7 +199,7 @@ void csv_fields(const Record& r, Emit&& emit) {
             emit("trace_ms", number(value.trace_ms));
             emit("allreduce_ms", number(value.allreduce_ms));
           } else {
-            emit(f.name, csv_field(cell_of(value)));
+            emit(f.name, csv_field(records::value_text(value)));
           }
         },
         r);
