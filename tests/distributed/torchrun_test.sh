@@ -40,6 +40,11 @@ if [[ "$theirs" != "$ours" ]]; then
   [[ $rc -ne 0 ]] || { echo "the ranks joined another version's agent store?"; exit 1; }
   grep -q "retrace: environment error: rank [01] of 2 .*could not join the process group.*launcher: torchrun.*only a torchrun of the same torch version as this retrace's LibTorch $ours" <<< "$out" \
     || { echo "no clear message:"; tail -20 <<< "$out"; exit 1; }
+  # The ranks fail together and share torchrun's stderr: each message is a line of its own, not
+  # pieces of two interleaved (each error is written with one write(2)).
+  if grep "environment error" <<< "$out" | grep -vq "^retrace: environment error: rank [01] of 2 .*speaks its protocol$"; then
+    echo "the ranks' messages are not whole lines of their own:"; grep "environment error" <<< "$out"; exit 1
+  fi
   if grep -q "Exception raised from\|frame #" <<< "$out"; then echo "a C++ stack trace was printed"; exit 1; fi
   grep -m1 "could not join" <<< "$out" | cut -c1-400
   echo "SKIPPED the torchrun runs: they need a torchrun of torch $ours (the clear refusal above passed)"

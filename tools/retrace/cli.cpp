@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <iostream>
 #include <new>
@@ -23,6 +24,20 @@ namespace {
 // A live progress line (a terminal only) has no newline yet: end it before the error, so that the
 // message starts a line of its own; piped output gets no blank line.
 const char* end_progress_line() { return isatty(STDOUT_FILENO) ? "\n" : ""; }
+
+// One error is one write(2): the ranks of a launcher share one stderr, and a message written in
+// pieces (std::cerr flushes each <<) interleaves with the other ranks' messages mid-line. A pipe
+// keeps a write of up to PIPE_BUF (4096) bytes whole; a longer one is written in as few as it takes.
+void print_error(const std::string& message) {
+  const std::string line = end_progress_line() + message + "\n";
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // stderr is gone: there is no one left to tell
+    done += static_cast<std::size_t>(n);
+  }
+}
 
 struct CliArgs {
   RecordArgs record;
@@ -86,23 +101,23 @@ int run_cli(int argc, char** argv, const train::Registry& registry) {
     return rc == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   } catch (const Error& e) {
     std::fflush(stdout);
-    std::cerr << end_progress_line() << "retrace: " << e.kind() << ": " << e.what() << "\n";
+    print_error(std::string("retrace: ") + e.kind() + ": " + e.what());
     return static_cast<int>(e.exit_code());
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
-    std::cerr << end_progress_line() << "retrace: environment error: out of memory. " << kOutOfMemoryAdvice << "\n";
+    print_error(std::string("retrace: environment error: out of memory. ") + kOutOfMemoryAdvice);
     return static_cast<int>(ExitCode::kEnvironment);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     // LibTorch's allocators say so in their message (c10::Error, no type of its own in 1.13).
     const std::string what = e.what();
     if (what.find("can't allocate memory") != std::string::npos || what.find("out of memory") != std::string::npos) {
-      std::cerr << end_progress_line() << "retrace: environment error: out of memory: "
-                << what.substr(0, what.find('\n')) << ". " << kOutOfMemoryAdvice << "\n";
+      print_error("retrace: environment error: out of memory: " + what.substr(0, what.find('\n')) + ". " +
+                  kOutOfMemoryAdvice);
       return static_cast<int>(ExitCode::kEnvironment);
     }
-    std::cerr << end_progress_line() << "retrace: internal error: " << e.what()
-              << "\n(this is a bug in retrace or LibTorch; please report it with the command line)\n";
+    print_error(std::string("retrace: internal error: ") + e.what() +
+                "\n(this is a bug in retrace or LibTorch; please report it with the command line)");
     return static_cast<int>(ExitCode::kInternal);
   }
 }
