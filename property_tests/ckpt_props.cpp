@@ -67,9 +67,10 @@ int main() {
 
   ok &= rc::check("random shards round trip bitwise", [&] {
     const auto tensors = *gen_tensors();
-    const auto metadata = *rc::gen::container<std::map<std::string, std::string>>(
-        rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)),
-        rc::gen::container<std::string>(rc::gen::inRange<char>(32, 127)));
+    const auto metadata = *rc::gen::container<std::map<std::string, std::string>>(rc::gen::container<std::string>(
+                                                                                      rc::gen::inRange<char>(32, 127)),
+                                                                                  rc::gen::container<std::string>(
+                                                                                      rc::gen::inRange<char>(32, 127)));
     const std::string path = tmp.file("rt.safetensors");
     ShardFileInfo info = write_shard(path, metadata, views_of(tensors));
     RC_ASSERT(info.size == std::filesystem::file_size(path));
@@ -157,8 +158,7 @@ int main() {
       uint64_t total = 0;
       for (const auto& e : d.tensors) total += e.nbytes;
       RC_ASSERT(d.data_start + total == d.bytes.size());
-    } catch (const FormatError&) {
-    }
+    } catch (const FormatError&) {}
   });
 
   // One copy of the replicated state on disk: random tensors written by N in 1..8 ranks, each

@@ -103,13 +103,14 @@ train::Config make_config(const Case& c, int64_t world, int64_t accum, const std
   for (size_t i = 0; i < c.hidden.size(); ++i) hidden << (i ? ", " : "") << c.hidden[i];
   hidden << "]";
   const int64_t global = c.chunk * c.chunks;
-  return train::parse_config(
-      "", "invariance property",
-      {"seed=" + std::to_string(c.seed), "data.batch_size=" + std::to_string(global / world / accum),
-       "train.accum_steps=" + std::to_string(accum), "train.steps=" + std::to_string(c.steps),
-       "model.hidden=" + hidden.str(), "model.activation=" + c.activation, "model.dropout=" + std::to_string(c.dropout),
-       "schedule.warmup_steps=1", "optim.lr=0.01", "runtime.invariance=" + invariance,
-       "runtime.invariance_chunk=" + std::to_string(c.chunk), "trace.digests=false", "train.eval_each_epoch=false"});
+  return train::parse_config("", "invariance property",
+                             {"seed=" + std::to_string(c.seed),
+                              "data.batch_size=" + std::to_string(global / world / accum),
+                              "train.accum_steps=" + std::to_string(accum), "train.steps=" + std::to_string(c.steps),
+                              "model.hidden=" + hidden.str(), "model.activation=" + c.activation,
+                              "model.dropout=" + std::to_string(c.dropout), "schedule.warmup_steps=1", "optim.lr=0.01",
+                              "runtime.invariance=" + invariance, "runtime.invariance_chunk=" + std::to_string(c.chunk),
+                              "trace.digests=false", "train.eval_each_epoch=false"});
 }
 
 struct Outcome {
@@ -118,8 +119,8 @@ struct Outcome {
   std::string rng;
 };
 
-Outcome run_layout(const Case& c, const data::Dataset& data, int64_t world, int64_t accum, const std::string& invariance,
-                   train::ChunkOrder order) {
+Outcome run_layout(const Case& c, const data::Dataset& data, int64_t world, int64_t accum,
+                   const std::string& invariance, train::ChunkOrder order) {
   const train::Config config = make_config(c, world, accum, invariance);
   // The ranks: threads of this process over a fake collective (tests/testing/fake_ranks.h).
   testing::FakeWorld group(static_cast<int>(world));
@@ -191,14 +192,17 @@ int main(int, char** argv) {
   ok &= rc::check("invariant: two ranks of whole chunks each give the bits of one rank",
                   [] { check_layout_invariance(*gen_case(true), "batch", train::ChunkOrder::kGlobalFold); });
   std::cout << "\nnegative control 1 (expected to FAIL: per-rank sums added in rank order, an all-reduce's sum):\n";
-  const bool control1 = rc::check("control: rank sums instead of the global fold",
-                                  [] { check_layout_invariance(*gen_case(true), "batch", train::ChunkOrder::kRankSums); });
+  const bool control1 = rc::check("control: rank sums instead of the global fold", [] {
+    check_layout_invariance(*gen_case(true), "batch", train::ChunkOrder::kRankSums);
+  });
   std::cout << "\nnegative control 2 (expected to FAIL: runtime.invariance = \"none\"):\n";
-  const bool control2 = rc::check("control: no invariance",
-                                  [] { check_layout_invariance(*gen_case(true), "none", train::ChunkOrder::kGlobalFold); });
+  const bool control2 = rc::check("control: no invariance", [] {
+    check_layout_invariance(*gen_case(true), "none", train::ChunkOrder::kGlobalFold);
+  });
   if (control1) std::cout << "NEGATIVE CONTROL 1 PASSED: the property cannot tell the orders apart\n";
   if (control2) std::cout << "NEGATIVE CONTROL 2 PASSED: the property cannot tell invariance from none\n";
   ok = ok && !control1 && !control2;
-  std::cout << (ok ? "invariance properties: OK (both controls failed as they must)\n" : "invariance properties: FAILED\n");
+  std::cout << (ok ? "invariance properties: OK (both controls failed as they must)\n"
+                   : "invariance properties: FAILED\n");
   return ok ? 0 : 1;
 }

@@ -20,9 +20,7 @@ using testing::steps_equal;
 using testing::TempDir;
 using testing::write_bytes;
 
-Digest128 gen_digest() {
-  return Digest128{*rc::gen::arbitrary<uint64_t>(), *rc::gen::arbitrary<uint64_t>()};
-}
+Digest128 gen_digest() { return Digest128{*rc::gen::arbitrary<uint64_t>(), *rc::gen::arbitrary<uint64_t>()}; }
 
 records::StepRecord gen_step(uint64_t n) {
   records::StepRecord r;
@@ -58,9 +56,8 @@ records::StepRecord gen_step(uint64_t n) {
   }
   r.allreduce_calls = *rc::gen::arbitrary<uint32_t>();
   r.allreduce_bytes = *rc::gen::arbitrary<uint64_t>();
-  r.timings = {*rc::gen::arbitrary<double>(), *rc::gen::arbitrary<double>(),
-               *rc::gen::arbitrary<double>(), *rc::gen::arbitrary<double>(),
-               *rc::gen::arbitrary<double>()};
+  r.timings = {*rc::gen::arbitrary<double>(), *rc::gen::arbitrary<double>(), *rc::gen::arbitrary<double>(),
+               *rc::gen::arbitrary<double>(), *rc::gen::arbitrary<double>()};
   return r;
 }
 
@@ -205,15 +202,16 @@ void content_digest_from_the_table() {
 // user's own reason is written as given (the record keeps the text).
 void skip_reasons() {
   using records::SkipReason;
-  for (SkipReason r : {SkipReason::kNone, SkipReason::kNonFiniteLoss, SkipReason::kNonFiniteGrad,
-                       SkipReason::kLossSpike})
+  for (SkipReason r :
+       {SkipReason::kNone, SkipReason::kNonFiniteLoss, SkipReason::kNonFiniteGrad, SkipReason::kLossSpike})
     RC_ASSERT(records::skip_reason_of(records::skip_text(r)) == r);
   const std::string text = *rc::gen::oneOf(rc::gen::arbitrary<std::string>(),
                                            rc::gen::element<std::string>("", "non_finite_loss", "loss_spike",
                                                                          "non_finite_grad", "other", "loss_spike "));
   const SkipReason r = records::skip_reason_of(text);
-  if (r == SkipReason::kOther) RC_ASSERT(text != records::skip_text(SkipReason::kNone) && text != "non_finite_loss" &&
-                                         text != "non_finite_grad" && text != "loss_spike");
+  if (r == SkipReason::kOther)
+    RC_ASSERT(text != records::skip_text(SkipReason::kNone) && text != "non_finite_loss" && text != "non_finite_grad" &&
+              text != "loss_spike");
   else RC_ASSERT(text == records::skip_text(r));
 }
 
@@ -222,13 +220,13 @@ void skip_reasons() {
 
 int main() {
   bool ok = true;
-  ok = rc::check("random step records survive a write and a read bit for bit",
-                 retrace::trace::round_trip) && ok;
-  ok = rc::check("a trace cut at a random offset yields exactly the complete frames",
-                 retrace::trace::truncation) && ok;
+  ok = rc::check("random step records survive a write and a read bit for bit", retrace::trace::round_trip) && ok;
+  ok = rc::check("a trace cut at a random offset yields exactly the complete frames", retrace::trace::truncation) && ok;
   ok = rc::check("the content digest from the field table equals the one written field by field",
-                 retrace::trace::content_digest_from_the_table) && ok;
+                 retrace::trace::content_digest_from_the_table) &&
+       ok;
   ok = rc::check("skip reasons: every text maps to its enum and back, any other text is kOther",
-                 retrace::trace::skip_reasons) && ok;
+                 retrace::trace::skip_reasons) &&
+       ok;
   return ok ? 0 : 1;
 }

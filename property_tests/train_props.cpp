@@ -155,8 +155,8 @@ std::vector<torch::Tensor> params_of(torch::nn::Module& m) {
 }
 
 // Accumulated gradients of one effective batch, left in .grad by the implementation under test.
-using AccumFn = std::function<std::vector<torch::Tensor>(std::shared_ptr<model::MlpImpl>,
-                                                         const std::vector<train::MicroBatch>&)>;
+using AccumFn =
+    std::function<std::vector<torch::Tensor>(std::shared_ptr<model::MlpImpl>, const std::vector<train::MicroBatch>&)>;
 
 // The real thing: train_step with an SGD of learning rate 0 (the step leaves the parameters alone
 // and the accumulated gradients in .grad).
@@ -321,8 +321,7 @@ int main() {
                 << std::endl;
       ok = false;
     } else {
-      std::cout << "negative control failed as intended: property 1 rejects mean-of-means accumulation"
-                << std::endl;
+      std::cout << "negative control failed as intended: property 1 rejects mean-of-means accumulation" << std::endl;
     }
   }
 
@@ -714,7 +713,8 @@ int main() {
       }
     }
     for (uint32_t r = 0; r < world; ++r)
-      for (size_t i = 0; i < shapes.size(); ++i) RC_ASSERT(torch::equal(whole.parameters()[i], copies[r]->parameters()[i]));
+      for (size_t i = 0; i < shapes.size(); ++i)
+        RC_ASSERT(torch::equal(whole.parameters()[i], copies[r]->parameters()[i]));
     // The optimizer state: each rank holds its range's only, and the slices are the whole state's.
     const NamedTensors state = train::optimizer_state(*whole_opt, whole, oc.name);
     std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
@@ -744,8 +744,9 @@ int main() {
     };
     std::vector<std::vector<uint64_t>> locals(world);
     for (uint32_t r = 0; r < world; ++r)
-      train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
-                          [&](const std::vector<uint64_t>& mine) { return locals[r] = mine; }, nullptr, mix);
+      train::zero_digests(
+          named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
+          [&](const std::vector<uint64_t>& mine) { return locals[r] = mine; }, nullptr, mix);
     const train::SumOverRanks sum = [&](const std::vector<uint64_t>&) {
       std::vector<uint64_t> out(locals[0].size(), 0);
       for (const auto& l : locals)
@@ -758,8 +759,8 @@ int main() {
     for (const auto& item : whole.named_parameters()) whole_grads.emplace_back(item.key(), item.value().grad());
     const Digest128 grads_whole = digest_named(whole_grads, kind);
     for (uint32_t r = 0; r < world; ++r) {
-      const train::ZeroDigests d =
-          train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true, sum, nullptr, mix);
+      const train::ZeroDigests d = train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name,
+                                                       true, sum, nullptr, mix);
       RC_ASSERT(d.model == model_whole);
       RC_ASSERT(d.optim == optim_whole);
       RC_ASSERT(d.grads == grads_whole);
@@ -767,9 +768,9 @@ int main() {
     // The same from the sums the fused pass took (SGD and a LibTorch step keep none: read again).
     std::vector<std::vector<uint64_t>> known_locals(world);
     for (uint32_t r = 0; r < world; ++r)
-      train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
-                          [&](const std::vector<uint64_t>& mine) { return known_locals[r] = mine; }, &captured[r],
-                          mix);
+      train::zero_digests(
+          named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name, true,
+          [&](const std::vector<uint64_t>& mine) { return known_locals[r] = mine; }, &captured[r], mix);
     RC_ASSERT(known_locals == locals);
     for (uint32_t r = 0; r < world; ++r) {
       const train::ZeroDigests k = train::zero_digests(named(*copies[r]), *opts[r], *zeros[r], *copies[r], oc.name,
@@ -779,109 +780,112 @@ int main() {
   });
 
   double seen_norm = 0;  // property 9: largest relative difference of the sliced norm
-  ok &= rc::check("9. ZeRO reduce-scatter: each range gets the rank-order sum bitwise; the sliced norm is the norm", [&] {
-    const int tensors = *rc::gen::inRange(1, 6);
-    std::vector<std::vector<int64_t>> shapes;
-    for (int i = 0; i < tensors; ++i) {
-      std::vector<int64_t> shape = {*rc::gen::inRange<int64_t>(1, 70)};
-      if (*rc::gen::inRange(0, 2)) shape.push_back(*rc::gen::inRange<int64_t>(1, 90));
-      shapes.push_back(shape);
-    }
-    const uint32_t world = *rc::gen::inRange<uint32_t>(1, 9);
-    const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
-    // A parameter without a gradient (the same on every rank, as a shared graph gives).
-    const int no_grad = *rc::gen::inRange(-1, tensors);
-    RC_TAG(world);
-    rng::seed_cpu_and_device(seed, -1);
-    std::vector<std::vector<torch::Tensor>> params(world), grads(world);
-    for (uint32_t r = 0; r < world; ++r)
-      for (int i = 0; i < tensors; ++i) {
-        params[r].push_back(torch::zeros(shapes[static_cast<size_t>(i)]));
-        // Magnitudes that differ across ranks, so the order of the additions shows in the bits.
-        grads[r].push_back(torch::randn(shapes[static_cast<size_t>(i)]) * std::pow(10.0, static_cast<double>(r % 4)));
-        if (i != no_grad) params[r].back().mutable_grad() = grads[r].back().clone();
-      }
-    std::vector<std::unique_ptr<train::ZeroShard>> zeros;
-    for (uint32_t r = 0; r < world; ++r) zeros.push_back(std::make_unique<train::ZeroShard>(params[r], r, world));
-    // The all-to-all in windows of a random width: rank r receives row r of every rank's pack.
-    const int64_t padded = zeros[0]->padded_numel();
-    const int64_t window = *rc::gen::inRange<int64_t>(1, padded + 2);
-    for (int64_t offset = 0; offset < padded; offset += window) {
-      const int64_t n = std::min(window, padded - offset);
-      std::vector<torch::Tensor> packs;
-      for (uint32_t r = 0; r < world; ++r) {
-        packs.push_back(torch::full({static_cast<int64_t>(world), n}, 7.0f));  // pack_grads overwrites all of it
-        zeros[r]->pack_grads(offset, packs.back());
-        RC_ASSERT(packs.back().sizes() == torch::IntArrayRef({static_cast<int64_t>(world), n}));
-      }
-      for (uint32_t r = 0; r < world; ++r) {
-        std::vector<torch::Tensor> got;
-        for (uint32_t q = 0; q < world; ++q) got.push_back(packs[q][r]);
-        zeros[r]->fold_grads(torch::stack(got), offset);
-      }
-    }
-    // Each rank's range holds ((g0 + g1) + g2) + ... exactly; the rest its own gradient.
-    std::vector<torch::Tensor> sums;
-    for (int i = 0; i < tensors; ++i) {
-      torch::Tensor sum = grads[0][static_cast<size_t>(i)].clone();
-      for (uint32_t q = 1; q < world; ++q) sum.add_(grads[q][static_cast<size_t>(i)]);
-      sums.push_back(sum.view({-1}));
-    }
-    int64_t owned = 0;
-    for (uint32_t r = 0; r < world; ++r) {
-      std::vector<bool> covered(static_cast<size_t>(tensors), false);
-      for (const auto& part : zeros[r]->mine()) {
-        if (static_cast<int>(part.param) == no_grad) {
-          RC_ASSERT(!params[r][part.param].grad().defined());
-          continue;
+  ok &=
+      rc::check("9. ZeRO reduce-scatter: each range gets the rank-order sum bitwise; the sliced norm is the norm", [&] {
+        const int tensors = *rc::gen::inRange(1, 6);
+        std::vector<std::vector<int64_t>> shapes;
+        for (int i = 0; i < tensors; ++i) {
+          std::vector<int64_t> shape = {*rc::gen::inRange<int64_t>(1, 70)};
+          if (*rc::gen::inRange(0, 2)) shape.push_back(*rc::gen::inRange<int64_t>(1, 90));
+          shapes.push_back(shape);
         }
-        const torch::Tensor g = params[r][part.param].grad().view({-1});
-        RC_ASSERT(torch::equal(g.narrow(0, part.begin, part.end - part.begin),
-                               sums[part.param].narrow(0, part.begin, part.end - part.begin)));
-        // Outside the range: this rank's own gradient, untouched.
-        torch::Tensor outside = g.clone(), own = grads[r][part.param].view({-1}).clone();
-        outside.narrow(0, part.begin, part.end - part.begin).zero_();
-        own.narrow(0, part.begin, part.end - part.begin).zero_();
-        RC_ASSERT(torch::equal(outside, own));
-        covered[part.param] = true;
-        owned += part.end - part.begin;
-      }
-      for (int i = 0; i < tensors; ++i)
-        if (!covered[static_cast<size_t>(i)] && i != no_grad)
-          RC_ASSERT(torch::equal(params[r][static_cast<size_t>(i)].grad(), grads[r][static_cast<size_t>(i)]));
-    }
-    int64_t with_grad = 0;
-    for (int i = 0; i < tensors; ++i)
-      if (i != no_grad) with_grad += sums[static_cast<size_t>(i)].numel();
-    RC_ASSERT(owned == with_grad);  // every element reduced by exactly one rank
-    // The norm from the ranks' parts: float rounding of the whole gradient's norm, the same from
-    // any rank's view of the parts.
-    std::vector<std::vector<double>> by_rank;
-    for (uint32_t r = 0; r < world; ++r) by_rank.push_back(zeros[r]->grad_square_norms());
-    std::vector<torch::Tensor> whole;
-    for (int i = 0; i < tensors; ++i) {
-      whole.push_back(torch::zeros(shapes[static_cast<size_t>(i)]));
-      if (i != no_grad) whole.back().mutable_grad() = sums[static_cast<size_t>(i)].view(shapes[static_cast<size_t>(i)]);
-    }
-    // The exact norm's stand-in: the whole reduced gradient's, in double.
-    std::vector<torch::Tensor> flat;
-    for (int i = 0; i < tensors; ++i)
-      if (i != no_grad) flat.push_back(sums[static_cast<size_t>(i)].to(torch::kDouble));
-    const double reference = flat.empty() ? 0.0 : torch::cat(flat).norm(2).item<double>();
-    const double sliced = train::zero_grad_norm(by_rank);
-    RC_ASSERT(sliced == train::zero_grad_norm(by_rank));
-    if (reference > 0) {
-      const double rel = std::abs(sliced - reference) / reference;
-      seen_norm = std::max(seen_norm, rel);
-      RC_ASSERT(rel <= 1e-6);
-    } else {
-      RC_ASSERT(sliced == 0.0);
-    }
-    RC_ASSERT(std::abs(train::global_grad_norm(whole) - sliced) <= 1e-5 * std::max(reference, 1e-30));
-    // A non-finite element anywhere makes the norm non-finite.
-    by_rank[world - 1][0] = std::numeric_limits<double>::infinity();
-    RC_ASSERT(!std::isfinite(train::zero_grad_norm(by_rank)));
-  });
+        const uint32_t world = *rc::gen::inRange<uint32_t>(1, 9);
+        const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+        // A parameter without a gradient (the same on every rank, as a shared graph gives).
+        const int no_grad = *rc::gen::inRange(-1, tensors);
+        RC_TAG(world);
+        rng::seed_cpu_and_device(seed, -1);
+        std::vector<std::vector<torch::Tensor>> params(world), grads(world);
+        for (uint32_t r = 0; r < world; ++r)
+          for (int i = 0; i < tensors; ++i) {
+            params[r].push_back(torch::zeros(shapes[static_cast<size_t>(i)]));
+            // Magnitudes that differ across ranks, so the order of the additions shows in the bits.
+            grads[r].push_back(torch::randn(shapes[static_cast<size_t>(i)]) *
+                               std::pow(10.0, static_cast<double>(r % 4)));
+            if (i != no_grad) params[r].back().mutable_grad() = grads[r].back().clone();
+          }
+        std::vector<std::unique_ptr<train::ZeroShard>> zeros;
+        for (uint32_t r = 0; r < world; ++r) zeros.push_back(std::make_unique<train::ZeroShard>(params[r], r, world));
+        // The all-to-all in windows of a random width: rank r receives row r of every rank's pack.
+        const int64_t padded = zeros[0]->padded_numel();
+        const int64_t window = *rc::gen::inRange<int64_t>(1, padded + 2);
+        for (int64_t offset = 0; offset < padded; offset += window) {
+          const int64_t n = std::min(window, padded - offset);
+          std::vector<torch::Tensor> packs;
+          for (uint32_t r = 0; r < world; ++r) {
+            packs.push_back(torch::full({static_cast<int64_t>(world), n}, 7.0f));  // pack_grads overwrites all of it
+            zeros[r]->pack_grads(offset, packs.back());
+            RC_ASSERT(packs.back().sizes() == torch::IntArrayRef({static_cast<int64_t>(world), n}));
+          }
+          for (uint32_t r = 0; r < world; ++r) {
+            std::vector<torch::Tensor> got;
+            for (uint32_t q = 0; q < world; ++q) got.push_back(packs[q][r]);
+            zeros[r]->fold_grads(torch::stack(got), offset);
+          }
+        }
+        // Each rank's range holds ((g0 + g1) + g2) + ... exactly; the rest its own gradient.
+        std::vector<torch::Tensor> sums;
+        for (int i = 0; i < tensors; ++i) {
+          torch::Tensor sum = grads[0][static_cast<size_t>(i)].clone();
+          for (uint32_t q = 1; q < world; ++q) sum.add_(grads[q][static_cast<size_t>(i)]);
+          sums.push_back(sum.view({-1}));
+        }
+        int64_t owned = 0;
+        for (uint32_t r = 0; r < world; ++r) {
+          std::vector<bool> covered(static_cast<size_t>(tensors), false);
+          for (const auto& part : zeros[r]->mine()) {
+            if (static_cast<int>(part.param) == no_grad) {
+              RC_ASSERT(!params[r][part.param].grad().defined());
+              continue;
+            }
+            const torch::Tensor g = params[r][part.param].grad().view({-1});
+            RC_ASSERT(torch::equal(g.narrow(0, part.begin, part.end - part.begin),
+                                   sums[part.param].narrow(0, part.begin, part.end - part.begin)));
+            // Outside the range: this rank's own gradient, untouched.
+            torch::Tensor outside = g.clone(), own = grads[r][part.param].view({-1}).clone();
+            outside.narrow(0, part.begin, part.end - part.begin).zero_();
+            own.narrow(0, part.begin, part.end - part.begin).zero_();
+            RC_ASSERT(torch::equal(outside, own));
+            covered[part.param] = true;
+            owned += part.end - part.begin;
+          }
+          for (int i = 0; i < tensors; ++i)
+            if (!covered[static_cast<size_t>(i)] && i != no_grad)
+              RC_ASSERT(torch::equal(params[r][static_cast<size_t>(i)].grad(), grads[r][static_cast<size_t>(i)]));
+        }
+        int64_t with_grad = 0;
+        for (int i = 0; i < tensors; ++i)
+          if (i != no_grad) with_grad += sums[static_cast<size_t>(i)].numel();
+        RC_ASSERT(owned == with_grad);  // every element reduced by exactly one rank
+        // The norm from the ranks' parts: float rounding of the whole gradient's norm, the same from
+        // any rank's view of the parts.
+        std::vector<std::vector<double>> by_rank;
+        for (uint32_t r = 0; r < world; ++r) by_rank.push_back(zeros[r]->grad_square_norms());
+        std::vector<torch::Tensor> whole;
+        for (int i = 0; i < tensors; ++i) {
+          whole.push_back(torch::zeros(shapes[static_cast<size_t>(i)]));
+          if (i != no_grad)
+            whole.back().mutable_grad() = sums[static_cast<size_t>(i)].view(shapes[static_cast<size_t>(i)]);
+        }
+        // The exact norm's stand-in: the whole reduced gradient's, in double.
+        std::vector<torch::Tensor> flat;
+        for (int i = 0; i < tensors; ++i)
+          if (i != no_grad) flat.push_back(sums[static_cast<size_t>(i)].to(torch::kDouble));
+        const double reference = flat.empty() ? 0.0 : torch::cat(flat).norm(2).item<double>();
+        const double sliced = train::zero_grad_norm(by_rank);
+        RC_ASSERT(sliced == train::zero_grad_norm(by_rank));
+        if (reference > 0) {
+          const double rel = std::abs(sliced - reference) / reference;
+          seen_norm = std::max(seen_norm, rel);
+          RC_ASSERT(rel <= 1e-6);
+        } else {
+          RC_ASSERT(sliced == 0.0);
+        }
+        RC_ASSERT(std::abs(train::global_grad_norm(whole) - sliced) <= 1e-5 * std::max(reference, 1e-30));
+        // A non-finite element anywhere makes the norm non-finite.
+        by_rank[world - 1][0] = std::numeric_limits<double>::infinity();
+        RC_ASSERT(!std::isfinite(train::zero_grad_norm(by_rank)));
+      });
 
   // The collectives' window: kGatherWindow per rank up to 8 ranks, then the world's windows within
   // 8 x kGatherWindow elements, never below kAlign.

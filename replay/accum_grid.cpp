@@ -24,8 +24,10 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
   if (config.runtime.invariance == train::Invariance::kBatch)
     for (int64_t a : grid)
       RETRACE_CHECK((effective / a) % config.runtime.invariance_chunk == 0, ConfigError, "--accum-grid: ", a,
-                    " micro-batches of ", effective / a, " samples do not split into whole chunks of "
-                    "runtime.invariance_chunk = ", config.runtime.invariance_chunk,
+                    " micro-batches of ", effective / a,
+                    " samples do not split into whole chunks of "
+                    "runtime.invariance_chunk = ",
+                    config.runtime.invariance_chunk,
                     "; choose settings whose micro-batch (effective batch / accum) is a multiple of the chunk, or a "
                     "smaller chunk");
   fs::make_writable_dir(out_dir);
@@ -63,8 +65,7 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
     if (same.first_diff)
       row.first_diff = "step " + std::to_string(same.first_diff->step) + " " + same.first_diff->field;
     std::vector<double> ms;
-    for (const auto& s : steps)
-      ms.push_back(s.timings.step_ms());
+    for (const auto& s : steps) ms.push_back(s.timings.step_ms());
     std::sort(ms.begin(), ms.end());
     row.median_step_ms = ms.empty() ? 0 : ms[ms.size() / 2];
   }

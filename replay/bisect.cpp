@@ -137,7 +137,7 @@ Probed read_probe(const std::string& path) {
 std::vector<Probed> probe_ranks(const std::string& run_dir, uint32_t world, uint64_t s, train::Numerics numerics,
                                 const std::string& prefix) {
   const int rc = distributed::launch_local(world, {"probe-step", run_dir, "--step", std::to_string(s), "--numerics",
-                                            train::numerics_name(numerics), "--out", prefix});
+                                                   train::numerics_name(numerics), "--out", prefix});
   RETRACE_CHECK(rc == 0, IoError, "bisection: re-executing step ", s, " of ", run_dir, " on ", world,
                 " ranks failed (exit ", rc, "); its output is above");
   std::vector<Probed> out;
@@ -151,14 +151,19 @@ void write_probe_of_rank(const std::string& run, uint64_t step, train::Numerics 
   const std::string dir = run_dir_of(run);
   trace::TraceReader r = trace::TraceReader::open(run::trace_of(run));
   Probed p = probe_step(dir, r.header(), step, "rank " + std::to_string(pg ? pg->rank() : 0), numerics, registry, pg);
-  nlohmann::json j = {{"start", p.start}, {"notes", p.notes}, {"entries", nlohmann::json::array()},
+  nlohmann::json j = {{"start", p.start},
+                      {"notes", p.notes},
+                      {"entries", nlohmann::json::array()},
                       {"ops", nlohmann::json::array()}};
   for (const auto& e : p.entries)
-    j["entries"].push_back({{"phase", e.phase}, {"module", e.module}, {"module_type", e.module_type},
-                            {"what", e.what}, {"digest", e.digest.hex()}});
+    j["entries"].push_back({{"phase", e.phase},
+                            {"module", e.module},
+                            {"module_type", e.module_type},
+                            {"what", e.what},
+                            {"digest", e.digest.hex()}});
   for (const auto& o : p.ops)
-    j["ops"].push_back({{"phase", o.phase}, {"module", o.module}, {"op", o.op}, {"index", o.index},
-                        {"digest", o.digest.hex()}});
+    j["ops"].push_back(
+        {{"phase", o.phase}, {"module", o.module}, {"op", o.op}, {"index", o.index}, {"digest", o.digest.hex()}});
   fs::write_file_atomic(probe_file(prefix, pg ? pg->rank() : 0), j.dump());
 }
 
@@ -186,7 +191,8 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
   const auto& hb = rb.header();
   HeaderDiff hd = diff_headers(ha, hb);
   RETRACE_CHECK(hd.model.empty(), ConfigError, "the traces are of different models (", ha.model_description, " vs ",
-                hb.model_description, "): bisection re-executes both runs step by step and needs the same "
+                hb.model_description,
+                "): bisection re-executes both runs step by step and needs the same "
                 "parameters; use `retrace diff` to compare them");
   BisectReport rep;
   for (const auto& v : hd.config)
@@ -259,9 +265,9 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
   for (size_t r = 0; !rep.rank && r < std::min(sa->rank_rng_digests.size(), sb->rank_rng_digests.size()); ++r) {
     if (sa->rank_rng_digests[r] != sb->rank_rng_digests[r]) rep.rank = static_cast<uint32_t>(r);
   }
-  if (cb.on_message) cb.on_message("step level: first divergent step " + std::to_string(hi) + " (" +
-                                   std::to_string(rep.search_probes) + " chain comparisons over " + std::to_string(n) +
-                                   " steps); re-executing it in both runs");
+  if (cb.on_message)
+    cb.on_message("step level: first divergent step " + std::to_string(hi) + " (" + std::to_string(rep.search_probes) +
+                  " chain comparisons over " + std::to_string(n) + " steps); re-executing it in both runs");
 
   // Both runs re-execute in this process, under run A's numerics profile.
   const auto numerics_of = [](const records::TraceHeader& h) {
@@ -269,15 +275,18 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
   };
   const train::Numerics numerics = numerics_of(ha);
   if (numerics_of(hb) != numerics)
-    rep.notes.push_back(std::string("run B was recorded with runtime.numerics = \"") + train::numerics_name(numerics_of(hb)) +
-                        "\" and is re-executed under run A's \"" + train::numerics_name(numerics) + "\": a difference that the numerics alone make does not "
+    rep.notes.push_back(std::string("run B was recorded with runtime.numerics = \"") +
+                        train::numerics_name(numerics_of(hb)) + "\" and is re-executed under run A's \"" +
+                        train::numerics_name(numerics) +
+                        "\": a difference that the numerics alone make does not "
                         "show in the re-execution");
   Probed pa, pb;
   if (ha.world_size > 1) {
     // Data parallelism: both runs re-execute on their recorded world size, from their nearest
     // checkpoint; the first rank whose re-execution differs is the one named.
     RETRACE_CHECK(hb.world_size == ha.world_size, ConfigError, "run A was recorded on ", ha.world_size,
-                  " ranks and run B on ", hb.world_size, "; bisection re-executes both on their own world size and "
+                  " ranks and run B on ", hb.world_size,
+                  "; bisection re-executes both on their own world size and "
                   "compares rank by rank, which needs the same one; use `retrace diff` to compare them");
     const stdfs::path scratch = stdfs::temp_directory_path() / ("retrace-bisect-" + std::to_string(::getpid()));
     fs::make_writable_dir(scratch.string());
@@ -347,8 +356,10 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
       return o.phase == rep.phase && (rep.phase != "forward" || o.module == rep.module);
     };
     std::vector<const train::OpEntry*> oa, ob;
-    for (const auto& o : pa.ops) if (in_scope(o)) oa.push_back(&o);
-    for (const auto& o : pb.ops) if (in_scope(o)) ob.push_back(&o);
+    for (const auto& o : pa.ops)
+      if (in_scope(o)) oa.push_back(&o);
+    for (const auto& o : pb.ops)
+      if (in_scope(o)) ob.push_back(&o);
     for (size_t i = 0; i < std::min(oa.size(), ob.size()); ++i) {
       if (oa[i]->op != ob[i]->op) {
         rep.op = oa[i]->op + " vs " + ob[i]->op;

@@ -22,15 +22,15 @@ namespace retrace::replay {
 
 struct BisectReport {
   bool diverged = false;
-  uint64_t common_steps = 0;  // steps present in both traces
+  uint64_t common_steps = 0;   // steps present in both traces
   uint32_t search_probes = 0;  // chain comparisons made by the binary search
   uint64_t step = 0;
   std::optional<uint32_t> rank;
   std::string module, module_type, phase, what, op;
-  std::string detail;              // e.g. max abs difference and where
+  std::string detail;                               // e.g. max abs difference and where
   uint64_t replay_start_a = 0, replay_start_b = 0;  // checkpoint steps the re-execution started from
-  std::vector<std::string> notes;  // config and fingerprint differences, caveats
-  std::string summary() const;     // "first divergence: step 57, rank 0, module layers.0 (Linear), ..."
+  std::vector<std::string> notes;                   // config and fingerprint differences, caveats
+  std::string summary() const;  // "first divergence: step 57, rank 0, module layers.0 (Linear), ..."
 };
 
 // `a` and `b` are run directories (or their traces; the checkpoints must sit beside the trace).
@@ -45,6 +45,7 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
 // `retrace probe-step`: this rank's re-execution of `step` of the run `run` (from its newest
 // checkpoint before it), written as JSON to PREFIX.rankN.json for bisect_runs.
 void write_probe_of_rank(const std::string& run, uint64_t step, train::Numerics numerics,
-                         const train::Registry& registry, distributed::ProcessGroup* process_group, const std::string& prefix);
+                         const train::Registry& registry, distributed::ProcessGroup* process_group,
+                         const std::string& prefix);
 
 }  // namespace retrace::replay

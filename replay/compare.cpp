@@ -19,7 +19,6 @@ std::string num(double v) {
   return buf;
 }
 
-
 // Bitwise equality of doubles: NaN equals NaN of the same bits, +0 differs from -0.
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
@@ -52,8 +51,8 @@ bool same(const std::vector<double>& a, const std::vector<double>& b) { return s
 
 }  // namespace
 
-std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b,
-                                   CompareMode mode, const ToleranceRule& tolerance) {
+std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b, CompareMode mode,
+                                   const ToleranceRule& tolerance) {
   const uint8_t bit = mode == CompareMode::kBitwise  ? records::kCompareBitwise
                       : mode == CompareMode::kLayout ? records::kCompareLayout
                                                      : records::kCompareTolerance;
@@ -69,7 +68,8 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
           if (!(f.compared & bit) || va.empty() || vb.empty() || va == vb) return;
           size_t i = 0;
           while (i < va.size() && i < vb.size() && va[i] == vb[i]) ++i;
-          d.push_back({a.step, f.name, i < va.size() ? va[i].module : "(none)", i < vb.size() ? vb[i].module : "(none)"});
+          d.push_back(
+              {a.step, f.name, i < va.size() ? va[i].module : "(none)", i < vb.size() ? vb[i].module : "(none)"});
         } else {
           if constexpr (std::is_same_v<T, double>) {
             if ((f.compared & records::kLossByRule) && bit == records::kCompareTolerance) {
@@ -79,16 +79,16 @@ std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::
               return;
             }
           }
-          if ((f.compared & bit) && !same(va, vb)) d.push_back({a.step, f.name, records::value_text(va), records::value_text(vb)});
+          if ((f.compared & bit) && !same(va, vb))
+            d.push_back({a.step, f.name, records::value_text(va), records::value_text(vb)});
         }
       },
       a, b);
   return d;
 }
 
-CompareReport compare_steps(const std::vector<records::StepRecord>& a,
-                            const std::vector<records::StepRecord>& b, CompareMode mode,
-                            const ToleranceRule& tolerance) {
+CompareReport compare_steps(const std::vector<records::StepRecord>& a, const std::vector<records::StepRecord>& b,
+                            CompareMode mode, const ToleranceRule& tolerance) {
   CompareReport rep;
   auto ma = by_step(a), mb = by_step(b);
   for (const auto& [step, ra] : ma) {

@@ -42,9 +42,9 @@ struct FieldDiff {
 };
 
 struct CompareReport {
-  uint64_t compared = 0;          // steps present in both
+  uint64_t compared = 0;  // steps present in both
   uint64_t only_in_a = 0, only_in_b = 0;
-  double max_loss_diff = 0;       // over the steps present in both
+  double max_loss_diff = 0;  // over the steps present in both
   uint64_t max_loss_diff_step = 0;
   double final_loss_diff = 0;
   std::optional<FieldDiff> first_diff;  // first step (then first field) that differs
@@ -53,18 +53,16 @@ struct CompareReport {
 
 // Compares the records with equal step numbers in order. When a step appears more than once (a
 // rollback), the later record counts. Fields are compared in declaration order of StepRecord.
-CompareReport compare_steps(const std::vector<records::StepRecord>& a,
-                            const std::vector<records::StepRecord>& b, CompareMode mode,
-                            const ToleranceRule& tolerance);
-inline CompareReport compare_steps(const std::vector<records::StepRecord>& a,
-                                   const std::vector<records::StepRecord>& b, CompareMode mode,
-                                   double tolerance = 1e-4) {
+CompareReport compare_steps(const std::vector<records::StepRecord>& a, const std::vector<records::StepRecord>& b,
+                            CompareMode mode, const ToleranceRule& tolerance);
+inline CompareReport compare_steps(const std::vector<records::StepRecord>& a, const std::vector<records::StepRecord>& b,
+                                   CompareMode mode, double tolerance = 1e-4) {
   return compare_steps(a, b, mode, ToleranceRule{tolerance});
 }
 
 // All differing fields of one pair of records (for reports), in declaration order.
-std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b,
-                                   CompareMode mode, const ToleranceRule& tolerance);
+std::vector<FieldDiff> diff_record(const records::StepRecord& a, const records::StepRecord& b, CompareMode mode,
+                                   const ToleranceRule& tolerance);
 
 // The first difference between two runs' evaluations (in order: step, epoch, samples; under
 // kBitwise also the bits of loss and accuracy), or none.

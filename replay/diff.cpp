@@ -68,9 +68,7 @@ std::string shape_text(const records::ParamInfo& p) {
   return s + "] " + p.dtype;
 }
 
-bool same_double(double x, double y) {
-  return std::memcmp(&x, &y, sizeof x) == 0 || (std::isnan(x) && std::isnan(y));
-}
+bool same_double(double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0 || (std::isnan(x) && std::isnan(y)); }
 
 // Later records of the same step win (the run after a rollback), as in compare_steps.
 template <typename R>
@@ -121,8 +119,7 @@ std::string spans_text(const std::vector<StepSpan>& spans, size_t limit = 4) {
 // A table for people: columns padded to their widest cell, cells cut to a maximum width.
 class TextTable {
  public:
-  explicit TextTable(std::string indent, size_t max_cell = 44)
-      : indent_(std::move(indent)), max_cell_(max_cell) {}
+  explicit TextTable(std::string indent, size_t max_cell = 44) : indent_(std::move(indent)), max_cell_(max_cell) {}
   void row(std::vector<std::string> cells) {
     for (auto& c : cells)
       if (c.size() > max_cell_) c = c.substr(0, max_cell_ - 3) + "...";
@@ -189,18 +186,13 @@ nlohmann::json value_diffs_json(const std::vector<ValueDiff>& v) {
   return j;
 }
 
-nlohmann::json field_json(const FieldDiff& f) {
-  return {{"step", f.step}, {"field", f.field}, {"a", f.a}, {"b", f.b}};
-}
+nlohmann::json field_json(const FieldDiff& f) { return {{"step", f.step}, {"field", f.field}, {"a", f.a}, {"b", f.b}}; }
 
 nlohmann::json eval_json(const std::optional<EvalRecord>& e) {
   if (!e) return nullptr;
-  return {{"epoch", e->epoch},
-          {"samples", e->samples},
-          {"loss", num_json(e->loss)},
-          {"accuracy", num_json(e->accuracy)},
-          {"tokens", e->tokens},
-          {"perplexity", num_json(e->perplexity())}};
+  return {{"epoch", e->epoch},         {"samples", e->samples},
+          {"loss", num_json(e->loss)}, {"accuracy", num_json(e->accuracy)},
+          {"tokens", e->tokens},       {"perplexity", num_json(e->perplexity())}};
 }
 
 }  // namespace
@@ -233,15 +225,18 @@ bool DiffReport::identical() const {
   return std::none_of(evals.begin(), evals.end(), [](const EvalRow& e) { return e.differs(); });
 }
 
-
-std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a, const std::vector<records::KeyValue>& b) {
+std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a,
+                                         const std::vector<records::KeyValue>& b) {
   return diff_maps(fingerprint_map(a), fingerprint_map(b));
 }
 
 void for_each_header_diff(const HeaderDiff& h, const std::function<void(const char* part, const ValueDiff&)>& fn) {
-  const std::pair<const char*, const std::vector<ValueDiff>*> parts[] = {
-      {"config", &h.config}, {"environment", &h.fingerprint}, {"model", &h.model},
-      {"data", &h.data_files}, {"fault", &h.faults}, {"header", &h.other}};
+  const std::pair<const char*, const std::vector<ValueDiff>*> parts[] = {{"config", &h.config},
+                                                                         {"environment", &h.fingerprint},
+                                                                         {"model", &h.model},
+                                                                         {"data", &h.data_files},
+                                                                         {"fault", &h.faults},
+                                                                         {"header", &h.other}};
   for (const auto& [part, list] : parts)
     for (const auto& d : *list) fn(part, d);
 }
@@ -295,9 +290,9 @@ std::optional<StepDivergence> locate_divergence(const StepRecord& a, const StepR
   }
   StepDivergence d;
   d.step = a.step;
-  d.phase = earliest == StepPhase::kData       ? "data"
-            : earliest == StepPhase::kForward  ? "forward"
-            : earliest == StepPhase::kBackward ? "backward"
+  d.phase = earliest == StepPhase::kData        ? "data"
+            : earliest == StepPhase::kForward   ? "forward"
+            : earliest == StepPhase::kBackward  ? "backward"
             : earliest == StepPhase::kOptimizer ? "optimizer"
                                                 : "state";
   if (!a.module_digests.empty() && !b.module_digests.empty()) {
@@ -367,8 +362,7 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
     for (auto& f : diff_record(ra, rb, CompareMode::kBitwise, ToleranceRule{0.0}))
       r.first_by_field.emplace(f.field, std::move(f));  // keeps the first (earliest) entry
     if (!r.where && r.steps.first_diff && r.steps.first_diff->step == s) r.where = locate_divergence(ra, rb);
-    if (ra.outcome != rb.outcome)
-      r.skips.push_back({s, ra.outcome, rb.outcome, ra.skip_reason, rb.skip_reason});
+    if (ra.outcome != rb.outcome) r.skips.push_back({s, ra.outcome, rb.outcome, ra.skip_reason, rb.skip_reason});
   }
 
   // Events grouped by (step, kind), messages in file order.
@@ -401,9 +395,7 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
 
 std::string render_text(const DiffReport& r) {
   std::ostringstream out;
-  auto span_or_none = [](const std::optional<StepSpan>& s) {
-    return s ? span_text(*s) : std::string("no steps");
-  };
+  auto span_or_none = [](const std::optional<StepSpan>& s) { return s ? span_text(*s) : std::string("no steps"); };
 
   // Summary cells hold sentences and paths: cut them late.
   TextTable sum("", 160);
@@ -416,21 +408,16 @@ std::string render_text(const DiffReport& r) {
   if (!r.only_in_a.empty()) sum.row({"only in a", spans_text(r.only_in_a)});
   if (!r.only_in_b.empty()) sum.row({"only in b", spans_text(r.only_in_b)});
   std::string verdict;
-  if (r.identical())
-    verdict = "IDENTICAL (bitwise)";
+  if (r.identical()) verdict = "IDENTICAL (bitwise)";
   else if (r.steps.first_diff)
-    verdict = "DIVERGED at step " + std::to_string(r.steps.first_diff->step) + " (" +
-              r.steps.first_diff->field + ")";
-  else if (r.steps.compared > 0)
-    verdict = "common steps equal (bitwise); other differences below";
-  else
-    verdict = "nothing to compare step by step";
+    verdict = "DIVERGED at step " + std::to_string(r.steps.first_diff->step) + " (" + r.steps.first_diff->field + ")";
+  else if (r.steps.compared > 0) verdict = "common steps equal (bitwise); other differences below";
+  else verdict = "nothing to compare step by step";
   sum.row({"verdict", verdict});
   if (r.where) sum.row({"where", divergence_text(*r.where)});
   if (r.steps.compared > 0)
     sum.row({"loss diff", "max " + fmt(r.steps.max_loss_diff) + " at step " +
-                              std::to_string(r.steps.max_loss_diff_step) + ", final " +
-                              fmt(r.steps.final_loss_diff)});
+                              std::to_string(r.steps.max_loss_diff_step) + ", final " + fmt(r.steps.final_loss_diff)});
   std::string env = "equal";
   if (r.environment_differs()) {
     env = "differs (bitwise differences are expected):";
@@ -496,9 +483,7 @@ std::string render_text(const DiffReport& r) {
     size_t shown = 0;
     for (const auto& e : r.evals) {
       if (!e.differs() || shown++ >= kTextListLimit) continue;
-      auto acc = [](const std::optional<EvalRecord>& x) {
-        return x ? fmt(x->accuracy, "%.4f") : std::string("-");
-      };
+      auto acc = [](const std::optional<EvalRecord>& x) { return x ? fmt(x->accuracy, "%.4f") : std::string("-"); };
       auto loss = [](const std::optional<EvalRecord>& x) { return x ? fmt(x->loss) : std::string("-"); };
       auto ppl = [](const std::optional<EvalRecord>& x) {
         return x && x->language_model() ? fmt(x->perplexity(), "%.4f") : std::string("-");
@@ -518,30 +503,30 @@ nlohmann::json to_json(const DiffReport& r) {
   j["identical"] = r.identical();
   j["models_differ"] = r.models_differ();
   j["environment_differs"] = r.environment_differs();
-  j["header"] = {
-      {"config", value_diffs_json(r.header.config)}, {"fingerprint", value_diffs_json(r.header.fingerprint)},
-      {"model", value_diffs_json(r.header.model)},   {"data_files", value_diffs_json(r.header.data_files)},
-      {"faults", value_diffs_json(r.header.faults)}, {"other", value_diffs_json(r.header.other)}};
-  j["steps"] = {
-      {"compared", r.steps.compared},
-      {"only_in_a", r.steps.only_in_a},
-      {"only_in_b", r.steps.only_in_b},
-      {"common", span_json(r.common)},
-      {"only_in_a_ranges", spans_json(r.only_in_a)},
-      {"only_in_b_ranges", spans_json(r.only_in_b)},
-      {"max_loss_diff", num_json(r.steps.max_loss_diff)},
-      {"max_loss_diff_step", r.steps.max_loss_diff_step},
-      {"final_loss_diff", num_json(r.steps.final_loss_diff)},
-      {"first_divergence", r.steps.first_diff ? field_json(*r.steps.first_diff) : nlohmann::json(nullptr)}};
+  j["header"] = {{"config", value_diffs_json(r.header.config)}, {"fingerprint", value_diffs_json(r.header.fingerprint)},
+                 {"model", value_diffs_json(r.header.model)},   {"data_files", value_diffs_json(r.header.data_files)},
+                 {"faults", value_diffs_json(r.header.faults)}, {"other", value_diffs_json(r.header.other)}};
+  j["steps"] = {{"compared", r.steps.compared},
+                {"only_in_a", r.steps.only_in_a},
+                {"only_in_b", r.steps.only_in_b},
+                {"common", span_json(r.common)},
+                {"only_in_a_ranges", spans_json(r.only_in_a)},
+                {"only_in_b_ranges", spans_json(r.only_in_b)},
+                {"max_loss_diff", num_json(r.steps.max_loss_diff)},
+                {"max_loss_diff_step", r.steps.max_loss_diff_step},
+                {"final_loss_diff", num_json(r.steps.final_loss_diff)},
+                {"first_divergence", r.steps.first_diff ? field_json(*r.steps.first_diff) : nlohmann::json(nullptr)}};
   auto fields = nlohmann::json::object();
   for (const auto& [name, f] : r.first_by_field) fields[name] = field_json(f);
   j["first_divergence_by_field"] = fields;
   if (r.where)
-    j["where"] = {{"step", r.where->step},         {"phase", r.where->phase},
-                  {"module", r.where->module},     {"parts", r.where->parts},
-                  {"modules_differing", r.where->modules_differing}, {"modules", r.where->modules}};
-  else
-    j["where"] = nullptr;
+    j["where"] = {{"step", r.where->step},
+                  {"phase", r.where->phase},
+                  {"module", r.where->module},
+                  {"parts", r.where->parts},
+                  {"modules_differing", r.where->modules_differing},
+                  {"modules", r.where->modules}};
+  else j["where"] = nullptr;
   auto skips = nlohmann::json::array();
   for (const auto& s : r.skips)
     skips.push_back({{"step", s.step},
@@ -551,13 +536,11 @@ nlohmann::json to_json(const DiffReport& r) {
                      {"reason_b", s.reason_b}});
   j["skips"] = skips;
   auto events = nlohmann::json::array();
-  for (const auto& e : r.events)
-    events.push_back({{"step", e.step}, {"kind", e.kind}, {"a", e.a}, {"b", e.b}});
+  for (const auto& e : r.events) events.push_back({{"step", e.step}, {"kind", e.kind}, {"a", e.a}, {"b", e.b}});
   j["events"] = events;
   auto evals = nlohmann::json::array();
   for (const auto& e : r.evals)
-    evals.push_back(
-        {{"step", e.step}, {"a", eval_json(e.a)}, {"b", eval_json(e.b)}, {"differs", e.differs()}});
+    evals.push_back({{"step", e.step}, {"a", eval_json(e.a)}, {"b", eval_json(e.b)}, {"differs", e.differs()}});
   j["evals"] = evals;
   return j;
 }

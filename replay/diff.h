@@ -129,7 +129,8 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
 HeaderDiff diff_headers(const records::TraceHeader& a, const records::TraceHeader& b);
 // The fingerprint part of diff_headers: the numerics fields (records::is_numerics_key) whose values
 // differ or exist on one side, by key; information fields are never listed.
-std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a, const std::vector<records::KeyValue>& b);
+std::vector<ValueDiff> diff_fingerprints(const std::vector<records::KeyValue>& a,
+                                         const std::vector<records::KeyValue>& b);
 
 // Visits every header difference with its part ("config", "environment", "model", "data", "fault",
 // "header"), in that order: the one order both renderings use.

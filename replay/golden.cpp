@@ -20,7 +20,7 @@ struct GoldenSpec {
   int64_t interrupt_at = 0;
   ToleranceRule tolerance = kCrossNumericsRule;
   std::string tolerance_text;  // the [tolerance] table, verbatim TOML, when the file has one
-  std::string history;  // the [[history]] tables, verbatim TOML
+  std::string history;         // the [[history]] tables, verbatim TOML
 };
 
 std::string spec_path(const std::string& dir, const std::string& name) {
@@ -55,8 +55,8 @@ GoldenSpec read_spec(const std::string& dir, const std::string& name, bool autoc
 }
 
 // Records the run into `out` (interrupted at spec.interrupt_at and resumed when set).
-void run_into(const train::Config& config, int64_t interrupt_at, const std::string& out,
-              const run::RunCallbacks& cb, const train::Registry& registry) {
+void run_into(const train::Config& config, int64_t interrupt_at, const std::string& out, const run::RunCallbacks& cb,
+              const train::Registry& registry) {
   run::RecordOptions o;
   o.registry = &registry;
   o.out_dir = out;
@@ -114,8 +114,8 @@ GoldenResult check_golden(const std::string& golden_dir, const std::string& name
 }
 
 void update_golden(const std::string& golden_dir, const std::string& name, const std::string& reason,
-                   const std::vector<std::string>& overrides, int64_t interrupt_at,
-                   const run::RunCallbacks& cb, const train::Registry& registry) {
+                   const std::vector<std::string>& overrides, int64_t interrupt_at, const run::RunCallbacks& cb,
+                   const train::Registry& registry) {
   RETRACE_CHECK(!reason.empty(), ConfigError, "golden update needs --reason \"why the golden trace changes\"");
   const stdfs::path dir = stdfs::path(golden_dir) / name;
   // One writer: an existing golden directory is locked before it is read (a new one once it is
@@ -123,7 +123,8 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   run::RunLock lock;
   if (stdfs::is_directory(dir)) lock = run::RunLock::acquire(dir.string(), "golden update");
   const bool exists = stdfs::exists(run::config_path(dir.string()));
-  train::Config config = exists ? train::load_config(run::config_path(dir.string()), overrides, train::ConfigSource::kRecorded)
+  train::Config config = exists ? train::load_config(run::config_path(dir.string()), overrides,
+                                                     train::ConfigSource::kRecorded)
                                 : train::parse_config("", "built-in default", overrides);
   GoldenSpec spec;
   if (stdfs::exists(dir / "golden.toml")) spec = read_spec(golden_dir, name);
@@ -138,10 +139,9 @@ void update_golden(const std::string& golden_dir, const std::string& name, const
   std::ostringstream meta;
   meta << "# How `retrace golden check " << name << "` re-runs this golden trace; see golden/README.md.\n"
        << "interrupt_at = " << spec.interrupt_at << "\n\n"
-       << spec.tolerance_text
-       << spec.history << (spec.history.empty() || spec.history.back() == '\n' ? "" : "\n")
-       << "[[history]]\ndate = " << toml::value<std::string>(today()) << "\nreason = "
-       << toml::value<std::string>(reason) << "\n";
+       << spec.tolerance_text << spec.history << (spec.history.empty() || spec.history.back() == '\n' ? "" : "\n")
+       << "[[history]]\ndate = " << toml::value<std::string>(today())
+       << "\nreason = " << toml::value<std::string>(reason) << "\n";
   fs::write_file_atomic((dir / "golden.toml").string(), meta.str());
   run::remove_scratch_dir(scratch);
 }

@@ -44,11 +44,12 @@ std::vector<std::string> list_goldens(const std::string& golden_dir);
 // `overrides` and `inject` change the re-run (to show that a changed run fails the check).
 GoldenResult check_golden(const std::string& golden_dir, const std::string& name,
                           const std::vector<std::string>& overrides, const std::string& scratch_root,
-                          const run::RunCallbacks& callbacks, const train::Registry& registry = train::builtin_registry());
+                          const run::RunCallbacks& callbacks,
+                          const train::Registry& registry = train::builtin_registry());
 // Regenerates NAME (creating it from the built-in config plus `overrides` when it does not exist)
 // and records `reason`. ConfigError when reason is empty.
 void update_golden(const std::string& golden_dir, const std::string& name, const std::string& reason,
-                   const std::vector<std::string>& overrides, int64_t interrupt_at,
-                   const run::RunCallbacks& callbacks, const train::Registry& registry = train::builtin_registry());
+                   const std::vector<std::string>& overrides, int64_t interrupt_at, const run::RunCallbacks& callbacks,
+                   const train::Registry& registry = train::builtin_registry());
 
 }  // namespace retrace::replay

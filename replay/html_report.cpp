@@ -12,10 +12,8 @@
 namespace retrace::replay {
 namespace {
 
-using records::StepRecord;
-using html::CommonStep;
-using html::RunMarks;
 using html::common_steps;
+using html::CommonStep;
 using html::differences;
 using html::kColorAbs;
 using html::kColorRel;
@@ -25,9 +23,11 @@ using html::render_chart;
 using html::render_difference_chart;
 using html::render_digest_strip;
 using html::run_marks;
+using html::RunMarks;
 using html::series;
 using html::step_range;
 using html::value_text;
+using records::StepRecord;
 
 constexpr size_t kTableLimit = 500;  // rows per HTML table; the JSON report has everything
 
@@ -36,8 +36,7 @@ std::string cell(const std::optional<std::string>& v) {
 }
 
 std::string td(const std::string& v, const char* cls = nullptr) {
-  return std::string("<td") + (cls ? std::string(" class=\"") + cls + "\"" : "") + ">" + html_escape(v) +
-         "</td>";
+  return std::string("<td") + (cls ? std::string(" class=\"") + cls + "\"" : "") + ">" + html_escape(v) + "</td>";
 }
 
 std::string more_rows(size_t total, size_t columns) {
@@ -48,8 +47,8 @@ std::string more_rows(size_t total, size_t columns) {
 
 std::string span_text(const std::optional<StepSpan>& s) {
   if (!s) return "no steps";
-  return "steps " + std::to_string(s->first) + ".." + std::to_string(s->last) + " (" +
-         std::to_string(s->count) + " steps)";
+  return "steps " + std::to_string(s->first) + ".." + std::to_string(s->last) + " (" + std::to_string(s->count) +
+         " steps)";
 }
 
 std::string spans_text(const std::vector<StepSpan>& v) {
@@ -77,8 +76,7 @@ std::string render_fingerprints(const records::TraceHeader& ha, const records::T
   for (const auto& [k, v] : keys) {
     const bool d = v.first != v.second;
     out << "<tr" << (d ? " class=\"differs\"" : "") << ">" << td(k, "v")
-        << td(records::is_numerics_key(k) ? "numerics" : "information") << cell(v.first) << cell(v.second)
-        << "</tr>\n";
+        << td(records::is_numerics_key(k) ? "numerics" : "information") << cell(v.first) << cell(v.second) << "</tr>\n";
   }
   out << "</table>\n";
   return out.str();
@@ -105,8 +103,8 @@ std::string render_bisect(const std::optional<ReportBisect>& b) {
   row("phase", b->phase);
   row("op", b->op);
   row("detail", b->detail);
-  row("re-executed from", "step " + std::to_string(b->replay_start_a) + " (a), step " +
-                              std::to_string(b->replay_start_b) + " (b)");
+  row("re-executed from",
+      "step " + std::to_string(b->replay_start_a) + " (a), step " + std::to_string(b->replay_start_b) + " (b)");
   out << "</table>\n<p>" << html_escape(b->summary) << "</p>\n";
   return out.str();
 }
@@ -126,18 +124,18 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
   out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       << "<title>retrace diff: " << html_escape(label_a) << " vs " << html_escape(label_b) << "</title>\n"
       << "<style>" << kStyle << "</style>\n</head>\n<body>\n";
-  out << "<h1>retrace diff: <span class=\"swatch-a\">" << html_escape(label_a)
-      << "</span> vs <span class=\"swatch-b\">" << html_escape(label_b) << "</span></h1>\n";
+  out << "<h1>retrace diff: <span class=\"swatch-a\">" << html_escape(label_a) << "</span> vs <span class=\"swatch-b\">"
+      << html_escape(label_b) << "</span></h1>\n";
 
   // Summary.
   out << "<table class=\"summary\">\n";
   auto row = [&](const std::string& k, const std::string& v_html) {
     out << "<tr><th>" << html_escape(k) << "</th><td>" << v_html << "</td></tr>\n";
   };
-  row("a", "<span class=\"swatch-a\">" + html_escape(label_a) + "</span> " + html_escape(r.path_a) +
-               " &mdash; " + html_escape(span_text(r.span_a)));
-  row("b", "<span class=\"swatch-b\">" + html_escape(label_b) + "</span> " + html_escape(r.path_b) +
-               " &mdash; " + html_escape(span_text(r.span_b)));
+  row("a", "<span class=\"swatch-a\">" + html_escape(label_a) + "</span> " + html_escape(r.path_a) + " &mdash; " +
+               html_escape(span_text(r.span_a)));
+  row("b", "<span class=\"swatch-b\">" + html_escape(label_b) + "</span> " + html_escape(r.path_b) + " &mdash; " +
+               html_escape(span_text(r.span_b)));
   if (r.tail_warning_a) row("warning a", html_escape(*r.tail_warning_a));
   if (r.tail_warning_b) row("warning b", html_escape(*r.tail_warning_b));
   row("common", html_escape(r.common ? span_text(r.common) : std::string("no common steps")));
@@ -146,8 +144,7 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
   if (r.identical()) {
     row("verdict", "<span class=\"verdict-ok\">IDENTICAL (bitwise)</span>");
   } else if (r.steps.first_diff) {
-    row("verdict", "<span class=\"verdict-bad\">DIVERGED at step " +
-                       std::to_string(r.steps.first_diff->step) + " (" +
+    row("verdict", "<span class=\"verdict-bad\">DIVERGED at step " + std::to_string(r.steps.first_diff->step) + " (" +
                        html_escape(r.steps.first_diff->field) + ")</span>");
   } else {
     row("verdict", "<span class=\"verdict-bad\">common steps equal; other differences below</span>");
@@ -157,8 +154,7 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     row("loss difference", "max " + value_text(r.steps.max_loss_diff) + " at step " +
                                std::to_string(r.steps.max_loss_diff_step) + ", final " +
                                value_text(r.steps.final_loss_diff));
-  row("environment",
-      r.environment_differs() ? "differs: bitwise differences are expected (see below)" : "equal");
+  row("environment", r.environment_differs() ? "differs: bitwise differences are expected (see below)" : "equal");
   if (r.models_differ()) row("model", "<span class=\"verdict-bad\">models differ (see below)</span>");
   if (bisect && bisect->diverged) row("bisect", html_escape(bisect->summary));
   out << "</table>\n";
@@ -185,8 +181,8 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
   out << "<h2>Bisection</h2>\n" << render_bisect(bisect);
 
   out << "<h2>Curves</h2>\n";
-  out << render_chart({"Loss", "loss", series(ma, &StepRecord::loss), series(mb, &StepRecord::loss)}, marks_a,
-                      marks_b, r, label_a, label_b);
+  out << render_chart({"Loss", "loss", series(ma, &StepRecord::loss), series(mb, &StepRecord::loss)}, marks_a, marks_b,
+                      r, label_a, label_b);
   out << render_chart({"Gradient norm (before clipping)", "grad norm", series(ma, &StepRecord::grad_norm_pre),
                        series(mb, &StepRecord::grad_norm_pre)},
                       marks_a, marks_b, r, label_a, label_b);
@@ -226,8 +222,8 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
       auto text = [](records::Outcome o, const std::string& reason) {
         return std::string(outcome_name(o)) + (reason.empty() ? "" : " (" + reason + ")");
       };
-      out << "<tr>" << td(std::to_string(s.step), "num") << td(text(s.a, s.reason_a))
-          << td(text(s.b, s.reason_b)) << "</tr>\n";
+      out << "<tr>" << td(std::to_string(s.step), "num") << td(text(s.a, s.reason_a)) << td(text(s.b, s.reason_b))
+          << "</tr>\n";
     }
     out << more_rows(r.skips.size(), 3) << "</table>\n";
   }
@@ -266,8 +262,8 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
       };
       const std::string d = e.a && e.b ? num(e.b->accuracy - e.a->accuracy, "%+.4f") : std::string("-");
       out << "<tr" << (e.differs() ? " class=\"differs\"" : "") << ">" << td(std::to_string(e.step), "num")
-          << td(acc(e.a), "num") << td(acc(e.b), "num") << td(d, "num") << td(loss(e.a), "num")
-          << td(loss(e.b), "num") << "</tr>\n";
+          << td(acc(e.a), "num") << td(acc(e.b), "num") << td(d, "num") << td(loss(e.a), "num") << td(loss(e.b), "num")
+          << "</tr>\n";
     }
     out << more_rows(r.evals.size(), 6) << "</table>\n";
   }

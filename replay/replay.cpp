@@ -18,8 +18,7 @@
 namespace retrace::replay {
 namespace stdfs = std::filesystem;
 
-ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options,
-                        const run::RunCallbacks& cb) {
+ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& options, const run::RunCallbacks& cb) {
   ReplayResult res;
   std::string run_dir;
   if (stdfs::is_directory(run_or_trace)) {
@@ -34,20 +33,21 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   trace::TraceReader recorded = trace::TraceReader::open(res.recorded_trace);
   if (auto w = recorded.tail_warning(); w && cb.on_message) cb.on_message("warning: " + *w);
   const records::TraceHeader& h = recorded.header();
-  train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {}, train::ConfigSource::kRecorded);
+  train::Config config = train::parse_config(h.config_toml, res.recorded_trace + " (header)", {},
+                                             train::ConfigSource::kRecorded);
   run::check_same_libtorch(h.fingerprint, res.recorded_trace, "replay", options.accept_other_torch);
   if (stdfs::path(res.recorded_trace).filename() == stdfs::path(run::trace_path(".")).filename()) {
     const std::string cfg = run::config_path(run_dir);
     std::error_code ec;
     const auto type = stdfs::symlink_status(cfg, ec).type();
     const char* what = "; the replay re-executes the config recorded in the trace header (the run as recorded)";
-    if (type == stdfs::file_type::not_found)
-      res.config_warnings.push_back(cfg + " is missing beside the trace" + what);
-    else if (type != stdfs::file_type::regular)
-      res.config_warnings.push_back(cfg + " is not a regular file" + what);
+    if (type == stdfs::file_type::not_found) res.config_warnings.push_back(cfg + " is missing beside the trace" + what);
+    else if (type != stdfs::file_type::regular) res.config_warnings.push_back(cfg + " is not a regular file" + what);
     else if (stdfs::file_size(cfg, ec) > (1u << 20) || fs::read_file(cfg, 1u << 20) != h.config_toml)
-      res.config_warnings.push_back(cfg + " differs from the config recorded in the trace header (edited by hand, "
-                                    "or rewritten by `resume --reshard` or `--zero-stage`)" + std::string(what));
+      res.config_warnings.push_back(cfg +
+                                    " differs from the config recorded in the trace header (edited by hand, "
+                                    "or rewritten by `resume --reshard` or `--zero-stage`)" +
+                                    std::string(what));
   }
   // A replay on other inputs re-executes another run: refused unless asked for (checked as the
   // data set is loaded, which reads and hashes it once).
@@ -78,7 +78,8 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
   } else {
     // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
     // recorded trace cut at the checkpoint's position (so the hash chain continues).
-    const std::string src = (stdfs::path(run::checkpoint_root(run_dir)) / ckpt::step_dir_name(*options.from_checkpoint)).string();
+    const std::string src =
+        (stdfs::path(run::checkpoint_root(run_dir)) / ckpt::step_dir_name(*options.from_checkpoint)).string();
     RETRACE_CHECK(stdfs::exists(src), IntegrityError, "no checkpoint for step ", *options.from_checkpoint, " in ",
                   run::checkpoint_root(run_dir), "; list them with: ls ", run::checkpoint_root(run_dir));
     ckpt::Manifest m = ckpt::verify_checkpoint(src, std::nullopt);

@@ -17,15 +17,15 @@ namespace retrace::replay {
 
 struct ReplayOptions {
   std::optional<uint64_t> from_checkpoint;  // step of a checkpoint in the run's checkpoints/
-  uint64_t first = 0;                        // compare steps in [first, last]
+  uint64_t first = 0;                       // compare steps in [first, last]
   uint64_t last = UINT64_MAX;
-  std::optional<double> tolerance;           // forces tolerance mode
-  bool bitwise = false;                      // forces bitwise mode
-  std::string scratch_dir;                   // where the replay runs; default RUN/replay
-  bool force = false;                        // replace scratch_dir even if retrace did not make it
-  const train::Registry* registry = nullptr; // what the run's config may name; nullptr: the built-ins
-  bool accept_changed_inputs = false;        // replay although an input's sha256 is not the header's
-  bool accept_other_torch = false;           // replay with another LibTorch than the header's (tolerance)
+  std::optional<double> tolerance;            // forces tolerance mode
+  bool bitwise = false;                       // forces bitwise mode
+  std::string scratch_dir;                    // where the replay runs; default RUN/replay
+  bool force = false;                         // replace scratch_dir even if retrace did not make it
+  const train::Registry* registry = nullptr;  // what the run's config may name; nullptr: the built-ins
+  bool accept_changed_inputs = false;         // replay although an input's sha256 is not the header's
+  bool accept_other_torch = false;            // replay with another LibTorch than the header's (tolerance)
 };
 
 struct ReplayResult {
@@ -37,7 +37,7 @@ struct ReplayResult {
   CompareReport report;
   std::optional<records::StepRecord> recorded_at_diff;  // context of the first difference
   std::optional<records::StepRecord> replayed_at_diff;
-  std::vector<std::string> input_changes;    // accepted with accept_changed_inputs (else an error)
+  std::vector<std::string> input_changes;  // accepted with accept_changed_inputs (else an error)
   // What the run directory says otherwise than the trace header (RUN/config.toml edited, rewritten
   // by a reshard, or missing): the replay re-executes the header's config, the run as recorded.
   std::vector<std::string> config_warnings;

@@ -68,12 +68,12 @@ void step_ticks(std::ostringstream& out, uint64_t x_min, uint64_t x_max, double 
 
 // The first divergence, when there is one: a dashed line from y1 to y2 with the step and field as
 // its tooltip and, when label_y > 0, as a label inside the plot on the side with more room.
-void divergence_mark(std::ostringstream& out, const DiffReport& r, uint64_t x_min, uint64_t x_max, double y1,
-                     double y2, double label_y) {
+void divergence_mark(std::ostringstream& out, const DiffReport& r, uint64_t x_min, uint64_t x_max, double y1, double y2,
+                     double label_y) {
   if (!r.steps.first_diff) return;
   const double px = step_x(static_cast<double>(r.steps.first_diff->step), x_min, x_max);
-  const std::string t =
-      "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" + r.steps.first_diff->field + ")";
+  const std::string t = "first divergence: step " + std::to_string(r.steps.first_diff->step) + " (" +
+                        r.steps.first_diff->field + ")";
   out << "<g class=\"divergence\" data-step=\"" << r.steps.first_diff->step << "\"><title>" << html_escape(t)
       << "</title><line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(y1) << "\" y2=\"" << num(y2)
       << "\" stroke=\"" << kColorDiv << "\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/>";
@@ -81,10 +81,10 @@ void divergence_mark(std::ostringstream& out, const DiffReport& r, uint64_t x_mi
     const bool right_side = px < kLeft + (kWidth - kLeft - kRight) / 2;
     const double tw = 6.0 * static_cast<double>(t.size());  // about 6 px per glyph at 12 px
     const double tx = right_side ? px + 6 : px - 6;
-    out << "<rect x=\"" << num(right_side ? tx - 2 : tx - tw - 2) << "\" y=\"" << num(label_y - 12)
-        << "\" width=\"" << num(tw + 4) << "\" height=\"16\" fill=\"white\" fill-opacity=\"0.85\"/>";
-    out << "<text x=\"" << num(tx) << "\" y=\"" << num(label_y) << "\" text-anchor=\""
-        << (right_side ? "start" : "end") << "\" fill=\"" << kColorDiv << "\">" << html_escape(t) << "</text>";
+    out << "<rect x=\"" << num(right_side ? tx - 2 : tx - tw - 2) << "\" y=\"" << num(label_y - 12) << "\" width=\""
+        << num(tw + 4) << "\" height=\"16\" fill=\"white\" fill-opacity=\"0.85\"/>";
+    out << "<text x=\"" << num(tx) << "\" y=\"" << num(label_y) << "\" text-anchor=\"" << (right_side ? "start" : "end")
+        << "\" fill=\"" << kColorDiv << "\">" << html_escape(t) << "</text>";
   }
   out << "</g>\n";
 }
@@ -143,29 +143,28 @@ class Chart {
 
   void axes(std::ostringstream& out, const std::string& y_label) const {
     const double top = kTop, bottom = kHeight - kBottom, left = kLeft, right = kWidth - kRight;
-    out << "<rect x=\"" << num(left) << "\" y=\"" << num(top) << "\" width=\"" << num(plot_w())
-        << "\" height=\"" << num(plot_h()) << "\" class=\"plot\"/>\n";
+    out << "<rect x=\"" << num(left) << "\" y=\"" << num(top) << "\" width=\"" << num(plot_w()) << "\" height=\""
+        << num(plot_h()) << "\" class=\"plot\"/>\n";
     const double ys = nice_step(y_max_ - y_min_, 5);
     for (double v = std::ceil(y_min_ / ys) * ys; v <= y_max_ + ys * 1e-9; v += ys) {
       const double py = y(v);
-      out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(py) << "\" y2=\""
-          << num(py) << "\" class=\"grid\"/>";
-      out << "<line x1=\"" << num(left - 5) << "\" x2=\"" << num(left) << "\" y1=\"" << num(py) << "\" y2=\""
-          << num(py) << "\" class=\"axis\"/>";
-      out << "<text x=\"" << num(left - 8) << "\" y=\"" << num(py + 4) << "\" text-anchor=\"end\">"
-          << tick_label(v, ys) << "</text>\n";
+      out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(py) << "\" y2=\"" << num(py)
+          << "\" class=\"grid\"/>";
+      out << "<line x1=\"" << num(left - 5) << "\" x2=\"" << num(left) << "\" y1=\"" << num(py) << "\" y2=\"" << num(py)
+          << "\" class=\"axis\"/>";
+      out << "<text x=\"" << num(left - 8) << "\" y=\"" << num(py + 4) << "\" text-anchor=\"end\">" << tick_label(v, ys)
+          << "</text>\n";
     }
     step_ticks(out, x_min_, x_max_, bottom, true, 19);
     out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(bottom) << "\" y2=\""
         << num(bottom) << "\" class=\"axis\"/>";
-    out << "<line x1=\"" << num(left) << "\" x2=\"" << num(left) << "\" y1=\"" << num(top) << "\" y2=\""
-        << num(bottom) << "\" class=\"axis\"/>\n";
+    out << "<line x1=\"" << num(left) << "\" x2=\"" << num(left) << "\" y1=\"" << num(top) << "\" y2=\"" << num(bottom)
+        << "\" class=\"axis\"/>\n";
     out << "<text x=\"" << num(left + plot_w() / 2) << "\" y=\"" << num(kHeight - 8)
         << "\" text-anchor=\"middle\" class=\"label\">step</text>\n";
     const double cy = top + plot_h() / 2;
-    out << "<text x=\"16\" y=\"" << num(cy)
-        << "\" text-anchor=\"middle\" class=\"label\" transform=\"rotate(-90 16 " << num(cy) << ")\">"
-        << html_escape(y_label) << "</text>\n";
+    out << "<text x=\"16\" y=\"" << num(cy) << "\" text-anchor=\"middle\" class=\"label\" transform=\"rotate(-90 16 "
+        << num(cy) << ")\">" << html_escape(y_label) << "</text>\n";
   }
 
   // One marker per pixel column; `shape` draws it centred at (px, cy).
@@ -200,18 +199,17 @@ std::string svg_open(const std::string& title, double height, uint64_t x_min, ui
 }
 
 void skip_shape(std::ostringstream& out, double px, double cy, const char* color) {
-  out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(cy - 5) << "\" y2=\""
-      << num(cy + 5) << "\" stroke=\"" << color << "\" stroke-width=\"2\"/>";
+  out << "<line x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << num(cy - 5) << "\" y2=\"" << num(cy + 5)
+      << "\" stroke=\"" << color << "\" stroke-width=\"2\"/>";
 }
 void rollback_shape(std::ostringstream& out, double px, double cy, const char* color) {
   out << "<path d=\"M" << num(px - 5) << "," << num(cy - 5) << "L" << num(px + 5) << "," << num(cy - 5) << "L"
-      << num(px) << "," << num(cy + 5) << "Z\" fill=\"" << color
-      << "\" stroke=\"#222\" stroke-width=\"0.6\"/>";
+      << num(px) << "," << num(cy + 5) << "Z\" fill=\"" << color << "\" stroke=\"#222\" stroke-width=\"0.6\"/>";
 }
 void resume_shape(std::ostringstream& out, double px, double cy, const char* color) {
-  out << "<path d=\"M" << num(px) << "," << num(cy - 6) << "L" << num(px + 5) << "," << num(cy) << "L"
-      << num(px) << "," << num(cy + 6) << "L" << num(px - 5) << "," << num(cy)
-      << "Z\" fill=\"white\" stroke=\"" << color << "\" stroke-width=\"2\"/>";
+  out << "<path d=\"M" << num(px) << "," << num(cy - 6) << "L" << num(px + 5) << "," << num(cy) << "L" << num(px) << ","
+      << num(cy + 6) << "L" << num(px - 5) << "," << num(cy) << "Z\" fill=\"white\" stroke=\"" << color
+      << "\" stroke-width=\"2\"/>";
 }
 
 }  // namespace
@@ -292,14 +290,14 @@ std::string render_chart(const ChartInput& in, const RunMarks& ma, const RunMark
   out << "\n";
 
   // Marker lanes above the plot, one per run.
-  out << "<text x=\"" << num(kLeft - 8) << "\" y=\"" << num(kLaneA + 4) << "\" text-anchor=\"end\" fill=\""
-      << kColorA << "\">a</text>";
-  out << "<text x=\"" << num(kLeft - 8) << "\" y=\"" << num(kLaneB + 4) << "\" text-anchor=\"end\" fill=\""
-      << kColorB << "\">b</text>";
-  out << "<line x1=\"" << num(kLeft) << "\" x2=\"" << num(kWidth - kRight) << "\" y1=\"" << num(kLaneA)
-      << "\" y2=\"" << num(kLaneA) << "\" class=\"lane\"/>";
-  out << "<line x1=\"" << num(kLeft) << "\" x2=\"" << num(kWidth - kRight) << "\" y1=\"" << num(kLaneB)
-      << "\" y2=\"" << num(kLaneB) << "\" class=\"lane\"/>\n";
+  out << "<text x=\"" << num(kLeft - 8) << "\" y=\"" << num(kLaneA + 4) << "\" text-anchor=\"end\" fill=\"" << kColorA
+      << "\">a</text>";
+  out << "<text x=\"" << num(kLeft - 8) << "\" y=\"" << num(kLaneB + 4) << "\" text-anchor=\"end\" fill=\"" << kColorB
+      << "\">b</text>";
+  out << "<line x1=\"" << num(kLeft) << "\" x2=\"" << num(kWidth - kRight) << "\" y1=\"" << num(kLaneA) << "\" y2=\""
+      << num(kLaneA) << "\" class=\"lane\"/>";
+  out << "<line x1=\"" << num(kLeft) << "\" x2=\"" << num(kWidth - kRight) << "\" y1=\"" << num(kLaneB) << "\" y2=\""
+      << num(kLaneB) << "\" class=\"lane\"/>\n";
 
   c.axes(out, in.y_label);
 
@@ -362,10 +360,10 @@ std::pair<std::vector<Point>, std::vector<Point>> differences(const std::vector<
 
 // A divergence chart: the series on a log scale, a zero line under it for equal steps, a marker
 // above for steps whose difference is not finite, and the first divergence.
-std::string render_difference_chart(const std::string& title, const std::vector<DiffSeries>& series,
-                                    uint64_t x_min, uint64_t x_max, const DiffReport& r, const char* kind) {
-  constexpr double kH = 300, kT = 36, kB = 46;           // geometry of this chart
-  constexpr double kZeroGap = 22;                        // the zero line sits this far under the log axis
+std::string render_difference_chart(const std::string& title, const std::vector<DiffSeries>& series, uint64_t x_min,
+                                    uint64_t x_max, const DiffReport& r, const char* kind) {
+  constexpr double kH = 300, kT = 36, kB = 46;  // geometry of this chart
+  constexpr double kZeroGap = 22;               // the zero line sits this far under the log axis
   const double log_bottom = kH - kB - kZeroGap, zero_y = kH - kB - 6;
   double lo = INFINITY, hi = -INFINITY;
   for (const auto& s : series)
@@ -392,8 +390,8 @@ std::string render_difference_chart(const std::string& title, const std::vector<
   for (int d = dlo; d <= dhi; ++d) {
     const double py = y(std::pow(10.0, d));
     out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(py) << "\" y2=\"" << num(py)
-        << "\" class=\"grid\"/><text x=\"" << num(left - 8) << "\" y=\"" << num(py + 4)
-        << "\" text-anchor=\"end\">1e" << d << "</text>\n";
+        << "\" class=\"grid\"/><text x=\"" << num(left - 8) << "\" y=\"" << num(py + 4) << "\" text-anchor=\"end\">1e"
+        << d << "</text>\n";
   }
   out << "<line x1=\"" << num(left) << "\" x2=\"" << num(right) << "\" y1=\"" << num(zero_y) << "\" y2=\""
       << num(zero_y) << "\" class=\"zero\"/><text x=\"" << num(left - 8) << "\" y=\"" << num(zero_y + 4)
@@ -431,8 +429,7 @@ std::string render_difference_chart(const std::string& title, const std::vector<
       const double py = y(v);
       if (pts.size() >= 2 && pts[pts.size() - 1].second == py && pts[pts.size() - 2].second == py)
         pts.back().first = px;
-      else if (pts.empty() || pts.back() != std::make_pair(px, py))
-        pts.emplace_back(px, py);
+      else if (pts.empty() || pts.back() != std::make_pair(px, py)) pts.emplace_back(px, py);
     };
     const bool dense = s.pts.size() > 2 * static_cast<size_t>(pw);
     for (size_t i = 0; i < s.pts.size();) {
@@ -460,7 +457,8 @@ std::string render_difference_chart(const std::string& title, const std::vector<
     }
     std::ostringstream d;
     for (const auto& piece : pieces)
-      for (size_t k = 0; k < piece.size(); ++k) d << (k ? "L" : "M") << num(piece[k].first) << "," << num(piece[k].second);
+      for (size_t k = 0; k < piece.size(); ++k)
+        d << (k ? "L" : "M") << num(piece[k].first) << "," << num(piece[k].second);
     out << "<path d=\"" << d.str() << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\"" << s.dash
         << " stroke-linejoin=\"round\" class=\"series\" data-series=\"" << html_escape(s.name) << "\"/>\n";
     nonfinite_all.insert(nonfinite_cols.begin(), nonfinite_cols.end());
@@ -511,7 +509,7 @@ std::string render_digest_strip(const std::map<uint64_t, const StepRecord*>& ma,
     std::map<long, int> cols;
     for (uint64_t s : steps) {
       auto ia = ma.find(s), ib = mb.find(s);
-      const int state = ia == ma.end() || ib == mb.end()        ? 2
+      const int state = ia == ma.end() || ib == mb.end()                             ? 2
                         : ia->second->*rows[ri].field == ib->second->*rows[ri].field ? 1
                                                                                      : 3;
       // The step's cell covers [x - w/2, x + w/2): neighbours share at most a column, the worse state wins.

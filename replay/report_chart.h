@@ -77,8 +77,8 @@ std::pair<std::vector<Point>, std::vector<Point>> differences(const std::vector<
                                                               double StepRecord::*field);
 
 // A divergence chart: the series on a log scale, equal steps on a zero line under it.
-std::string render_difference_chart(const std::string& title, const std::vector<DiffSeries>& series,
-                                    uint64_t x_min, uint64_t x_max, const DiffReport& r, const char* kind);
+std::string render_difference_chart(const std::string& title, const std::vector<DiffSeries>& series, uint64_t x_min,
+                                    uint64_t x_max, const DiffReport& r, const char* kind);
 
 // Digest agreement per step, one row per digest.
 std::string render_digest_strip(const std::map<uint64_t, const StepRecord*>& ma,

@@ -22,7 +22,9 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   r.uninterrupted_dir = (std::filesystem::path(out_dir) / "uninterrupted").string();
   r.resumed_dir = (std::filesystem::path(out_dir) / "resumed").string();
 
-  auto say = [&](const std::string& m) { if (cb.on_message) cb.on_message(m); };
+  auto say = [&](const std::string& m) {
+    if (cb.on_message) cb.on_message(m);
+  };
   run::RecordOptions a;
   a.out_dir = r.uninterrupted_dir;
   a.scratch = true;
@@ -35,8 +37,8 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   b.control.interrupt_at = interrupt_at;
   say("== run interrupted after step " + std::to_string(interrupt_at) + " -> " + r.resumed_dir);
   run::RunSummary first = run::record(config, with_registry(b, registry), cb);
-  RETRACE_CHECK(first.interrupted, ConfigError, "--interrupt-at ", interrupt_at,
-                " is not before the last step ", first.last_step, ": nothing to resume");
+  RETRACE_CHECK(first.interrupted, ConfigError, "--interrupt-at ", interrupt_at, " is not before the last step ",
+                first.last_step, ": nothing to resume");
   say("== resume " + r.resumed_dir);
   run::resume(r.resumed_dir, {}, cb, nullptr, registry);
 
@@ -58,7 +60,8 @@ ResumeCheck resume_verdict(const std::string& uninterrupted_trace, const std::st
   r.invariant = inv != entries.end() && (inv->second == "'batch'" || inv->second == "\"batch\"");
   r.numerics_diffs = records::numerics_differences(a.header().fingerprint, b.header().fingerprint);
   const bool bitwise = r.numerics_diffs.empty() && (!r.resharded || r.invariant);
-  r.bitwise = compare_steps(a.steps(), b.steps(), r.resharded && r.invariant ? CompareMode::kLayout : CompareMode::kBitwise);
+  r.bitwise = compare_steps(a.steps(), b.steps(),
+                            r.resharded && r.invariant ? CompareMode::kLayout : CompareMode::kBitwise);
   const bool same_steps = r.bitwise.only_in_a == 0 && r.bitwise.only_in_b == 0 && r.bitwise.compared > 0;
   const CompareMode mode = bitwise ? CompareMode::kBitwise : CompareMode::kTolerance;
   r.evals_diff = compare_evals(a.evals(), b.evals(), mode);

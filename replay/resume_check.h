@@ -19,11 +19,11 @@ namespace retrace::replay {
 struct ResumeCheck {
   std::string uninterrupted_dir;
   std::string resumed_dir;
-  CompareReport bitwise;    // every field
+  CompareReport bitwise;  // every field
   // The first difference in the evaluations and the training events (bitwise between equal
   // numerics; steps and kinds only across numerics).
   std::optional<std::string> evals_diff, events_diff;
-  bool verified = false;    // see above
+  bool verified = false;  // see above
   double tolerance = 1e-4;
   std::vector<std::string> numerics_diffs;  // numerics fields that differ (empty: bitwise verdict)
   // The resumed run continued on another world size (`resume --reshard`, its "resharded from"

@@ -34,6 +34,7 @@ packages=(
   python3-dev                  # Python.h: the Python package's compiled module (python/src)
   chromium                     # headless Chromium: the diff report's screenshot test
   iproute2                     # ip netns and veth: the two-host test's network namespaces
+  clang-format-14              # the tree's format (.clang-format), checked by the clang_format test
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -68,10 +68,9 @@ torch::Tensor smoothed_cross_entropy_sum(const torch::Tensor& logits, const torc
 retrace::Registry registry() {
   retrace::Registry r;
   r.add_model("resmlp", [](const retrace::ModelContext& ctx) {
-    if (ctx.sample_shape.size() != 1)
-      throw retrace::ConfigError("model.kind = \"resmlp\" takes vector samples");
-    return retrace::model_of(ResMlp(ctx.sample_shape[0], ctx.options.get_int("width", 32),
-                                    ctx.options.get_int("depth", 2), ctx.classes));
+    if (ctx.sample_shape.size() != 1) throw retrace::ConfigError("model.kind = \"resmlp\" takes vector samples");
+    return retrace::model_of(
+        ResMlp(ctx.sample_shape[0], ctx.options.get_int("width", 32), ctx.options.get_int("depth", 2), ctx.classes));
   });
   r.add_data("spirals", [](const retrace::DataContext& ctx) {
     return make_spirals(ctx.options.get_int("classes", 3), ctx.options.get_int("train_per_class", 400),

@@ -80,8 +80,8 @@ std::string concat(Args&&... args) {
 
 // Always-on check (never compiled out, unlike assert): throws Kind with the streamed message.
 //   RETRACE_CHECK(n <= limit, FormatError, "header of ", path, " is ", n, " bytes, limit ", limit);
-#define RETRACE_CHECK(cond, Kind, ...)                                  \
-  do {                                                                  \
+#define RETRACE_CHECK(cond, Kind, ...)                                          \
+  do {                                                                          \
     if (!(cond)) throw ::retrace::Kind(::retrace::detail::concat(__VA_ARGS__)); \
   } while (0)
 

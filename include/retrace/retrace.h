@@ -86,12 +86,12 @@ struct Dataset {
   DataSplit test;                  // may be empty (no evaluation)
   std::vector<std::string> files;  // what it was read from: retrace records each file's size and sha256
   std::string description;
-  int64_t classes = 0;             // classes of the targets (the model's output size), 0 if none
+  int64_t classes = 0;  // classes of the targets (the model's output size), 0 if none
 };
 
 // What a model factory is given.
 struct ModelContext {
-  const Options& options;            // [user]
+  const Options& options;             // [user]
   std::vector<int64_t> sample_shape;  // one training input's shape (inputs.sizes() without dim 0)
   int64_t classes = 0;                // the data set's classes
   std::string kind;                   // model.kind
@@ -139,7 +139,8 @@ int run_cli(int argc, char** argv, const Registry& registry);
 // seed `seed` and data.order `order` ("feistel", the default, or "shuffle"): a loop of your own
 // that takes its batches from it in turn (batch b: positions b x batch_size ...) sees the same
 // data in the same order as a retrace run of that seed. ConfigError for another order name.
-std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t epoch, const std::string& order = "feistel");
+std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t epoch,
+                                const std::string& order = "feistel");
 
 // ---- A recorder for your own training loop ------------------------------------------------------
 //
@@ -157,12 +158,12 @@ std::vector<int64_t> data_order(uint64_t seed, uint64_t num_samples, uint64_t ep
 // traces that `retrace diff` finds identical, and the first step where they differ otherwise.
 
 struct RecorderOptions {
-  uint64_t seed = 0;           // recorded in the header; your loop seeds its own generators
-  std::string config_toml;     // your run's settings, as you want them recorded (any text)
-  std::string description;     // model description for the header
+  uint64_t seed = 0;                    // recorded in the header; your loop seeds its own generators
+  std::string config_toml;              // your run's settings, as you want them recorded (any text)
+  std::string description;              // model description for the header
   std::vector<std::string> data_files;  // recorded with size and sha256
-  bool force = false;          // replace an existing directory
-  uint32_t keep_last = 5;      // checkpoints kept by rotation
+  bool force = false;                   // replace an existing directory
+  uint32_t keep_last = 5;               // checkpoints kept by rotation
   // The digests' version (trace.digest_version, 1 to 4): 3 and 4 add the gradients' digest and
   // per-module digests, 4 is retrace's current one (the same fields as `retrace record` with
   // trace.digest_version = 4). Recorded in the run's config text under [recorder].
@@ -197,7 +198,7 @@ struct LoopState {
   // Generators outside torch, as opaque states by name (Python's "python.random", "numpy.global"):
   // captured with torch's in the RNG digest and the checkpoint.
   std::vector<std::pair<std::string, std::string>> generators;
-  uint64_t epoch = 0;           // the data position after the step
+  uint64_t epoch = 0;  // the data position after the step
   uint64_t batch_in_epoch = 0;
   uint64_t samples_seen = 0;
   std::map<std::string, std::string> user;  // checkpointed as given (e.g. a sampler's state); keys [A-Za-z0-9_.-]
@@ -205,9 +206,9 @@ struct LoopState {
 
 struct StepInfo {
   double lr = 0;
-  double grad_norm = 0;         // before clipping, if you clip
-  double grad_norm_clipped = 0; // after clipping (default: grad_norm)
-  bool skipped = false;         // the step was not applied (e.g. a non-finite loss)
+  double grad_norm = 0;          // before clipping, if you clip
+  double grad_norm_clipped = 0;  // after clipping (default: grad_norm)
+  bool skipped = false;          // the step was not applied (e.g. a non-finite loss)
   std::string skip_reason;
   uint32_t batch_size = 0;
   std::vector<int64_t> sample_indices;  // the batch's sample indices, digested (optional)

@@ -68,22 +68,23 @@ Registry& Registry::add_model(const std::string& kind, ModelFactory factory) {
     RETRACE_CHECK(m.module != nullptr, ConfigError, "the factory of model.kind = \"", kind, "\" returned no module");
     RETRACE_CHECK(static_cast<bool>(m.forward), ConfigError, "the factory of model.kind = \"", kind,
                   "\" returned no forward function (retrace::model_of(holder) makes one)");
-    const std::string description =
-        m.description.empty() ? kind + " (" + m.module->name() + ", " + std::to_string(parameter_count(*m.module)) +
-                                    " parameters)"
-                              : m.description;
+    const std::string description = m.description.empty()
+                                        ? kind + " (" + m.module->name() + ", " +
+                                              std::to_string(parameter_count(*m.module)) + " parameters)"
+                                        : m.description;
     return model::ModelHandle{m.module, m.forward, description, nullptr, {}, {}};
   });
   return *this;
 }
 
 Registry& Registry::add_data(const std::string& kind, DataFactory factory) {
-  RETRACE_CHECK(static_cast<bool>(factory), ConfigError, "cannot register data set \"", kind, "\": the factory is empty");
+  RETRACE_CHECK(static_cast<bool>(factory), ConfigError, "cannot register data set \"", kind,
+                "\": the factory is empty");
   impl_->registry.add_data(kind, [factory, kind](const train::Config& c) {
     const Options options(c.user);
     Dataset d = factory(DataContext{options, c.data.dir, c.data.context, kind});
-    RETRACE_CHECK(d.train.inputs.defined() && d.train.targets.defined(), ConfigError, "data.kind = \"", kind,
-                  "\" (", c.data.dir, ") returned no training inputs or targets");
+    RETRACE_CHECK(d.train.inputs.defined() && d.train.targets.defined(), ConfigError, "data.kind = \"", kind, "\" (",
+                  c.data.dir, ") returned no training inputs or targets");
     RETRACE_CHECK(d.train.inputs.dim() >= 1 && d.train.targets.dim() >= 1 &&
                       d.train.inputs.size(0) == d.train.targets.size(0),
                   ConfigError, "data.kind = \"", kind, "\" (", c.data.dir, "): the training split has ",
@@ -96,8 +97,8 @@ Registry& Registry::add_data(const std::string& kind, DataFactory factory) {
     for (const auto& path : d.files) {
       std::error_code ec;
       const auto size = std::filesystem::file_size(path, ec);
-      RETRACE_CHECK(!ec, IoError, "data.kind = \"", kind, "\" names data file ", path, ", which cannot be read: ",
-                    ec.message());
+      RETRACE_CHECK(!ec, IoError, "data.kind = \"", kind, "\" names data file ", path,
+                    ", which cannot be read: ", ec.message());
       out.files.push_back({path, static_cast<uint64_t>(size), sha256_file_hex(path)});
     }
     out.description = d.description.empty() ? kind + " " + c.data.dir : d.description;

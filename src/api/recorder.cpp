@@ -49,7 +49,8 @@ std::optional<train::OptimizerKind> kind_of(torch::optim::Optimizer& opt) {
 std::optional<train::OptimizerKind> kind_of(const std::string& name) {
   if (name == train::optimizer_name(train::OptimizerKind::kAdamW)) return train::OptimizerKind::kAdamW;
   if (name == train::optimizer_name(train::OptimizerKind::kSgd)) return train::OptimizerKind::kSgd;
-  RETRACE_CHECK(name.empty(), ConfigError, "Recorder: optimizer kind \"", name, "\" is none of adamw, sgd or \"\" (another optimizer)");
+  RETRACE_CHECK(name.empty(), ConfigError, "Recorder: optimizer kind \"", name,
+                "\" is none of adamw, sgd or \"\" (another optimizer)");
   return std::nullopt;
 }
 
@@ -175,8 +176,9 @@ RecorderOptions settings_of(const std::string& config_text) {
     return *parse_decimal_u64(v);  // checked above: fewer than 10 digits
   };
   o.digest_version = static_cast<int>(number("recorder.digest_version", 1));
-  RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, FormatError, "the run's config records recorder.digest_version = ",
-                o.digest_version, "; this retrace knows versions 1 to 4");
+  RETRACE_CHECK(o.digest_version >= 1 && o.digest_version <= 4, FormatError,
+                "the run's config records recorder.digest_version = ", o.digest_version,
+                "; this retrace knows versions 1 to 4");
   auto it = entries.find("recorder.module_digests");
   o.module_digests = it != entries.end() && it->second.rfind("true", 0) == 0;
   o.optimizer_digest_every = static_cast<uint32_t>(number("recorder.optimizer_digest_every", 1));
@@ -282,7 +284,6 @@ Recorder& Recorder::operator=(Recorder&&) noexcept = default;
 uint64_t Recorder::last_step() const { return impl_->last_step; }
 const std::string& Recorder::dir() const { return impl_->dir; }
 
-
 Recorder Recorder::create(const std::string& dir, const torch::nn::Module& module, const RecorderOptions& o) {
   RecorderOptions with_name = o;
   if (with_name.description.empty()) with_name.description = module.name();
@@ -353,10 +354,8 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
   r.epoch = info.epoch >= 0 ? static_cast<uint64_t>(info.epoch) : state.epoch;
   r.batch_in_epoch = info.batch_in_epoch >= 0 ? static_cast<uint64_t>(info.batch_in_epoch) : state.batch_in_epoch;
   r.batch_size = info.batch_size;
-  if (!info.sample_indices.empty() || !info.batch.defined())
-    r.sample_digest = digest_indices(info.sample_indices);
-  else
-    r.sample_digest = digest_named({{"batch", info.batch}}, DigestKind::kMixed4);  // summed where it lives
+  if (!info.sample_indices.empty() || !info.batch.defined()) r.sample_digest = digest_indices(info.sample_indices);
+  else r.sample_digest = digest_named({{"batch", info.batch}}, DigestKind::kMixed4);  // summed where it lives
   r.loss = loss;
   const float f = static_cast<float>(loss);
   std::memcpy(&r.loss_bits, &f, sizeof f);
@@ -427,7 +426,8 @@ std::string Recorder::checkpoint(uint64_t step, const torch::nn::Module& module,
 
 std::string Recorder::checkpoint(uint64_t step, const LoopState& state) {
   const std::optional<train::OptimizerKind> kind = kind_of(state.optimizer_kind);
-  RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::checkpoint: the optimizer is not AdamW or SGD, whose state "
+  RETRACE_CHECK(kind.has_value(), ConfigError,
+                "Recorder::checkpoint: the optimizer is not AdamW or SGD, whose state "
                 "retrace can store tensor by tensor; use one of them, or checkpoint the optimizer yourself");
   for (const auto& [key, value] : state.user) check_user_key(key);
   // What the loop hands over is checked as a checkpoint's is on loading: a checkpoint that could
@@ -501,7 +501,8 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   RETRACE_CHECK(same_optimizer(snap), ConfigError, "checkpoint ", pick->dir, " holds ",
                 opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(), " optimizer state, the loop uses ",
                 train::optimizer_name(*kind), "; resume with the optimizer the run was recorded with");
-  RETRACE_CHECK(before.has_value(), IntegrityError, "Recorder::resume: ", run::trace_path(dir), " is missing; the "
+  RETRACE_CHECK(before.has_value(), IntegrityError, "Recorder::resume: ", run::trace_path(dir),
+                " is missing; the "
                 "checkpoints are kept, but the run's record cannot continue without it");
   const RecorderOptions settings = settings_of(before->header().config_toml);
 
@@ -536,9 +537,9 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   impl->epoch = restored.epoch;
   impl->writer.emplace(trace::TraceWriter::resume(run::trace_path(dir), snap.position.bytes, snap.position.chain,
                                                   snap.manifest.step, run::set_aside_path(dir), kZstdLevel));
-  impl->writer->append_event({snap.manifest.step, "resume",
-                              "resumed by retrace::Recorder from " + pick->dir + " at step " +
-                                  std::to_string(snap.manifest.step)});
+  impl->writer->append_event(
+      {snap.manifest.step, "resume",
+       "resumed by retrace::Recorder from " + pick->dir + " at step " + std::to_string(snap.manifest.step)});
   return Recorder(std::move(impl));
 }
 

@@ -98,7 +98,8 @@ std::vector<std::pair<uint64_t, std::string>> list_step_dirs(const std::string& 
   for (const auto& entry : stdfs::directory_iterator(root, ec)) {
     std::error_code e2;
     if (!entry.is_symlink(e2) && entry.is_directory(e2))  // a link is never a checkpoint of this run
-      if (auto step = parse_step_dir_name(entry.path().filename().string())) out.emplace_back(*step, entry.path().string());
+      if (auto step = parse_step_dir_name(entry.path().filename().string()))
+        out.emplace_back(*step, entry.path().string());
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
@@ -112,8 +113,8 @@ std::string prepare_checkpoint_dir(const std::string& root, uint64_t step) {
   const std::string dir = join(root, step_dir_name(step));
   const std::string manifest = join(dir, kManifestFile);
   if (stdfs::exists(manifest, ec)) {
-    RETRACE_CHECK(::unlink(manifest.c_str()) == 0, IoError, "cannot remove ", manifest,
-                  " before saving step ", step, " again: ", fs::errno_text(errno));
+    RETRACE_CHECK(::unlink(manifest.c_str()) == 0, IoError, "cannot remove ", manifest, " before saving step ", step,
+                  " again: ", fs::errno_text(errno));
     fs::fsync_dir(dir);
   }
   fs::make_writable_dir(dir);
@@ -122,7 +123,8 @@ std::string prepare_checkpoint_dir(const std::string& root, uint64_t step) {
 }
 
 std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep_last, RotationReport* rotation) {
-  RETRACE_CHECK(keep_last >= 1, ConfigError, "keep_last is 0; it must be at least 1 so that the checkpoint just "
+  RETRACE_CHECK(keep_last >= 1, ConfigError,
+                "keep_last is 0; it must be at least 1 so that the checkpoint just "
                 "saved is kept");
   const std::string dir = join(root, step_dir_name(m.step));
   m.schema = kSchemaCurrent;
@@ -130,8 +132,8 @@ std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep
   for (const ShardEntry& s : m.shards) {
     struct stat st {};
     const std::string path = join(dir, s.file);
-    RETRACE_CHECK(::stat(path.c_str(), &st) == 0, IntegrityError, "shard file missing: ", s.file, " for rank ",
-                  s.rank, " in ", dir, ": cannot commit step ", m.step, " before every rank has written its shard");
+    RETRACE_CHECK(::stat(path.c_str(), &st) == 0, IntegrityError, "shard file missing: ", s.file, " for rank ", s.rank,
+                  " in ", dir, ": cannot commit step ", m.step, " before every rank has written its shard");
     RETRACE_CHECK(uint64_t(st.st_size) == s.size, IntegrityError, "sha256 mismatch on rank ", s.rank, ": ", path,
                   " is ", uint64_t(st.st_size), " bytes, the manifest to commit records ", s.size,
                   "; not committing step ", m.step);
@@ -208,9 +210,7 @@ RotationReport rotate_checkpoints(const std::string& root, uint32_t keep_last) {
         if (newest_complete && step < *newest_complete) remove(dir);
         else kept.push_back(dir);
         break;
-      case Kind::kUnknown:
-        report.left.emplace_back(dir, c.why);
-        break;
+      case Kind::kUnknown: report.left.emplace_back(dir, c.why); break;
     }
   }
   remove_tmp_files(root, &report.removed, &failed);

@@ -111,8 +111,7 @@ struct ResumePick {
 // newest_step_dir_that with verify_checkpoint: the newest checkpoint that verifies, with the
 // reasons for every newer one it skipped (torn, corrupt, no manifest). nullopt if none verifies;
 // `skipped_out`, if given, receives the reasons in both cases.
-std::optional<ResumePick> find_newest_valid(
-    const std::string& root, std::optional<uint32_t> expected_world_size,
-    std::vector<std::pair<std::string, std::string>>* skipped_out = nullptr);
+std::optional<ResumePick> find_newest_valid(const std::string& root, std::optional<uint32_t> expected_world_size,
+                                            std::vector<std::pair<std::string, std::string>>* skipped_out = nullptr);
 
 }  // namespace retrace::ckpt

@@ -20,9 +20,7 @@ using nlohmann::json;
 
 constexpr const char* kChecksumKey = "manifest_sha256";
 
-bool is_hex(const std::string& s) {
-  return s.find_first_not_of("0123456789abcdef") == std::string::npos;
-}
+bool is_hex(const std::string& s) { return s.find_first_not_of("0123456789abcdef") == std::string::npos; }
 
 bool is_plain_file_name(const std::string& f) {
   return !f.empty() && f.size() <= 255 && f != "." && f != ".." &&
@@ -49,8 +47,8 @@ class Reader {
     RETRACE_CHECK(v.is_string(), FormatError, "manifest ", path_, ": \"", what, "\" must be a string, found ",
                   json_type_text(v));
     const auto& s = v.get_ref<const std::string&>();
-    RETRACE_CHECK(s.size() <= kMaxManifestString, FormatError, "manifest ", path_, ": \"", what, "\" is ",
-                  s.size(), " characters, the limit is ", kMaxManifestString);
+    RETRACE_CHECK(s.size() <= kMaxManifestString, FormatError, "manifest ", path_, ": \"", what, "\" is ", s.size(),
+                  " characters, the limit is ", kMaxManifestString);
     return s;
   }
   std::map<std::string, std::string> string_map(const json& v, const std::string& what) const {
@@ -133,8 +131,8 @@ std::vector<TensorLayout> tensor_table(const json& v, const std::vector<ShardEnt
     Reader tr(t, path);
     TensorLayout L;
     L.name = tr.str(tr.field("name"), "tensors[].name");
-    RETRACE_CHECK(!L.name.empty() && names.insert(L.name).second, FormatError, "manifest ", path, ": tensor \"",
-                  L.name, "\" is listed twice in \"tensors\" (or has no name)");
+    RETRACE_CHECK(!L.name.empty() && names.insert(L.name).second, FormatError, "manifest ", path, ": tensor \"", L.name,
+                  "\" is listed twice in \"tensors\" (or has no name)");
     const std::string where = "tensor \"" + L.name + "\"";
     L.dtype = tr.str(tr.field("dtype"), where + ".dtype");
     RETRACE_CHECK(dtype_size(L.dtype).has_value(), FormatError, "manifest ", path, ": ", where, " has dtype \"",
@@ -168,11 +166,11 @@ std::vector<TensorLayout> tensor_table(const json& v, const std::vector<ShardEnt
                     ": piece of rank ", piece.rank, " holds elements [", piece.begin, ", ", piece.end,
                     "), beyond the tensor's ", numel, " elements or empty");
       RETRACE_CHECK(piece.begin == next, FormatError, "manifest ", path, ": ", where, ": ",
-                    piece.begin > next ? "elements [" + std::to_string(next) + ", " + std::to_string(piece.begin) +
-                                             ") are in no shard (a range missing from every file)"
-                                       : "the piece of rank " + std::to_string(piece.rank) + " at [" +
-                                             std::to_string(piece.begin) + ", " + std::to_string(piece.end) +
-                                             ") overlaps the one before it",
+                    piece.begin > next
+                        ? "elements [" + std::to_string(next) + ", " + std::to_string(piece.begin) +
+                              ") are in no shard (a range missing from every file)"
+                        : "the piece of rank " + std::to_string(piece.rank) + " at [" + std::to_string(piece.begin) +
+                              ", " + std::to_string(piece.end) + ") overlaps the one before it",
                     "; the manifest is not one retrace wrote");
       if (hashed) {
         const uint64_t bytes = (piece.end - piece.begin) * *dtype_size(L.dtype), size = shards[piece.rank].size;
@@ -197,13 +195,16 @@ std::vector<TensorLayout> tensor_table(const json& v, const std::vector<ShardEnt
 }
 
 Manifest from_json(const json& j, const std::string& path, bool hashed_pieces) {
-  static const std::set<std::string> kKeys = {"schema", "step", "world_size", "config_hash", "versions",
-                                              "rng_format_version", "trace_position", "trace_chain_hex",
-                                              "shards", "extra", "tensors"};
+  static const std::set<std::string> kKeys = {"schema",         "step",
+                                              "world_size",     "config_hash",
+                                              "versions",       "rng_format_version",
+                                              "trace_position", "trace_chain_hex",
+                                              "shards",         "extra",
+                                              "tensors"};
   for (const auto& [k, unused] : j.items()) {
     (void)unused;
-    RETRACE_CHECK(kKeys.count(k) == 1, FormatError, "manifest ", path, ": unexpected key \"", k,
-                  "\"; schema ", kSchemaCurrent, " has no such key");
+    RETRACE_CHECK(kKeys.count(k) == 1, FormatError, "manifest ", path, ": unexpected key \"", k, "\"; schema ",
+                  kSchemaCurrent, " has no such key");
   }
   Reader r(j, path);
   Manifest m;
@@ -213,8 +214,8 @@ Manifest from_json(const json& j, const std::string& path, bool hashed_pieces) {
   RETRACE_CHECK(m.world_size >= 1, FormatError, "manifest ", path, ": \"world_size\" is 0, expected at least 1");
   m.config_hash = r.str(r.field("config_hash"), "config_hash");
   m.versions = r.string_map(r.field("versions"), "versions");
-  m.rng_format_version = uint32_t(r.u64(r.field("rng_format_version"), "rng_format_version",
-                                        std::numeric_limits<uint32_t>::max()));
+  m.rng_format_version = uint32_t(
+      r.u64(r.field("rng_format_version"), "rng_format_version", std::numeric_limits<uint32_t>::max()));
   m.trace_position = r.u64(r.field("trace_position"), "trace_position");
   m.trace_chain_hex = r.str(r.field("trace_chain_hex"), "trace_chain_hex");
   RETRACE_CHECK(is_hex(m.trace_chain_hex), FormatError, "manifest ", path,
@@ -224,8 +225,8 @@ Manifest from_json(const json& j, const std::string& path, bool hashed_pieces) {
   const json& shards = r.field("shards");
   RETRACE_CHECK(shards.is_array(), FormatError, "manifest ", path, ": \"shards\" must be an array, found ",
                 json_type_text(shards));
-  RETRACE_CHECK(shards.size() == m.world_size, FormatError, "manifest ", path, ": \"shards\" lists ",
-                shards.size(), " shards, world_size is ", m.world_size, "; expected one shard per rank");
+  RETRACE_CHECK(shards.size() == m.world_size, FormatError, "manifest ", path, ": \"shards\" lists ", shards.size(),
+                " shards, world_size is ", m.world_size, "; expected one shard per rank");
   std::vector<bool> seen(m.world_size, false);
   for (const json& s : shards) {
     RETRACE_CHECK(s.is_object(), FormatError, "manifest ", path, ": a shard entry must be an object, found ",
@@ -241,19 +242,18 @@ Manifest from_json(const json& j, const std::string& path, bool hashed_pieces) {
     RETRACE_CHECK(!seen[e.rank], FormatError, "manifest ", path, ": rank ", e.rank, " is listed twice in \"shards\"");
     seen[e.rank] = true;
     e.file = sr.str(sr.field("file"), "shards[].file");
-    RETRACE_CHECK(is_plain_file_name(e.file), FormatError, "manifest ", path, ": shard file of rank ", e.rank,
-                  " is \"", e.file, "\"; expected a plain file name inside the checkpoint directory");
+    RETRACE_CHECK(is_plain_file_name(e.file), FormatError, "manifest ", path, ": shard file of rank ", e.rank, " is \"",
+                  e.file, "\"; expected a plain file name inside the checkpoint directory");
     for (const ShardEntry& other : m.shards)
       RETRACE_CHECK(other.file != e.file, FormatError, "manifest ", path, ": ranks ", other.rank, " and ", e.rank,
                     " list the same shard file \"", e.file, "\"; every rank has a shard of its own");
     e.size = sr.u64(sr.field("size"), "shards[].size");
     e.sha256 = sr.str(sr.field("sha256"), "shards[].sha256");
-    RETRACE_CHECK(e.sha256.size() == 64 && is_hex(e.sha256), FormatError, "manifest ", path,
-                  ": sha256 of rank ", e.rank, " is \"", e.sha256, "\"; expected 64 lowercase hex digits");
+    RETRACE_CHECK(e.sha256.size() == 64 && is_hex(e.sha256), FormatError, "manifest ", path, ": sha256 of rank ",
+                  e.rank, " is \"", e.sha256, "\"; expected 64 lowercase hex digits");
     m.shards.push_back(std::move(e));
   }
-  std::sort(m.shards.begin(), m.shards.end(),
-            [](const ShardEntry& a, const ShardEntry& b) { return a.rank < b.rank; });
+  std::sort(m.shards.begin(), m.shards.end(), [](const ShardEntry& a, const ShardEntry& b) { return a.rank < b.rank; });
   m.tensors = tensor_table(r.field("tensors"), m.shards, hashed_pieces, path);
   return m;
 }
@@ -297,8 +297,8 @@ Manifest parse_manifest(const std::string& bytes, const std::string& path) {
   const std::string stored = j[kChecksumKey].get<std::string>();
   j.erase(kChecksumKey);
   const std::string computed = canonical_sha256(j);
-  RETRACE_CHECK(stored == computed, IntegrityError, "manifest checksum mismatch in ", path, ": expected ",
-                stored, " (", kChecksumKey, "), computed ", computed,
+  RETRACE_CHECK(stored == computed, IntegrityError, "manifest checksum mismatch in ", path, ": expected ", stored, " (",
+                kChecksumKey, "), computed ", computed,
                 "; the manifest was damaged or edited, so this checkpoint cannot be trusted; resume "
                 "from an older checkpoint");
   RETRACE_CHECK(j.contains("schema") && j["schema"].is_string(), FormatError, "unknown schema \"\" in ", path,

@@ -63,7 +63,7 @@ struct TensorPiece {
   bool hashed() const { return !xxh3.empty(); }
 };
 struct TensorLayout {
-  std::string name;  // as in the shards: "model/<name>", "optim/<name>", "anchor/model/<name>", ...
+  std::string name;   // as in the shards: "model/<name>", "optim/<name>", "anchor/model/<name>", ...
   std::string dtype;  // a safetensors dtype (shard.h)
   std::vector<int64_t> shape;
   std::vector<TensorPiece> pieces;

@@ -14,8 +14,7 @@ using nlohmann::json;
 const char* kReadable = "ckpt.v0, ckpt.v1 and ckpt.v2 (migrated on load) and ckpt.v3";
 
 void rename_key(json& j, const char* from, const char* to, const std::string& where) {
-  RETRACE_CHECK(j.contains(from), FormatError, where, ": schema ckpt.v0 requires key \"", from,
-                "\", it is missing");
+  RETRACE_CHECK(j.contains(from), FormatError, where, ": schema ckpt.v0 requires key \"", from, "\", it is missing");
   RETRACE_CHECK(!j.contains(to), FormatError, where, ": schema ckpt.v0 must not have key \"", to, "\"");
   j[to] = j[from];
   j.erase(from);
@@ -43,23 +42,20 @@ const std::vector<std::function<void(json&, const std::string&)>>& manifest_migr
   return kChain;
 }
 
-const std::vector<std::function<void(std::map<std::string, std::string>&, const std::string&)>>&
-shard_migrations() {
-  static const std::vector<std::function<void(std::map<std::string, std::string>&, const std::string&)>>
-      kChain = {
-          [](std::map<std::string, std::string>& m, const std::string& where) {
-            auto it = m.find("global_step");
-            RETRACE_CHECK(it != m.end(), FormatError, where,
-                          ": schema ckpt.v0 requires metadata \"global_step\", it is missing");
-            RETRACE_CHECK(m.count("step") == 0, FormatError, where,
-                          ": schema ckpt.v0 must not have metadata \"step\"");
-            m["step"] = it->second;
-            m.erase(it);
-            m["schema"] = "ckpt.v1";
-          },
-          [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v2"; },
-          [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v3"; },
-      };
+const std::vector<std::function<void(std::map<std::string, std::string>&, const std::string&)>>& shard_migrations() {
+  static const std::vector<std::function<void(std::map<std::string, std::string>&, const std::string&)>> kChain = {
+      [](std::map<std::string, std::string>& m, const std::string& where) {
+        auto it = m.find("global_step");
+        RETRACE_CHECK(it != m.end(), FormatError, where,
+                      ": schema ckpt.v0 requires metadata \"global_step\", it is missing");
+        RETRACE_CHECK(m.count("step") == 0, FormatError, where, ": schema ckpt.v0 must not have metadata \"step\"");
+        m["step"] = it->second;
+        m.erase(it);
+        m["schema"] = "ckpt.v1";
+      },
+      [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v2"; },
+      [](std::map<std::string, std::string>& m, const std::string&) { m["schema"] = "ckpt.v3"; },
+  };
   return kChain;
 }
 
@@ -82,8 +78,7 @@ int schema_version(const std::string& schema, const std::string& where) {
   const int version = digits && *digits <= uint64_t(kSchemaVersionCurrent) ? static_cast<int>(*digits)
                                                                            : kSchemaVersionCurrent + 1;
   RETRACE_CHECK(version <= kSchemaVersionCurrent, FormatError, "unknown schema \"", schema, "\" in ", where,
-                ": newer than this binary, which reads ", kReadable,
-                "; load it with the newer retrace that wrote it");
+                ": newer than this binary, which reads ", kReadable, "; load it with the newer retrace that wrote it");
   return version;
 }
 

@@ -28,7 +28,8 @@ namespace {
 std::string dtype_name(torch::ScalarType t) {
   auto d = safetensors::dtype_of(t);
   // A user's model (a TorchScript file, a module of the library's user) may hold any dtype.
-  RETRACE_CHECK(d.has_value(), ConfigError, "a tensor of the state is ", c10::toString(t), ", a dtype a checkpoint "
+  RETRACE_CHECK(d.has_value(), ConfigError, "a tensor of the state is ", c10::toString(t),
+                ", a dtype a checkpoint "
                 "cannot store (F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL); convert the model's tensors");
   return *d;
 }
@@ -39,8 +40,7 @@ torch::ScalarType scalar_type(const std::string& d, const std::string& where) {
   return *t;
 }
 
-uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key,
-                   const std::string& where) {
+uint64_t parse_u64(const std::map<std::string, std::string>& m, const std::string& key, const std::string& where) {
   auto it = m.find(key);
   RETRACE_CHECK(it != m.end(), FormatError, where, ": shard metadata lacks \"", key, "\"");
   return parse_u64_field(it->second, where + ": metadata \"" + key + "\"");
@@ -110,16 +110,15 @@ std::vector<TensorLayout> sliced_layouts(const std::vector<SlicePart>& mine, uin
 
 }  // namespace
 
-std::string config_hash(const std::string& config_toml) {
-  return sha256_hex(config_toml.data(), config_toml.size());
-}
+std::string config_hash(const std::string& config_toml) { return sha256_hex(config_toml.data(), config_toml.size()); }
 
 std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
                           uint32_t keep_last, train::Collective* sync, RotationReport* rotation,
                           const StateSnapshot* anchor) {
   const uint64_t step = snap.step;
   const uint32_t rank = snap.rank, world = snap.world_size;
-  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world, " ranks needs the ranks (a train::Collective)");
+  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world,
+                " ranks needs the ranks (a train::Collective)");
   std::string dir = root + "/" + step_dir_name(step);
   if (rank == 0) dir = prepare_checkpoint_dir(root, step);
   if (sync) sync->barrier();
@@ -135,7 +134,8 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   auto add = [&](const std::string& name, const torch::Tensor& t) {
     torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
     replicated.push_back(c);
-    layouts.push_back({name, dtype_name(c.scalar_type()), std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), {}});
+    layouts.push_back(
+        {name, dtype_name(c.scalar_type()), std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), {}});
   };
   auto add_optim = [&](const std::string& prefix, const StateSnapshot& s) {
     if (!s.optim_sliced) {
@@ -146,8 +146,8 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
                   " optimizer tensors and ", s.optim_slices.size(), " slices");
     for (size_t i = 0; i < s.optim.size(); ++i)
       if (s.optim_slices[i].write)
-        sliced.push_back({prefix + s.optim[i].first, s.optim[i].second.detach().to(torch::kCPU).contiguous(),
-                          s.optim_slices[i]});
+        sliced.push_back(
+            {prefix + s.optim[i].first, s.optim[i].second.detach().to(torch::kCPU).contiguous(), s.optim_slices[i]});
   };
   for (const auto& [name, t] : snap.model) add("model/" + name, t);
   add_optim("optim/", snap);
@@ -172,11 +172,13 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   if (snap.optim_sliced || (anchor_apart && anchor->optim_sliced)) {
     std::vector<TensorLayout> own = sliced_layouts(sliced, rank, world, sync, dir);
     for (const SlicePart& part : sliced) {
-      const TensorLayout& t = *std::find_if(own.begin(), own.end(), [&](const TensorLayout& l) { return l.name == part.name; });
+      const TensorLayout& t = *std::find_if(own.begin(), own.end(),
+                                            [&](const TensorLayout& l) { return l.name == part.name; });
       const TensorPiece piece{rank, static_cast<uint64_t>(part.slice.begin),
                               static_cast<uint64_t>(part.slice.begin + part.tensor.numel())};
       // piece_view reads the piece at its offset from the whole tensor's first byte.
-      const auto* first = static_cast<const char*>(part.tensor.data_ptr()) - part.slice.begin * part.tensor.element_size();
+      const auto* first = static_cast<const char*>(part.tensor.data_ptr()) -
+                          part.slice.begin * part.tensor.element_size();
       views.push_back(piece_view(t, piece, first));
       own_pieces.emplace_back(t.name, piece.begin);
     }
@@ -192,7 +194,8 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
     trial.config_hash = snap.config_hash;
     trial.versions = versions();
     trial.trace_chain_hex = pos.chain.hex();
-    for (uint32_t r = 0; r < world; ++r) trial.shards.push_back({r, shard_file_name(r), uint64_t{1} << 62, std::string(64, '0')});
+    for (uint32_t r = 0; r < world; ++r)
+      trial.shards.push_back({r, shard_file_name(r), uint64_t{1} << 62, std::string(64, '0')});
     trial.tensors = layouts;
     size_t pieces = 0;
     for (TensorLayout& t : trial.tensors)
@@ -207,13 +210,14 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
       RETRACE_FAIL(ConfigError, "cannot checkpoint step ", step, " in ", dir, ": its manifest would list ",
                    trial.tensors.size(), " tensors in ", pieces, " pieces, over what a manifest may hold (",
                    kMaxManifestBytes, " bytes, ", kMaxManifestTensors, " tensors, ", kMaxManifestPieces,
-                   " pieces): ", e.what(), "; a model with fewer tensors checkpoints (or set checkpoint.every_steps = 0)");
+                   " pieces): ", e.what(),
+                   "; a model with fewer tensors checkpoints (or set checkpoint.every_steps = 0)");
     }
   }
   views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
   if (anchor_apart)
-    views.push_back({"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(),
-                     anchor->rng.size()});
+    views.push_back(
+        {"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(), anchor->rng.size()});
 
   auto meta = shard_metadata(step, rank, world);
   for (const auto& [k, v] : snap.metadata) meta[k] = v;
@@ -383,8 +387,7 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   out.manifest = verify_checkpoint(dir, world_size, pieces ? kEveryShard : rank);
   const Manifest& m = out.manifest;
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
-                " stores RNG state format ", m.rng_format_version, ", this binary reads ",
-                rng::kRngFormatVersion);
+                " stores RNG state format ", m.rng_format_version, ", this binary reads ", rng::kRngFormatVersion);
   StateSnapshot anchor;
   if (pieces) {
     load_pieces(dir, rank, out, anchor, keep);
@@ -407,9 +410,10 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
       }
       const torch::ScalarType type = scalar_type(e.dtype, out.where);
       void* bytes = const_cast<void*>(shard.data(e));
-      torch::Tensor t = torch::from_blob(bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
-      RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, out.where, ": tensor ",
-                    e.name, " has ", e.nbytes, " bytes for shape ", t.sizes());
+      torch::Tensor t = torch::from_blob(
+          bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
+      RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, out.where, ": tensor ", e.name, " has ",
+                    e.nbytes, " bytes for shape ", t.sizes());
       if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
       if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
       else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
@@ -455,9 +459,8 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   // The manifest says the same, or one of the two was edited: trust neither. (Rank 0 writes the
   // trace; the other ranks' shards carry no position.)
   RETRACE_CHECK(rank != 0 || (m.trace_position == out.position.bytes && m.trace_chain_hex == out.position.chain.hex()),
-                IntegrityError,
-                where, ": the shard records trace position ", out.position.bytes, " and chain ", out.position.chain.hex(),
-                ", the manifest ", m.trace_position, " and ", m.trace_chain_hex,
+                IntegrityError, where, ": the shard records trace position ", out.position.bytes, " and chain ",
+                out.position.chain.hex(), ", the manifest ", m.trace_position, " and ", m.trace_chain_hex,
                 "; one of them was edited after the save; resume from an older checkpoint or restore the files");
   return out;
 }
@@ -563,9 +566,8 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
   const std::string cfg_hash = reshard ? reshard->config_hash : config_hash(train::to_toml(trainer.config()));
   const Manifest& m = snap.manifest;
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
-                " was made with another config (config hash ", m.config_hash.substr(0, 12),
-                ", this run's is ", cfg_hash.substr(0, 12),
-                "); resume with the run directory's own config.toml");
+                " was made with another config (config hash ", m.config_hash.substr(0, 12), ", this run's is ",
+                cfg_hash.substr(0, 12), "); resume with the run directory's own config.toml");
   auto meta_it = snap.metadata.find("optim");
   RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(trainer.config().optim.name),
                 FormatError, snap.where, ": optimizer in checkpoint does not match optim.name");
@@ -617,8 +619,8 @@ KeepRange keep_of(train::Trainer& trainer) {
   }
   for (const auto& part : zero->mine())
     part_of[names[part.param]] = {static_cast<uint64_t>(part.begin), static_cast<uint64_t>(part.end)};
-  return [part_of = std::move(part_of), shape_of = std::move(shape_of)](
-             const TensorLayout& t) -> std::optional<std::pair<uint64_t, uint64_t>> {
+  return [part_of = std::move(part_of),
+          shape_of = std::move(shape_of)](const TensorLayout& t) -> std::optional<std::pair<uint64_t, uint64_t>> {
     // A rollback anchor stored with the checkpoint is kept whole: it is saved again as it was.
     if (t.name.rfind("optim/", 0) != 0) return std::nullopt;
     const std::string rest = t.name.substr(6);
@@ -650,9 +652,9 @@ std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, con
                                                     const ManifestCheck& before_read) {
   const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
   const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
-  auto newest = load_newest_snapshot(root, world, rank, skipped, keep_of(trainer),
-                                     [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); },
-                                     ranks, before_read);
+  auto newest = load_newest_snapshot(
+      root, world, rank, skipped, keep_of(trainer),
+      [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); }, ranks, before_read);
   if (!newest) return std::nullopt;
   return restore(trainer, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }

@@ -54,7 +54,7 @@ struct StateSnapshot {
   // whole tensor (one per entry). Otherwise every entry is whole and replicated among the ranks.
   bool optim_sliced = false;
   std::vector<SliceOf> optim_slices;
-  std::string rng;     // rng::RngState::serialize()
+  std::string rng;  // rng::RngState::serialize()
   std::string config_hash;
   std::map<std::string, std::string> metadata;  // counters, optimizer name, "x." policy state
 };
@@ -81,7 +81,7 @@ struct LoadedSnapshot {
   std::string rng;
   std::map<std::string, std::string> metadata;
   TracePosition position;
-  std::string where;  // the shard, for messages
+  std::string where;        // the shard, for messages
   uint64_t bytes_read = 0;  // of the checkpoint's shards, by this process
   // The rollback anchor stored with the state: none (a run without one, or an older checkpoint),
   // at the checkpoint's own step (anchor_is_self), or an earlier state.

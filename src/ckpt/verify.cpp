@@ -26,8 +26,9 @@ namespace stdfs = std::filesystem;
 
 std::string join(const std::string& dir, const std::string& file) { return (stdfs::path(dir) / file).string(); }
 
-const char* kResumeHint = "resume from an older checkpoint (retrace picks the newest one that verifies) or "
-                          "restore the file";
+const char* kResumeHint =
+    "resume from an older checkpoint (retrace picks the newest one that verifies) or "
+    "restore the file";
 
 // Phase 4 for one shard: empty when present with the recorded size.
 std::string presence_problem(const std::string& dir, const ShardEntry& s) {
@@ -38,7 +39,8 @@ std::string presence_problem(const std::string& dir, const ShardEntry& s) {
     return detail::concat("shard file ", s.file, " for rank ", s.rank, " in ", dir, " is ",
                           S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file",
                           "; a checkpoint's files are plain files in its directory and retrace neither follows "
-                          "links there nor reads anything else; ", kResumeHint);
+                          "links there nor reads anything else; ",
+                          kResumeHint);
   }
   if (!present) {
     return detail::concat("shard file missing: ", s.file, " for rank ", s.rank, " in ", dir,
@@ -97,8 +99,10 @@ uint64_t data_start_offset(const ShardData& shard, const TensorEntry& e) { retur
 void check_piece_entry(const ShardData& shard, const TensorEntry* e, const TensorLayout& t, const TensorPiece& p) {
   const uint64_t count = p.end - p.begin, size = *dtype_size(t.dtype);  // known: checked as the manifest was parsed
   RETRACE_CHECK(e != nullptr, IntegrityError, "shard ", shard.source, " lacks elements [", p.begin, ", ", p.end,
-                ") of ", t.name, ", which the manifest puts there; the shard belongs to another checkpoint or was "
-                "rewritten; ", kResumeHint);
+                ") of ", t.name,
+                ", which the manifest puts there; the shard belongs to another checkpoint or was "
+                "rewritten; ",
+                kResumeHint);
   RETRACE_CHECK(e->dtype == t.dtype && e->nbytes == count * size, IntegrityError, "shard ", shard.source, ": ", t.name,
                 " elements [", p.begin, ", ", p.end, ") should be ", count, " ", t.dtype, " (", count * size,
                 " bytes), the shard holds ", e->dtype, " of ", e->nbytes,
@@ -138,12 +142,13 @@ Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> e
                   " but its directory is for step ", *step, "; the manifest was moved or edited; ", kResumeHint);
   }
   if (expected_world_size && *expected_world_size != m.world_size) {
-    throw WorldSizeMismatch(detail::concat(
-        "world_size mismatch: expected ", *expected_world_size, ", found ", m.world_size, " in ", path,
-        "; the checkpoint was saved by ", m.world_size, " ranks and this run has ", *expected_world_size,
-        "; resume with --world-size ", m.world_size, ", or continue on ", *expected_world_size,
-        " ranks with --world-size ", *expected_world_size, " --reshard (bitwise when the run has runtime.invariance = "
-        "\"batch\")"));
+    throw WorldSizeMismatch(detail::concat("world_size mismatch: expected ", *expected_world_size, ", found ",
+                                           m.world_size, " in ", path, "; the checkpoint was saved by ", m.world_size,
+                                           " ranks and this run has ", *expected_world_size,
+                                           "; resume with --world-size ", m.world_size, ", or continue on ",
+                                           *expected_world_size, " ranks with --world-size ", *expected_world_size,
+                                           " --reshard (bitwise when the run has runtime.invariance = "
+                                           "\"batch\")"));
   }
   return m;
 }
@@ -173,7 +178,8 @@ void check_table(const std::string& dir, const Manifest& manifest) {
   // Each shard's tensors by name: one lookup per piece, not a scan (a model of many tensors on
   // many ranks has as many pieces as tensors and ranks together).
   std::vector<std::unordered_map<std::string_view, const TensorEntry*>> by_name;
-  for (const ShardEntry& s : manifest.shards) headers.push_back(read_shard_header(join(dir, s.file), fs::Links::kRefuse));
+  for (const ShardEntry& s : manifest.shards)
+    headers.push_back(read_shard_header(join(dir, s.file), fs::Links::kRefuse));
   for (const ShardData& h : headers) {
     by_name.emplace_back();
     for (const TensorEntry& e : h.tensors) by_name.back().emplace(e.name, &e);
@@ -189,9 +195,10 @@ void check_table(const std::string& dir, const Manifest& manifest) {
                                              ? t.shape
                                              : std::vector<int64_t>{static_cast<int64_t>(p.end - p.begin)};
       RETRACE_CHECK(e->shape == shape, IntegrityError, "shard ", shard.source, ": ", t.name, " elements [", p.begin,
-                    ", ", p.end, ") should have shape ", shape_text(shape), " by the manifest's table, the shard's "
-                    "is ", shape_text(e->shape), "; the shard belongs to another checkpoint or was rewritten; ",
-                    kResumeHint);
+                    ", ", p.end, ") should have shape ", shape_text(shape),
+                    " by the manifest's table, the shard's "
+                    "is ",
+                    shape_text(e->shape), "; the shard belongs to another checkpoint or was rewritten; ", kResumeHint);
     }
   }
 }
@@ -299,14 +306,14 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
   } else {
     bytes = fs::read_file_bytes(path, entry->size, fs::Links::kRefuse);
   }
-  RETRACE_CHECK(bytes.size() == entry->size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ",
-                bytes.size(), " bytes of ", path, ", the manifest records ", entry->size, "; ", kResumeHint);
+  RETRACE_CHECK(bytes.size() == entry->size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ", bytes.size(),
+                " bytes of ", path, ", the manifest records ", entry->size, "; ", kResumeHint);
   ShardData shard = parse_shard(std::move(bytes), path);
   shard.metadata = migrate_shard_metadata(std::move(shard.metadata), "shard " + path);
   auto check_meta = [&](const char* key, const std::string& expected) {
     auto it = shard.metadata.find(key);
-    RETRACE_CHECK(it != shard.metadata.end() && it->second == expected, IntegrityError, "shard ", path,
-                  ": metadata \"", key, "\" is \"", (it == shard.metadata.end() ? "(missing)" : it->second),
+    RETRACE_CHECK(it != shard.metadata.end() && it->second == expected, IntegrityError, "shard ", path, ": metadata \"",
+                  key, "\" is \"", (it == shard.metadata.end() ? "(missing)" : it->second),
                   "\", the manifest expects \"", expected, "\"; the shard belongs to another checkpoint; ",
                   kResumeHint);
   };
@@ -317,7 +324,6 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
 }
 
 namespace {
-
 
 // The wanted pieces of one rank's shard: the index of each piece's tensor in the table.
 using RankPieces = std::vector<std::pair<size_t, const TensorPiece*>>;
@@ -356,11 +362,12 @@ uint64_t read_hashed_pieces(const std::string& dir, const Manifest& manifest, co
     const uint64_t got = fs::read_at(fd, piece->offset, out, bytes, path);
     read += got;
     const std::string found = got == bytes ? xxh3_128(out, bytes).hex() : std::string("(a short read)");
-    RETRACE_CHECK(found == piece->xxh3, IntegrityError, "shard ", path, ": ", t.name, " elements [", piece->begin,
-                  ", ", piece->end, ") (bytes [", piece->offset, ", ", piece->offset + bytes, ")) have xxh3 ", found,
+    RETRACE_CHECK(found == piece->xxh3, IntegrityError, "shard ", path, ": ", t.name, " elements [", piece->begin, ", ",
+                  piece->end, ") (bytes [", piece->offset, ", ", piece->offset + bytes, ")) have xxh3 ", found,
                   ", the manifest records ", piece->xxh3, "; the shard was damaged after the save; ", kResumeHint);
-    if (!whole) std::memcpy(static_cast<char*>(destination(index)) + (lo - first) * elem,
-                            staging.data() + (lo - piece->begin) * elem, (hi - lo) * elem);
+    if (!whole)
+      std::memcpy(static_cast<char*>(destination(index)) + (lo - first) * elem,
+                  staging.data() + (lo - piece->begin) * elem, (hi - lo) * elem);
   }
   return read;
 }
@@ -432,7 +439,8 @@ std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manif
                                              std::string* rng) {
   std::vector<std::vector<char>> out(manifest.tensors.size());
   for (size_t i = 0; i < manifest.tensors.size(); ++i)
-    if (wanted(manifest.tensors[i])) out[i].resize(manifest.tensors[i].numel() * *dtype_size(manifest.tensors[i].dtype));
+    if (wanted(manifest.tensors[i]))
+      out[i].resize(manifest.tensors[i].numel() * *dtype_size(manifest.tensors[i].dtype));
   read_pieces(
       dir, manifest, wanted, [&](size_t i) { return static_cast<void*>(out[i].data()); }, rank,
       [&](const ShardData& s) {

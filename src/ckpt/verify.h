@@ -61,11 +61,11 @@ Manifest read_checked_manifest(const std::string& dir, std::optional<uint32_t> e
 struct ShardCheck {
   uint32_t rank = 0;
   std::string file;
-  uint64_t size = 0;           // as recorded in the manifest
-  std::string sha256;          // as recorded in the manifest
-  std::string found_sha256;    // empty when the file was missing or had the wrong size
+  uint64_t size = 0;         // as recorded in the manifest
+  std::string sha256;        // as recorded in the manifest
+  std::string found_sha256;  // empty when the file was missing or had the wrong size
   bool ok = false;
-  std::string problem;         // empty when ok
+  std::string problem;  // empty when ok
 };
 
 // The same checks as a value: never throws for integrity or format problems (only for bugs).
@@ -75,10 +75,10 @@ struct VerifyReport {
   std::string dir;
   uint64_t step = 0;
   std::vector<std::string> problems;
-  Manifest manifest;              // valid when the manifest phases passed
+  Manifest manifest;  // valid when the manifest phases passed
   bool manifest_ok = false;
   std::vector<ShardCheck> shards;
-  std::string error_kind;         // retrace::Error::kind() of the first problem, empty when ok
+  std::string error_kind;  // retrace::Error::kind() of the first problem, empty when ok
 };
 VerifyReport verify_report(const std::string& dir, std::optional<uint32_t> expected_world_size = std::nullopt);
 
@@ -86,8 +86,7 @@ VerifyReport verify_report(const std::string& dir, std::optional<uint32_t> expec
 //   {"ok": bool, "dir": str, "step": int, "world_size": int, "schema": str,
 //    "shards": [{"rank", "file", "size", "sha256", "ok", ("found_sha256"), ("problem")}],
 //    ("error": first problem), ("error_kind": str), ("problems": [str])}
-nlohmann::json verify_report_json(const std::string& dir,
-                                  std::optional<uint32_t> expected_world_size = std::nullopt);
+nlohmann::json verify_report_json(const std::string& dir, std::optional<uint32_t> expected_world_size = std::nullopt);
 
 // Reads the shard of `rank` listed in a verified manifest, checks its size and (if check_digest)
 // its sha256 again on the bytes read, parses it (parse_shard), migrates its metadata (schema.h) and
@@ -122,7 +121,7 @@ uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
 // read_pieces into byte buffers of their own: the bytes of each wanted tensor, in table order
 // (empty for the others); `rank`'s rng/state into `rng` when given.
 std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,
-                                             const std::function<bool(const TensorLayout&)>& wanted,
-                                             uint32_t rank = 0, std::string* rng = nullptr);
+                                             const std::function<bool(const TensorLayout&)>& wanted, uint32_t rank = 0,
+                                             std::string* rng = nullptr);
 
 }  // namespace retrace::ckpt

@@ -106,8 +106,8 @@ inline __attribute__((always_inline)) void lane_blocks(const unsigned char* p, s
 }
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx512f,prefer-vector-width=512"))) void lane_blocks_avx512(const unsigned char* p,
-                                                                                  size_t blocks, uint64_t* a,
-                                                                                  uint64_t* b) {
+                                                                                   size_t blocks, uint64_t* a,
+                                                                                   uint64_t* b) {
   lane_blocks(p, blocks, a, b);
 }
 #endif
@@ -192,7 +192,7 @@ namespace {
 // value modulo 2^64), so the vector build needs no multiply for it: two per element, not three.
 template <typename Word, Mix kMix>
 __attribute__((always_inline)) inline uint64_t mixed_words(const unsigned char* p, uint64_t count,
-                                                         uint64_t first_position) {
+                                                           uint64_t first_position) {
   uint64_t sum = 0;
   uint64_t position_term = (first_position + 1) * kPositionPhi;
   for (uint64_t i = 0; i < count; ++i) {
@@ -201,7 +201,8 @@ __attribute__((always_inline)) inline uint64_t mixed_words(const unsigned char* 
     const uint64_t x = static_cast<uint64_t>(w) + position_term;
     if constexpr (kMix == Mix::kFmix64) sum += fmix64(x);
     else  // written as a widening 32 x 32 -> 64 multiply, so the vector build uses vpmuludq
-      sum += static_cast<uint64_t>(static_cast<uint32_t>(x)) * static_cast<uint64_t>(static_cast<uint32_t>(x >> 32)) + x;
+      sum += static_cast<uint64_t>(static_cast<uint32_t>(x)) * static_cast<uint64_t>(static_cast<uint32_t>(x >> 32)) +
+             x;
     position_term += kPositionPhi;
   }
   return sum;
@@ -228,8 +229,8 @@ uint64_t baseline_words(const unsigned char* p, size_t element_size, uint64_t co
 // multiplies (vpmullq), where one 32 x 32 -> 64 multiply of the lanes' low halves (vpmuludq) is
 // all it needs. The same sum as the template's, element by element (a test holds them equal).
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw"))) uint64_t halves_words32_avx512(const unsigned char* p,
-                                                                                            uint64_t count,
-                                                                                            uint64_t first) {
+                                                                                             uint64_t count,
+                                                                                             uint64_t first) {
   alignas(64) uint64_t start[8];
   for (int l = 0; l < 8; ++l) start[l] = (first + 1 + static_cast<uint64_t>(l)) * kPositionPhi;
   __m512i pos_a = _mm512_load_si512(start);
@@ -253,8 +254,8 @@ __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw"))) uint64_t halves_wo
 
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw"))) uint64_t mixed_sum_avx512(const unsigned char* p,
                                                                                         size_t element_size,
-                                                                                        uint64_t count,
-                                                                                        uint64_t first, Mix mix) {
+                                                                                        uint64_t count, uint64_t first,
+                                                                                        Mix mix) {
   if (mix == Mix::kHalves && element_size == 4) return halves_words32_avx512(p, count, first);
   return mix == Mix::kHalves ? words_of_size<Mix::kHalves>(p, element_size, count, first)
                              : words_of_size<Mix::kFmix64>(p, element_size, count, first);
@@ -278,21 +279,18 @@ uint64_t mixed_sum(const void* data, size_t element_size, uint64_t count, uint64
   return baseline_words(p, element_size, count, first_position, mix);
 }
 
-uint64_t mixed_sum_baseline(const void* data, size_t element_size, uint64_t count, uint64_t first_position,
-                            Mix mix) {
+uint64_t mixed_sum_baseline(const void* data, size_t element_size, uint64_t count, uint64_t first_position, Mix mix) {
   check_mixed_args(element_size, mix);
   return baseline_words(static_cast<const unsigned char*>(data), element_size, count, first_position, mix);
 }
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
   RETRACE_CHECK(ctx_ != nullptr, InvariantError, "EVP_MD_CTX_new failed (out of memory)");
-  RETRACE_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1,
-                InvariantError, "EVP_DigestInit_ex(sha256) failed");
+  RETRACE_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1, InvariantError,
+                "EVP_DigestInit_ex(sha256) failed");
 }
 Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
-void Sha256::update(const void* data, size_t size) {
-  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size);
-}
+void Sha256::update(const void* data, size_t size) { EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size); }
 std::array<uint8_t, 32> Sha256::finish() {
   std::array<uint8_t, 32> out{};
   unsigned int len = 0;
@@ -444,12 +442,15 @@ std::string sha256_file_hex(const std::string& path, fs::Links links) {
     // A block of the ring is reused only after the hasher is done with it: before a block is read,
     // at most kRing - 1 others still wait to be hashed. Read to the end of the file, as a plain
     // read loop would, even if it grew after the stat (the size only chose the threading).
-    (void)read_and_hash(fd, UINT64_MAX, hasher, [&](uint64_t, size_t) {
-      hasher.wait_hashed(kRing - 1);
-      char* b = ring.data() + (next % kRing) * kBlock;
-      ++next;
-      return b;
-    }, err);
+    (void)read_and_hash(
+        fd, UINT64_MAX, hasher,
+        [&](uint64_t, size_t) {
+          hasher.wait_hashed(kRing - 1);
+          char* b = ring.data() + (next % kRing) * kBlock;
+          ++next;
+          return b;
+        },
+        err);
     hex = hasher.finish_hex();
   }
   ::close(fd);
@@ -483,18 +484,20 @@ HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Lin
       if (::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(base + to) - start),
                     MADV_POPULATE_WRITE) != 0)
         populated = size;  // an older kernel: the read faults the pages in, as without this
-      else
-        populated = to;
+      else populated = to;
       return true;
 #else
       return false;
 #endif
     };
     BlockHasher hasher(size >= kThreadedFrom, populate);
-    got = read_and_hash(fd, size, hasher, [&](uint64_t offset, size_t) {
-      reading_at = offset;
-      return base + offset;
-    }, err);
+    got = read_and_hash(
+        fd, size, hasher,
+        [&](uint64_t offset, size_t) {
+          reading_at = offset;
+          return base + offset;
+        },
+        err);
     out.sha256 = hasher.finish_hex();
   }
   ::close(fd);

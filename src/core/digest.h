@@ -34,7 +34,10 @@ class Xxh3 {
   void update(std::string_view s) { update(s.data(), s.size()); }
   // Fixed-width little-endian scalars, so the digest does not depend on the host's byte order.
   void update_u64(uint64_t v);
-  void update_digest(const Digest128& d) { update_u64(d.hi); update_u64(d.lo); }
+  void update_digest(const Digest128& d) {
+    update_u64(d.hi);
+    update_u64(d.lo);
+  }
   Digest128 digest() const;
 
  private:

@@ -37,8 +37,8 @@ void write_file_atomic(const std::string& path, std::string_view data) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(),
-                   " bytes: ", errno_text(err), "; the previous ", path, " is untouched");
+      RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(), " bytes: ", errno_text(err),
+                   "; the previous ", path, " is untouched");
     }
     done += static_cast<size_t>(n);
   }
@@ -74,7 +74,8 @@ int open_regular_file(const std::string& path, Links links) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    RETRACE_FAIL(FormatError, path, " is not a regular file (a FIFO, socket, device or directory is in its place); "
+    RETRACE_FAIL(FormatError, path,
+                 " is not a regular file (a FIFO, socket, device or directory is in its place); "
                  "retrace reads only regular files. Remove it or restore the file");
   }
   return fd;
@@ -90,8 +91,8 @@ int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     ::close(fd);
-    RETRACE_FAIL(FormatError, path, " is ", st.st_size, " bytes, more than the limit of ",
-                 max_bytes, " for this kind of file");
+    RETRACE_FAIL(FormatError, path, " is ", st.st_size, " bytes, more than the limit of ", max_bytes,
+                 " for this kind of file");
   }
   size = static_cast<uint64_t>(st.st_size);
   return fd;
@@ -149,8 +150,8 @@ void make_writable_dir(const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   RETRACE_CHECK(!ec, IoError, "cannot create directory ", dir, ": ", ec.message(),
                 "; choose another --out or fix its permissions");
-  RETRACE_CHECK(::access(dir.c_str(), W_OK) == 0, IoError, "directory ", dir,
-                " is not writable: ", errno_text(errno), "; choose another --out or fix its permissions");
+  RETRACE_CHECK(::access(dir.c_str(), W_OK) == 0, IoError, "directory ", dir, " is not writable: ", errno_text(errno),
+                "; choose another --out or fix its permissions");
 }
 
 }  // namespace retrace::fs

@@ -50,8 +50,7 @@ std::string read_file(const std::string& path, uint64_t max_bytes = uint64_t(1) 
 FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes, Links links = Links::kFollow);
 // open_regular_file, then its size, checked against max_bytes (FormatError when larger, IoError
 // when it cannot be stat'ed; the fd is closed then). The caller owns the fd.
-int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size,
-                             Links links = Links::kFollow);
+int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64_t& size, Links links = Links::kFollow);
 // Opens a regular file for reading (never blocking on a FIFO); FormatError (exit 3) when what is
 // at `path` is not a regular file (or, with kRefuse, is a symbolic link), IoError when it cannot
 // be opened. The caller owns the fd.

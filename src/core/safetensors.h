@@ -48,10 +48,10 @@ std::optional<uint64_t> dtype_size(const std::string& dtype);
 // A tensor to write: a view of memory the caller owns and keeps alive during write_shard.
 struct TensorView {
   std::string name;
-  std::string dtype;            // one of the dtypes above
-  std::vector<int64_t> shape;   // non-negative dims; {} is a scalar
-  const void* data = nullptr;   // nbytes little-endian bytes, contiguous
-  uint64_t nbytes = 0;          // must equal product(shape) * dtype_size(dtype)
+  std::string dtype;           // one of the dtypes above
+  std::vector<int64_t> shape;  // non-negative dims; {} is a scalar
+  const void* data = nullptr;  // nbytes little-endian bytes, contiguous
+  uint64_t nbytes = 0;         // must equal product(shape) * dtype_size(dtype)
 };
 
 // What write_shard produced. `file` is the base name (what a ShardEntry records).
@@ -78,11 +78,9 @@ struct WriteFaults {
 // themselves (bad dtype, nbytes that does not match the shape), IoError naming the file for any
 // file system failure (ENOSPC, EIO, permissions); in that case the .tmp is removed and final_path
 // and every other file are untouched. Thread-safe for distinct paths.
-ShardFileInfo write_shard(const std::string& final_path,
-                          const std::map<std::string, std::string>& metadata,
+ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
                           const std::vector<TensorView>& tensors);
-ShardFileInfo write_shard(const std::string& final_path,
-                          const std::map<std::string, std::string>& metadata,
+ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
                           const std::vector<TensorView>& tensors, const WriteFaults& faults);
 
 // A validated tensor of a parsed shard; offset is relative to the data section.

@@ -24,35 +24,34 @@ uint64_t as_u64(const json& v, const std::string& src, const std::string& tensor
   return v.get<uint64_t>();
 }
 
-TensorEntry parse_tensor(const std::string& src, const std::string& name, const json& v,
-                         uint64_t data_size) {
+TensorEntry parse_tensor(const std::string& src, const std::string& name, const json& v, uint64_t data_size) {
   RETRACE_CHECK(v.is_object(), FormatError, "shard ", src, ", tensor \"", name,
                 "\": expected an object {dtype, shape, data_offsets}, found ", json_type_text(v));
   for (const auto& [key, unused] : v.items()) {
     (void)unused;
-    RETRACE_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", FormatError, "shard ", src,
-                  ", tensor \"", name, "\": unexpected key \"", key, "\"; expected dtype, shape, data_offsets");
+    RETRACE_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", FormatError, "shard ", src, ", tensor \"",
+                  name, "\": unexpected key \"", key, "\"; expected dtype, shape, data_offsets");
   }
   TensorEntry e;
   e.name = name;
-  RETRACE_CHECK(v.contains("dtype") && v["dtype"].is_string(), FormatError, "shard ", src, ", tensor \"",
-                name, "\": expected a string \"dtype\"");
+  RETRACE_CHECK(v.contains("dtype") && v["dtype"].is_string(), FormatError, "shard ", src, ", tensor \"", name,
+                "\": expected a string \"dtype\"");
   e.dtype = v["dtype"].get<std::string>();
   auto elem = dtype_size(e.dtype);
-  RETRACE_CHECK(elem.has_value(), FormatError, "shard ", src, ", tensor \"", name, "\": unknown dtype \"",
-                e.dtype, "\"; expected one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
+  RETRACE_CHECK(elem.has_value(), FormatError, "shard ", src, ", tensor \"", name, "\": unknown dtype \"", e.dtype,
+                "\"; expected one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
 
-  RETRACE_CHECK(v.contains("shape") && v["shape"].is_array(), FormatError, "shard ", src, ", tensor \"",
-                name, "\": expected an array \"shape\"");
+  RETRACE_CHECK(v.contains("shape") && v["shape"].is_array(), FormatError, "shard ", src, ", tensor \"", name,
+                "\": expected an array \"shape\"");
   const json& shape = v["shape"];
-  RETRACE_CHECK(shape.size() <= kMaxTensorRank, FormatError, "shard ", src, ", tensor \"", name,
-                "\": shape has ", shape.size(), " dims, the limit is ", kMaxTensorRank);
+  RETRACE_CHECK(shape.size() <= kMaxTensorRank, FormatError, "shard ", src, ", tensor \"", name, "\": shape has ",
+                shape.size(), " dims, the limit is ", kMaxTensorRank);
   uint64_t count = 1;
   bool overflow = false;
   for (const json& d : shape) {
     uint64_t dim = as_u64(d, src, name, "shape");
-    RETRACE_CHECK(dim <= uint64_t(std::numeric_limits<int64_t>::max()), FormatError, "shard ", src,
-                  ", tensor \"", name, "\": dim ", dim, " does not fit in int64");
+    RETRACE_CHECK(dim <= uint64_t(std::numeric_limits<int64_t>::max()), FormatError, "shard ", src, ", tensor \"", name,
+                  "\": dim ", dim, " does not fit in int64");
     e.shape.push_back(int64_t(dim));
     if (dim != 0 && count > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
     else count *= dim;
@@ -73,8 +72,8 @@ TensorEntry parse_tensor(const std::string& src, const std::string& name, const 
     count = 0;
     overflow = false;
   }
-  RETRACE_CHECK(!overflow && count <= std::numeric_limits<uint64_t>::max() / *elem, FormatError, "shard ",
-                src, ", tensor \"", name, "\": shape ", json_text(shape), " has more bytes than fit in 64 bits");
+  RETRACE_CHECK(!overflow && count <= std::numeric_limits<uint64_t>::max() / *elem, FormatError, "shard ", src,
+                ", tensor \"", name, "\": shape ", json_text(shape), " has more bytes than fit in 64 bits");
   uint64_t expected = count * *elem;
 
   RETRACE_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
@@ -82,10 +81,10 @@ TensorEntry parse_tensor(const std::string& src, const std::string& name, const 
                 "\": expected \"data_offsets\" as an array [begin, end]");
   uint64_t begin = as_u64(v["data_offsets"][0], src, name, "data_offsets");
   uint64_t end = as_u64(v["data_offsets"][1], src, name, "data_offsets");
-  RETRACE_CHECK(begin <= end, FormatError, "shard ", src, ", tensor \"", name, "\": data_offsets [", begin,
-                ", ", end, "] end before they begin");
-  RETRACE_CHECK(end <= data_size, FormatError, "shard ", src, ", tensor \"", name, "\": data_offsets [",
-                begin, ", ", end, "] reach past the data section of ", data_size,
+  RETRACE_CHECK(begin <= end, FormatError, "shard ", src, ", tensor \"", name, "\": data_offsets [", begin, ", ", end,
+                "] end before they begin");
+  RETRACE_CHECK(end <= data_size, FormatError, "shard ", src, ", tensor \"", name, "\": data_offsets [", begin, ", ",
+                end, "] reach past the data section of ", data_size,
                 " bytes; the file is truncated or the header is damaged");
   RETRACE_CHECK(end - begin == expected, FormatError, "shard ", src, ", tensor \"", name, "\": shape ",
                 json_text(shape), " of ", e.dtype, " needs ", expected, " bytes, data_offsets [", begin, ", ", end,
@@ -118,12 +117,10 @@ ShardData parse_header(std::string_view head, uint64_t file_size, const std::str
                 " bytes, the limit is ", kMaxShardHeaderBytes, "; this is not a shard or it is damaged");
   RETRACE_CHECK(n <= file_size - 8 && n <= head.size() - 8, FormatError, "shard ", src, ": header length is ", n,
                 " bytes but only ", file_size - 8, " follow; the file is truncated");
-  RETRACE_CHECK(n >= 2 && head[8] == '{', FormatError, "shard ", src,
-                ": expected the JSON header to start with '{'");
+  RETRACE_CHECK(n >= 2 && head[8] == '{', FormatError, "shard ", src, ": expected the JSON header to start with '{'");
   const std::string what = "shard " + src + " header";
   json header = parse_strict_json(head.substr(8, n), what);
-  RETRACE_CHECK(header.is_object(), FormatError, what, ": expected a JSON object, found ",
-                json_type_text(header));
+  RETRACE_CHECK(header.is_object(), FormatError, what, ": expected a JSON object, found ", json_type_text(header));
   out.data_start = 8 + n;
   const uint64_t data_size = file_size - out.data_start;
 
@@ -176,7 +173,8 @@ ShardData read_shard_header(const std::string& path, fs::Links links) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(static_cast<unsigned char>(length[i])) << (8 * i);
   // What parse_header refuses anyway is not read: a length past the limit or the file.
-  if (got < 8 || n > kMaxShardHeaderBytes || n > size - 8) return parse_header(std::string_view(length, got), size, path);
+  if (got < 8 || n > kMaxShardHeaderBytes || n > size - 8)
+    return parse_header(std::string_view(length, got), size, path);
   std::string head(8 + n, '\0');
   const uint64_t read = fs::read_at(fd, 0, head.data(), head.size(), path);
   head.resize(read);

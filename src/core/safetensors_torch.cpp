@@ -5,9 +5,8 @@
 namespace retrace::safetensors {
 namespace {
 constexpr std::pair<const char*, c10::ScalarType> kTypes[] = {
-    {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf}, {"BF16", c10::kBFloat16},
-    {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
-    {"U8", c10::kByte},    {"BOOL", c10::kBool},
+    {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf}, {"BF16", c10::kBFloat16}, {"I64", c10::kLong},
+    {"I32", c10::kInt},    {"I16", c10::kShort}, {"I8", c10::kChar},  {"U8", c10::kByte},       {"BOOL", c10::kBool},
 };
 }  // namespace
 

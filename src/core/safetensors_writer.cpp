@@ -43,24 +43,23 @@ struct Segment {
 
 uint64_t checked_nbytes(const TensorView& t, const std::string& path) {
   auto elem = dtype_size(t.dtype);
-  RETRACE_CHECK(elem.has_value(), InvariantError, "write_shard ", path, ": tensor \"", t.name,
-                "\" has dtype \"", t.dtype, "\"; expected one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
-  RETRACE_CHECK(t.shape.size() <= kMaxTensorRank, InvariantError, "write_shard ", path, ": tensor \"",
-                t.name, "\" has ", t.shape.size(), " dims, more than ", kMaxTensorRank);
+  RETRACE_CHECK(elem.has_value(), InvariantError, "write_shard ", path, ": tensor \"", t.name, "\" has dtype \"",
+                t.dtype, "\"; expected one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL");
+  RETRACE_CHECK(t.shape.size() <= kMaxTensorRank, InvariantError, "write_shard ", path, ": tensor \"", t.name,
+                "\" has ", t.shape.size(), " dims, more than ", kMaxTensorRank);
   uint64_t count = 1;
   for (int64_t d : t.shape) {
-    RETRACE_CHECK(d >= 0, InvariantError, "write_shard ", path, ": tensor \"", t.name,
-                  "\" has a negative dim ", d);
-    RETRACE_CHECK(d == 0 || count <= std::numeric_limits<uint64_t>::max() / uint64_t(d), InvariantError,
-                  "write_shard ", path, ": tensor \"", t.name, "\" has a shape whose size overflows");
+    RETRACE_CHECK(d >= 0, InvariantError, "write_shard ", path, ": tensor \"", t.name, "\" has a negative dim ", d);
+    RETRACE_CHECK(d == 0 || count <= std::numeric_limits<uint64_t>::max() / uint64_t(d), InvariantError, "write_shard ",
+                  path, ": tensor \"", t.name, "\" has a shape whose size overflows");
     count *= uint64_t(d);
   }
-  RETRACE_CHECK(count <= std::numeric_limits<uint64_t>::max() / *elem, InvariantError, "write_shard ",
-                path, ": tensor \"", t.name, "\" has a shape whose byte count overflows");
+  RETRACE_CHECK(count <= std::numeric_limits<uint64_t>::max() / *elem, InvariantError, "write_shard ", path,
+                ": tensor \"", t.name, "\" has a shape whose byte count overflows");
   RETRACE_CHECK(count * *elem == t.nbytes, InvariantError, "write_shard ", path, ": tensor \"", t.name,
                 "\" shape and dtype ", t.dtype, " need ", count * *elem, " bytes, the view has ", t.nbytes);
-  RETRACE_CHECK(t.nbytes == 0 || t.data != nullptr, InvariantError, "write_shard ", path,
-                ": tensor \"", t.name, "\" has ", t.nbytes, " bytes but no data pointer");
+  RETRACE_CHECK(t.nbytes == 0 || t.data != nullptr, InvariantError, "write_shard ", path, ": tensor \"", t.name,
+                "\" has ", t.nbytes, " bytes but no data pointer");
   return t.nbytes;
 }
 
@@ -82,8 +81,8 @@ std::string build_header(const std::string& path, const std::map<std::string, st
     const TensorView& t = tensors[i];
     RETRACE_CHECK(!t.name.empty() && t.name != "__metadata__", InvariantError, "write_shard ", path,
                   ": a tensor name must be non-empty and not \"__metadata__\", got \"", t.name, "\"");
-    RETRACE_CHECK(!header.contains(t.name), InvariantError, "write_shard ", path,
-                  ": two tensors are called \"", t.name, "\"");
+    RETRACE_CHECK(!header.contains(t.name), InvariantError, "write_shard ", path, ": two tensors are called \"", t.name,
+                  "\"");
     uint64_t n = checked_nbytes(t, path);
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
@@ -92,8 +91,10 @@ std::string build_header(const std::string& path, const std::map<std::string, st
   try {
     text = json_text(header);
   } catch (const json::exception& e) {
-    RETRACE_FAIL(InvariantError, "write_shard ", path, ": a tensor name or metadata string is not "
-                 "valid UTF-8 (", e.what(), ")");
+    RETRACE_FAIL(InvariantError, "write_shard ", path,
+                 ": a tensor name or metadata string is not "
+                 "valid UTF-8 (",
+                 e.what(), ")");
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out(8, '\0');
@@ -138,8 +139,8 @@ class ShardFileWriter {
   }
 
   [[noreturn]] void fail(int err) const {
-    RETRACE_FAIL(IoError, "cannot write checkpoint shard ", final_path_, ": write to ", tmp_,
-                 " failed after ", written_, " of ", total_, " bytes: ", fs::errno_text(err),
+    RETRACE_FAIL(IoError, "cannot write checkpoint shard ", final_path_, ": write to ", tmp_, " failed after ",
+                 written_, " of ", total_, " bytes: ", fs::errno_text(err),
                  "; the .tmp was removed and existing checkpoints are untouched; free space on that "
                  "disk (or lower keep_last) and save again");
   }
@@ -177,9 +178,8 @@ void hash_segments(const std::vector<Segment>& segments, Sha256* sha, std::vecto
 }  // namespace
 
 std::optional<uint64_t> dtype_size(const std::string& dtype) {
-  static const std::map<std::string, uint64_t> kSizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  static const std::map<std::string, uint64_t> kSizes = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+                                                         {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
   auto it = kSizes.find(dtype);
   if (it == kSizes.end()) return std::nullopt;
   return it->second;
@@ -237,7 +237,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
     if (::fsync(fd) != 0) {
       int err = errno;
       RETRACE_FAIL(IoError, "cannot write checkpoint shard ", final_path, ": fsync of ", tmp,
-                   " failed: ", fs::errno_text(err), "; the .tmp was removed and existing checkpoints "
+                   " failed: ", fs::errno_text(err),
+                   "; the .tmp was removed and existing checkpoints "
                    "are untouched");
     }
     int rc = ::close(fd);
@@ -246,8 +247,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
                   " failed: ", fs::errno_text(errno));
     if (hasher.joinable()) hasher.join();
     else hash_segments(segments, &sha, &xxh3, &stop);
-    RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp,
-                  " to ", final_path, ": ", fs::errno_text(errno));
+    RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp, " to ", final_path,
+                  ": ", fs::errno_text(errno));
   } catch (...) {
     stop = true;
     if (hasher.joinable()) hasher.join();

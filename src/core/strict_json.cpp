@@ -26,13 +26,12 @@ nlohmann::json parse_strict_json(std::string_view text, const std::string& what,
       case json::parse_event_t::key: {
         const std::string& key = parsed.get_ref<const std::string&>();
         if (!open_objects.empty()) {
-          RETRACE_CHECK(open_objects.back().insert(key).second, FormatError, what,
-                        ": duplicate key \"", key, "\"; each key may appear once");
+          RETRACE_CHECK(open_objects.back().insert(key).second, FormatError, what, ": duplicate key \"", key,
+                        "\"; each key may appear once");
         }
         break;
       }
-      default:
-        break;
+      default: break;
     }
     return true;
   };

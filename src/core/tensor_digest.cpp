@@ -40,8 +40,7 @@ void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind, const 
 }
 
 Digest128 digest_named(NamedTensors tensors, DigestKind kind, const KnownSums* known) {
-  std::sort(tensors.begin(), tensors.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   Xxh3 h;
   for (const auto& [name, t] : tensors) {
     h.update_u64(name.size());
@@ -114,9 +113,10 @@ uint64_t tensor_mixed_sum(const torch::Tensor& t, uint64_t first_position, Mix m
   // The tensor may be a user's (a model file's, a library user's module): a dtype of another width
   // is theirs to change, not a bug.
   const int64_t size = static_cast<int64_t>(t.element_size());
-  RETRACE_CHECK(size == 1 || size == 2 || size == 4 || size == 8, ConfigError, "a tensor of dtype ",
-                t.scalar_type(), " (", size, " bytes an element) cannot be digested by mixed sums (trace.digest_version "
-                "3 and 4 read elements of 1, 2, 4 or 8 bytes); convert the model's tensors or use trace.digest_version = 2");
+  RETRACE_CHECK(
+      size == 1 || size == 2 || size == 4 || size == 8, ConfigError, "a tensor of dtype ", t.scalar_type(), " (", size,
+      " bytes an element) cannot be digested by mixed sums (trace.digest_version "
+      "3 and 4 read elements of 1, 2, 4 or 8 bytes); convert the model's tensors or use trace.digest_version = 2");
   if (!t.device().is_cpu()) return mixed_sum_on_device(t, first_position, mix);
   const torch::Tensor c = t.contiguous();
   return mixed_sum(c.data_ptr(), c.element_size(), static_cast<uint64_t>(c.numel()), first_position, mix);

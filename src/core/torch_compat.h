@@ -33,8 +33,7 @@ inline std::string libtorch_version() { return TORCH_VERSION; }
 
 // The optimizer's per-parameter state. LibTorch 1.13 keys the map by the TensorImpl pointer
 // printed as a string; 2.x keys it by the pointer itself.
-inline torch::optim::OptimizerParamState* find_param_state(torch::optim::Optimizer& opt,
-                                                          const at::Tensor& p) {
+inline torch::optim::OptimizerParamState* find_param_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
   auto& state = opt.state();
 #if TORCH_VERSION_MAJOR >= 2
   auto it = state.find(p.unsafeGetTensorImpl());
@@ -67,9 +66,7 @@ inline void set_deterministic(bool on) {
 }
 
 // The default generator of a device, through the device-generic API (no CUDA headers needed).
-inline at::Generator default_generator(c10::Device device) {
-  return at::globalContext().defaultGenerator(device);
-}
+inline at::Generator default_generator(c10::Device device) { return at::globalContext().defaultGenerator(device); }
 
 // Whether CPU autocast is on in this thread (1.13: is_cpu_enabled; 2.4+: by device type).
 inline bool cpu_autocast_enabled() {
@@ -85,7 +82,8 @@ inline bool cpu_autocast_enabled() {
 // type as an argument. Disabled (dtype Undefined) is a no-op.
 class AutocastGuard {
  public:
-  AutocastGuard(c10::DeviceType device, at::ScalarType dtype) : device_(device), active_(dtype != at::ScalarType::Undefined) {
+  AutocastGuard(c10::DeviceType device, at::ScalarType dtype)
+      : device_(device), active_(dtype != at::ScalarType::Undefined) {
     if (!active_) return;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     prev_enabled_ = at::autocast::is_autocast_enabled(device);

@@ -9,8 +9,8 @@ namespace retrace::data {
 Samples Split::gather(const std::vector<int64_t>& indices) const {
   if (source) return source->gather(indices);
   // from_blob does not copy: index_select reads the indices before this returns.
-  torch::Tensor index = torch::from_blob(const_cast<int64_t*>(indices.data()),
-                                         {static_cast<int64_t>(indices.size())}, torch::kInt64);
+  torch::Tensor index = torch::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
+                                         torch::kInt64);
   return {inputs.index_select(0, index), targets.index_select(0, index)};
 }
 

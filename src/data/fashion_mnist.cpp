@@ -22,8 +22,7 @@ std::string find_file(const std::string& dir, const std::string& stem) {
   std::string hint = dir == kDefaultFashionDir
                          ? std::string("; install it with: apt-get install ") + kFashionPackage
                          : std::string("; set data.dir to a directory holding the Fashion-MNIST IDX files");
-  RETRACE_FAIL(IoError, "data set file missing: ", (std::filesystem::path(dir) / (stem + ".gz")).string(),
-               hint);
+  RETRACE_FAIL(IoError, "data set file missing: ", (std::filesystem::path(dir) / (stem + ".gz")).string(), hint);
 }
 
 Split load_split(const std::string& dir, const std::string& prefix, std::vector<records::FileInfo>& files) {
@@ -31,12 +30,11 @@ Split load_split(const std::string& dir, const std::string& prefix, std::vector<
   std::string lbl_path = find_file(dir, prefix + "-labels-idx1-ubyte");
   IdxArray img = read_idx_u8(img_path, 3);
   IdxArray lbl = read_idx_u8(lbl_path, 1);
-  RETRACE_CHECK(img.dims[0] == lbl.dims[0], FormatError, img_path, " holds ", img.dims[0],
-                " images but ", lbl_path, " holds ", lbl.dims[0], " labels");
-  RETRACE_CHECK(img.dims[1] == 28 && img.dims[2] == 28, FormatError, img_path, ": images are ",
-                img.dims[1], "x", img.dims[2], ", expected 28x28");
-  for (uint8_t v : lbl.values)
-    RETRACE_CHECK(v < 10, FormatError, lbl_path, ": label ", int(v), " outside 0..9");
+  RETRACE_CHECK(img.dims[0] == lbl.dims[0], FormatError, img_path, " holds ", img.dims[0], " images but ", lbl_path,
+                " holds ", lbl.dims[0], " labels");
+  RETRACE_CHECK(img.dims[1] == 28 && img.dims[2] == 28, FormatError, img_path, ": images are ", img.dims[1], "x",
+                img.dims[2], ", expected 28x28");
+  for (uint8_t v : lbl.values) RETRACE_CHECK(v < 10, FormatError, lbl_path, ": label ", int(v), " outside 0..9");
   for (const auto& p : {img_path, lbl_path}) {
     files.push_back({p, std::filesystem::file_size(p), sha256_file_hex(p)});
   }

@@ -26,8 +26,8 @@ std::string gunzip_file(const std::string& path) {
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
-    RETRACE_CHECK(out.size() <= kMaxElements + 64, FormatError, path, " decompresses to more than ",
-                  kMaxElements, " bytes, the IDX limit");
+    RETRACE_CHECK(out.size() <= kMaxElements + 64, FormatError, path, " decompresses to more than ", kMaxElements,
+                  " bytes, the IDX limit");
   }
   gzclose(f);
   return out;
@@ -40,14 +40,13 @@ IdxArray read_idx_u8(const std::string& path, uint32_t expected_rank) {
   auto u8 = [&](size_t i) { return static_cast<uint8_t>(bytes[i]); };
   RETRACE_CHECK(bytes.size() >= 4, FormatError, path, " is ", bytes.size(),
                 " bytes after decompression, too short for an IDX header (4 bytes)");
-  RETRACE_CHECK(u8(0) == 0 && u8(1) == 0, FormatError, path,
-                " does not start with the IDX magic 0x0000 (found 0x", std::hex, int(u8(0)),
-                int(u8(1)), ")");
-  RETRACE_CHECK(u8(2) == 0x08, FormatError, path, ": IDX element type is 0x", std::hex,
-                int(u8(2)), ", expected 0x08 (unsigned byte)");
+  RETRACE_CHECK(u8(0) == 0 && u8(1) == 0, FormatError, path, " does not start with the IDX magic 0x0000 (found 0x",
+                std::hex, int(u8(0)), int(u8(1)), ")");
+  RETRACE_CHECK(u8(2) == 0x08, FormatError, path, ": IDX element type is 0x", std::hex, int(u8(2)),
+                ", expected 0x08 (unsigned byte)");
   const uint32_t rank = u8(3);
-  RETRACE_CHECK(rank == expected_rank, FormatError, path, ": IDX array has ", rank,
-                " dimensions, expected ", expected_rank);
+  RETRACE_CHECK(rank == expected_rank, FormatError, path, ": IDX array has ", rank, " dimensions, expected ",
+                expected_rank);
   RETRACE_CHECK(bytes.size() >= 4 + 4ull * rank, FormatError, path, " is cut inside its IDX header");
   IdxArray out;
   uint64_t count = 1;
@@ -57,8 +56,7 @@ IdxArray read_idx_u8(const std::string& path, uint32_t expected_rank) {
                  uint32_t(u8(o + 3));
     out.dims.push_back(v);
     count *= v;
-    RETRACE_CHECK(count <= kMaxElements, FormatError, path, ": IDX dimensions exceed ", kMaxElements,
-                  " elements");
+    RETRACE_CHECK(count <= kMaxElements, FormatError, path, ": IDX dimensions exceed ", kMaxElements, " elements");
   }
   const uint64_t header = 4 + 4ull * rank;
   RETRACE_CHECK(bytes.size() == header + count, FormatError, path, ": IDX header promises ", count,

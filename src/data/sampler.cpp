@@ -13,13 +13,18 @@ namespace {
 constexpr uint64_t kSamplerPurpose = 0x73616d706c657231ull;  // "sampler1"
 }  // namespace
 
-Sampler::Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch,
-                 uint32_t rank, uint32_t world_size, Order order)
-    : seed_(seed), num_samples_(num_samples), batch_size_(batch_size), last_batch_(last_batch),
-      rank_(rank), world_size_(world_size), order_(order) {
+Sampler::Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch, uint32_t rank,
+                 uint32_t world_size, Order order)
+    : seed_(seed),
+      num_samples_(num_samples),
+      batch_size_(batch_size),
+      last_batch_(last_batch),
+      rank_(rank),
+      world_size_(world_size),
+      order_(order) {
   RETRACE_CHECK(batch_size > 0, ConfigError, "data.batch_size must be at least 1, got 0");
-  RETRACE_CHECK(world_size > 0 && rank < world_size, ConfigError, "rank ", rank,
-                " is not below world size ", world_size);
+  RETRACE_CHECK(world_size > 0 && rank < world_size, ConfigError, "rank ", rank, " is not below world size ",
+                world_size);
   const uint64_t global = batch_size * world_size;
   if (last_batch == LastBatch::kDrop) {
     batches_per_epoch_ = num_samples / global;
@@ -30,7 +35,8 @@ Sampler::Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastB
     batches_per_epoch_ = (num_samples + global - 1) / global;
     const uint64_t rest = num_samples % global;
     RETRACE_CHECK(rest == 0 || rest >= world_size, ConfigError, "data.last_batch = \"keep\" leaves a last batch of ",
-                  rest, " samples for ", world_size, " ranks, so some ranks would have none; use \"drop\" or a "
+                  rest, " samples for ", world_size,
+                  " ranks, so some ranks would have none; use \"drop\" or a "
                   "batch size that leaves at least one sample per rank");
   }
 }
@@ -51,16 +57,15 @@ std::vector<int64_t> Sampler::permutation(uint64_t epoch) const {
 }
 
 uint64_t Sampler::sample_at(uint64_t epoch, uint64_t position) const {
-  RETRACE_CHECK(position < num_samples_, InvariantError, "position ", position, " outside the epoch's ",
-                num_samples_, " samples");
+  RETRACE_CHECK(position < num_samples_, InvariantError, "position ", position, " outside the epoch's ", num_samples_,
+                " samples");
   if (order_ == Order::kFeistel) return rng::FeistelPermutation(num_samples_, epoch_key(epoch))(position);
   return static_cast<uint64_t>(permutation(epoch)[position]);
 }
 
 std::vector<int64_t> Sampler::batch(const Cursor& cursor) {
-  RETRACE_CHECK(cursor.batch_in_epoch < batches_per_epoch_, InvariantError, "batch ",
-                cursor.batch_in_epoch, " is past the end of the epoch (", batches_per_epoch_,
-                " batches)");
+  RETRACE_CHECK(cursor.batch_in_epoch < batches_per_epoch_, InvariantError, "batch ", cursor.batch_in_epoch,
+                " is past the end of the epoch (", batches_per_epoch_, " batches)");
   const uint64_t global = batch_size_ * world_size_;
   const uint64_t begin = cursor.batch_in_epoch * global;
   const uint64_t size = std::min<uint64_t>(global, num_samples_ - begin);

@@ -25,7 +25,7 @@
 
 namespace retrace::data {
 
-enum class LastBatch : uint8_t { kDrop, kKeep };  // data.last_batch: "drop" | "keep"
+enum class LastBatch : uint8_t { kDrop, kKeep };    // data.last_batch: "drop" | "keep"
 enum class Order : uint8_t { kFeistel, kShuffle };  // data.order: "feistel" | "shuffle"
 
 // The position in the data (rng/cursor.h): the sampler's whole state.
@@ -35,8 +35,8 @@ class Sampler {
  public:
   // Throws ConfigError if batch_size or world_size is 0, rank >= world_size, the data set is
   // smaller than one global batch under kDrop, or kKeep leaves a rank without samples.
-  Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch,
-          uint32_t rank = 0, uint32_t world_size = 1, Order order = Order::kShuffle);
+  Sampler(uint64_t seed, uint64_t num_samples, uint64_t batch_size, LastBatch last_batch, uint32_t rank = 0,
+          uint32_t world_size = 1, Order order = Order::kShuffle);
 
   uint64_t batches_per_epoch() const { return batches_per_epoch_; }
   // The permutation of epoch `epoch` (a pure function of seed and epoch), whole: for tests and

@@ -30,9 +30,7 @@ constexpr const char* kLayout =
     "\"inputs\" [N, ...] (float or integer) and \"targets\" [N] (integer class indices) or [N, context] "
     "(integer next tokens); tools/data/write_tensors.py shows how to write one";
 
-bool is_integer_dtype(const std::string& d) {
-  return d == "I64" || d == "I32" || d == "I16" || d == "I8" || d == "U8";
-}
+bool is_integer_dtype(const std::string& d) { return d == "I64" || d == "I32" || d == "I16" || d == "I8" || d == "U8"; }
 bool is_float_dtype(const std::string& d) { return d == "F64" || d == "F32" || d == "F16" || d == "BF16"; }
 
 torch::ScalarType scalar_type_of(const std::string& d) {
@@ -75,8 +73,7 @@ LoadedSplit load_split(const fs::path& dir, const char* name, std::vector<record
   LoadedSplit out;
   out.path = (dir / name).string();
   std::error_code ec;
-  RETRACE_CHECK(fs::is_regular_file(out.path, ec), IoError, "tensor data set file missing: ", out.path, "; ",
-                kLayout);
+  RETRACE_CHECK(fs::is_regular_file(out.path, ec), IoError, "tensor data set file missing: ", out.path, "; ", kLayout);
   st::ShardData shard = st::read_shard(out.path);
 
   std::set<std::string> names;
@@ -97,8 +94,8 @@ LoadedSplit load_split(const fs::path& dir, const char* name, std::vector<record
   RETRACE_CHECK(is_integer_dtype(targets.dtype), FormatError, "tensor data set file ", out.path,
                 ", tensor \"targets\": dtype ", targets.dtype,
                 "; expected an integer dtype (I64 I32 I16 I8 U8) holding class indices or token ids");
-  RETRACE_CHECK(is_integer_dtype(inputs.dtype) || is_float_dtype(inputs.dtype), FormatError,
-                "tensor data set file ", out.path, ", tensor \"inputs\": dtype ", inputs.dtype,
+  RETRACE_CHECK(is_integer_dtype(inputs.dtype) || is_float_dtype(inputs.dtype), FormatError, "tensor data set file ",
+                out.path, ", tensor \"inputs\": dtype ", inputs.dtype,
                 "; expected a float dtype (F64 F32 F16 BF16) or an integer dtype for token ids (I64 I32 I16 I8 U8)");
   RETRACE_CHECK(inputs.shape[0] == targets.shape[0], ConfigError, "tensor data set file ", out.path, ": \"inputs\" ",
                 shape_text(inputs.shape), " holds ", inputs.shape[0], " samples but \"targets\" ",
@@ -131,8 +128,8 @@ int64_t max_plus_one(const torch::Tensor& t, const std::string& path, const char
                   i / per_sample, " holds ", p[i], "; expected class indices or token ids >= 0");
     best = std::max(best, p[i]);
   }
-  RETRACE_CHECK(best < std::numeric_limits<int64_t>::max(), ConfigError, "tensor data set file ", path,
-                ", tensor \"", name, "\": value ", best, " is too large for a class index");
+  RETRACE_CHECK(best < std::numeric_limits<int64_t>::max(), ConfigError, "tensor data set file ", path, ", tensor \"",
+                name, "\": value ", best, " is too large for a class index");
   return best + 1;
 }
 
@@ -150,16 +147,16 @@ Dataset load_tensor_dir(const std::string& dir) {
   RETRACE_CHECK(train.inputs_dtype == test.inputs_dtype, ConfigError, "tensor data set ", dir, ": \"inputs\" are ",
                 train.inputs_dtype, " in ", train.path, " but ", test.inputs_dtype, " in ", test.path,
                 "; save both splits with the same dtype");
-  RETRACE_CHECK(sample_shape(train.inputs_shape) == sample_shape(test.inputs_shape), ConfigError,
-                "tensor data set ", dir, ": per-sample shape of \"inputs\" is ", shape_text(sample_shape(train.inputs_shape)),
-                " in ", train.path, " (", shape_text(train.inputs_shape), ") but ",
-                shape_text(sample_shape(test.inputs_shape)), " in ", test.path, " (", shape_text(test.inputs_shape),
+  RETRACE_CHECK(sample_shape(train.inputs_shape) == sample_shape(test.inputs_shape), ConfigError, "tensor data set ",
+                dir, ": per-sample shape of \"inputs\" is ", shape_text(sample_shape(train.inputs_shape)), " in ",
+                train.path, " (", shape_text(train.inputs_shape), ") but ", shape_text(sample_shape(test.inputs_shape)),
+                " in ", test.path, " (", shape_text(test.inputs_shape),
                 "); both splits must have the same shape after dimension 0");
-  RETRACE_CHECK(sample_shape(train.targets_shape) == sample_shape(test.targets_shape), ConfigError,
-                "tensor data set ", dir, ": per-sample shape of \"targets\" is ",
-                shape_text(sample_shape(train.targets_shape)), " in ", train.path, " (", shape_text(train.targets_shape),
-                ") but ", shape_text(sample_shape(test.targets_shape)), " in ", test.path, " (",
-                shape_text(test.targets_shape), "); both splits must have the same shape after dimension 0");
+  RETRACE_CHECK(sample_shape(train.targets_shape) == sample_shape(test.targets_shape), ConfigError, "tensor data set ",
+                dir, ": per-sample shape of \"targets\" is ", shape_text(sample_shape(train.targets_shape)), " in ",
+                train.path, " (", shape_text(train.targets_shape), ") but ",
+                shape_text(sample_shape(test.targets_shape)), " in ", test.path, " (", shape_text(test.targets_shape),
+                "); both splits must have the same shape after dimension 0");
   RETRACE_CHECK(train.split.size() > 0, ConfigError, "tensor data set file ", train.path,
                 " holds 0 samples; the training split needs at least one");
 

@@ -56,8 +56,8 @@ std::vector<fs::path> list_files(const fs::path& root) {
 
 TextCorpus load_text_corpus(const std::string& path_or_dir, int64_t context, double test_fraction) {
   RETRACE_CHECK(context >= 1, ConfigError, "bad value for model.context: ", context, " (need >= 1)");
-  RETRACE_CHECK(test_fraction >= 0.0 && test_fraction < 1.0, ConfigError, "bad value for data.test_fraction: ",
-                test_fraction, " (need 0 <= test_fraction < 1)");
+  RETRACE_CHECK(test_fraction >= 0.0 && test_fraction < 1.0, ConfigError,
+                "bad value for data.test_fraction: ", test_fraction, " (need 0 <= test_fraction < 1)");
   std::error_code ec;
   RETRACE_CHECK(fs::exists(path_or_dir, ec), IoError, "text corpus not found: ", path_or_dir,
                 " (give a text file or a directory of text files)");
@@ -82,9 +82,9 @@ TextCorpus load_text_corpus(const std::string& path_or_dir, int64_t context, dou
   corpus.characters = static_cast<int64_t>(text.size());
   const int64_t window = context + 1;
   const int64_t windows = corpus.characters / window;
-  RETRACE_CHECK(windows >= 2, ConfigError, "text corpus ", path_or_dir, " has ", corpus.characters,
-                " characters in ", corpus.files.size(), " text files (", skipped, " binary files skipped); context ",
-                context, " needs at least ", 2 * window, " for two windows of context + 1 tokens");
+  RETRACE_CHECK(windows >= 2, ConfigError, "text corpus ", path_or_dir, " has ", corpus.characters, " characters in ",
+                corpus.files.size(), " text files (", skipped, " binary files skipped); context ", context,
+                " needs at least ", 2 * window, " for two windows of context + 1 tokens");
 
   std::array<int64_t, 256> token_of{};
   token_of.fill(-1);

@@ -32,8 +32,8 @@ struct TextCorpus {
   torch::Tensor test_inputs;    // int64 [N_test, context]
   torch::Tensor test_targets;   // int64 [N_test, context]
   int64_t vocab_size = 0;
-  std::vector<uint8_t> vocab;   // vocab[token] = byte, ascending
-  int64_t characters = 0;       // bytes in the joined text, separators included
+  std::vector<uint8_t> vocab;            // vocab[token] = byte, ascending
+  int64_t characters = 0;                // bytes in the joined text, separators included
   std::vector<records::FileInfo> files;  // the files read, in order, with size and sha256
 };
 

@@ -43,8 +43,8 @@ class Mapping {
     void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
     const int map_errno = errno;
     ::close(fd);
-    RETRACE_CHECK(p != MAP_FAILED, IoError, "cannot map token shard ", path, " (", size, " bytes): ",
-                  fs::errno_text(map_errno));
+    RETRACE_CHECK(p != MAP_FAILED, IoError, "cannot map token shard ", path, " (", size,
+                  " bytes): ", fs::errno_text(map_errno));
     data_ = static_cast<const unsigned char*>(p);
   }
   ~Mapping() {
@@ -66,7 +66,7 @@ class Mapping {
 struct Shard {
   std::string path;
   std::shared_ptr<const Mapping> map;
-  uint32_t width = 2;      // bytes per token
+  uint32_t width = 2;  // bytes per token
   uint64_t tokens = 0;
   uint64_t windows = 0;
   uint64_t first_window = 0;  // windows of the shards before it
@@ -127,13 +127,14 @@ Shard open_shard(const std::string& path, uint32_t& largest, int64_t vocab) {
     const uint64_t begin = std::max(at, kHeaderBytes);
     if (begin >= at + n) continue;
     const uint64_t count_here = (at + n - begin) / s.width;
-    const uint32_t m = s.width == 2 ? max_token<uint16_t>(h + begin, count_here) : max_token<uint32_t>(h + begin, count_here);
+    const uint32_t m = s.width == 2 ? max_token<uint16_t>(h + begin, count_here)
+                                    : max_token<uint32_t>(h + begin, count_here);
     if (vocab > 0 && m >= static_cast<uint64_t>(vocab)) {
       uint64_t i = (begin - kHeaderBytes) / s.width;
       while (token_at(h + kHeaderBytes, s.width, i) < static_cast<uint64_t>(vocab)) ++i;
       RETRACE_FAIL(ConfigError, "token shard ", path, ": token ", token_at(h + kHeaderBytes, s.width, i),
-                   " at position ", i, " (byte offset ", kHeaderBytes + s.width * i, ") is >= data.vocab_size ",
-                   vocab, "; give the vocabulary the tokenizer used (50257 for GPT-2), or 0 to take the largest "
+                   " at position ", i, " (byte offset ", kHeaderBytes + s.width * i, ") is >= data.vocab_size ", vocab,
+                   "; give the vocabulary the tokenizer used (50257 for GPT-2), or 0 to take the largest "
                    "token + 1");
     }
     top = std::max(top, m);
@@ -178,11 +179,13 @@ class TokenWindows : public SampleSource {
     return {torch::empty({rows, context_}, torch::kLong), torch::empty({rows, context_}, torch::kLong)};
   }
   void copy_window(int64_t index, int64_t row, Samples& out) const {
-    RETRACE_CHECK(index >= 0 && index < windows_, InvariantError, "token window ", index, " outside [0, ", windows_, ")");
+    RETRACE_CHECK(index >= 0 && index < windows_, InvariantError, "token window ", index, " outside [0, ", windows_,
+                  ")");
     const uint64_t w = static_cast<uint64_t>(index);
     // The last shard whose first window is <= w.
     const auto it = std::upper_bound(shards_.begin(), shards_.end(), w,
-                                     [](uint64_t v, const Shard& s) { return v < s.first_window; }) - 1;
+                                     [](uint64_t v, const Shard& s) { return v < s.first_window; }) -
+                    1;
     const uint64_t first = (w - it->first_window) * static_cast<uint64_t>(context_ + 1);
     const unsigned char* tokens = it->map->data() + kHeaderBytes;
     int64_t* in = out.inputs.data_ptr<int64_t>() + row * context_;
@@ -218,7 +221,8 @@ Dataset load_token_files(const std::string& dir, int64_t context, int64_t vocab_
     const std::string name = it->path().filename().string();
     if (name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0) continue;
     const bool train = contains(name, "train"), val = contains(name, "val");
-    RETRACE_CHECK(!(train && val), ConfigError, "token shard ", it->path().string(), " has both \"train\" and \"val\" "
+    RETRACE_CHECK(!(train && val), ConfigError, "token shard ", it->path().string(),
+                  " has both \"train\" and \"val\" "
                   "in its name, so it is unclear which split it belongs to; rename it");
     if (train) train_paths.push_back(it->path().string());
     if (val) val_paths.push_back(it->path().string());
@@ -241,8 +245,8 @@ Dataset load_token_files(const std::string& dir, int64_t context, int64_t vocab_
                     " holds ", first.width == 2 ? "uint16 (GPT-2)" : "uint32 (LLaMA-3)", " tokens but ", s.path,
                     " holds ", s.width == 2 ? "uint16 (GPT-2)" : "uint32 (LLaMA-3)",
                     " tokens; one data set takes one tokenizer's shards: move the others out");
-      RETRACE_CHECK(s.tokens > static_cast<uint64_t>(context), ConfigError, "token shard ", s.path, " holds ",
-                    s.tokens, " tokens, fewer than one window of data.context ", context, " + 1 = ", context + 1,
+      RETRACE_CHECK(s.tokens > static_cast<uint64_t>(context), ConfigError, "token shard ", s.path, " holds ", s.tokens,
+                    " tokens, fewer than one window of data.context ", context, " + 1 = ", context + 1,
                     " tokens; use a smaller data.context, or remove the shard");
       d.files.push_back(s.info);
     }

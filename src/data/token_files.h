@@ -34,7 +34,6 @@
 
 namespace retrace::data {
 
-
 // Reads DIR's shards (train split from *train*.bin, test split from *val*.bin): each is mapped,
 // its header checked, and its bytes hashed (sha256) and its tokens checked against the vocabulary
 // in one pass over the file. vocab_size 0 takes the largest token of all shards + 1; otherwise

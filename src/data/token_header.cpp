@@ -31,8 +31,8 @@ TokenHeader check_token_header(const unsigned char* h, uint64_t file_size, const
     out.width = 4;
   } else {
     RETRACE_FAIL(FormatError, "token shard ", path, ": header[0] (magic) is ", magic, ", expected ", kMagicGpt2,
-                 " (GPT-2, uint16 tokens) or ", kMagicLlama3, " (LLaMA-3, uint32 tokens); this is not an llm.c token file (",
-                 kTokenLayout, ")");
+                 " (GPT-2, uint16 tokens) or ", kMagicLlama3,
+                 " (LLaMA-3, uint32 tokens); this is not an llm.c token file (", kTokenLayout, ")");
   }
   RETRACE_CHECK(count >= 0, FormatError, "token shard ", path, ": header[2] (token count) is ", count,
                 ", expected a count >= 0; the header is damaged");

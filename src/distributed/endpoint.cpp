@@ -30,8 +30,8 @@ std::string address_text(const sockaddr* sa) {
 struct IfAddrs {
   ifaddrs* head = nullptr;
   IfAddrs() {
-    RETRACE_CHECK(::getifaddrs(&head) == 0, IoError, "cannot list this host's network interfaces: ",
-                  std::strerror(errno));
+    RETRACE_CHECK(::getifaddrs(&head) == 0, IoError,
+                  "cannot list this host's network interfaces: ", std::strerror(errno));
   }
   ~IfAddrs() { ::freeifaddrs(head); }
   IfAddrs(const IfAddrs&) = delete;
@@ -117,8 +117,8 @@ Endpoint choose_endpoint(const std::string& master_addr, uint16_t master_port) {
   addrinfo* found = nullptr;
   const std::string port = std::to_string(master_port);
   const int rc = ::getaddrinfo(master_addr.c_str(), port.c_str(), &hints, &found);
-  RETRACE_CHECK(rc == 0 && found, ConfigError, "MASTER_ADDR=", master_addr, " does not resolve (",
-                ::gai_strerror(rc), "); set it to the address or host name of rank 0's host");
+  RETRACE_CHECK(rc == 0 && found, ConfigError, "MASTER_ADDR=", master_addr, " does not resolve (", ::gai_strerror(rc),
+                "); set it to the address or host name of rank 0's host");
   std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(found, ::freeaddrinfo);
   std::string last_error;
   for (const addrinfo* a = found; a; a = a->ai_next) {

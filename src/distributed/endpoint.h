@@ -35,12 +35,12 @@ std::string list_interfaces();
 // TORCHELASTIC_RESTART_COUNT, LOCAL_WORLD_SIZE, TORCHELASTIC_USE_AGENT_STORE), retrace's own
 // launcher (RETRACE_LAUNCHER=local) or a plain environment launch.
 struct Launcher {
-  std::string name;              // "torchrun", "retrace", "env"
-  bool agent_store = false;      // TORCHELASTIC_USE_AGENT_STORE: the agent serves the TCPStore
-  uint32_t restart_count = 0;    // TORCHELASTIC_RESTART_COUNT
-  uint32_t local_world_size = 0; // LOCAL_WORLD_SIZE, 0 when unset
-  std::string run_id;            // TORCHELASTIC_RUN_ID
-  std::string describe() const;  // "torchrun (run id x, restart 0, agent store, 2 ranks on this host)"
+  std::string name;               // "torchrun", "retrace", "env"
+  bool agent_store = false;       // TORCHELASTIC_USE_AGENT_STORE: the agent serves the TCPStore
+  uint32_t restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  uint32_t local_world_size = 0;  // LOCAL_WORLD_SIZE, 0 when unset
+  std::string run_id;             // TORCHELASTIC_RUN_ID
+  std::string describe() const;   // "torchrun (run id x, restart 0, agent store, 2 ranks on this host)"
 };
 Launcher launcher_from_environment();
 

@@ -52,8 +52,10 @@ auto ProcessGroup::collective(const char* what, Fn&& fn) -> decltype(fn()) {
     throw;
   } catch (const std::exception& e) {
     RETRACE_FAIL(IoError, "rank ", env_.rank, " (", endpoint_.describe(), "): ", what, " failed: ", message_of(e),
-                 "; peers: ", peers_, ". Another rank probably stopped, the network to it is down, or the "
-                 "collective timeout (runtime.collective_timeout_s = ", timeout_.count() / 1000.0, ") passed");
+                 "; peers: ", peers_,
+                 ". Another rank probably stopped, the network to it is down, or the "
+                 "collective timeout (runtime.collective_timeout_s = ",
+                 timeout_.count() / 1000.0, ") passed");
   }
 }
 
@@ -78,7 +80,8 @@ struct ProcessGroup::Impl {
 ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout, bool cuda)
     : env_(env), timeout_(timeout), launcher_(launcher_from_environment()), impl_(new Impl) {
 #if !defined(RETRACE_WITH_NCCL)
-  RETRACE_CHECK(!cuda, ConfigError, "data parallelism on CUDA needs NCCL, and this retrace was built without it "
+  RETRACE_CHECK(!cuda, ConfigError,
+                "data parallelism on CUDA needs NCCL, and this retrace was built without it "
                 "(configure with -DRETRACE_WITH_NCCL=ON against a LibTorch with CUDA); on CPU ranks use Gloo");
 #endif
   if (cuda) device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
@@ -95,8 +98,9 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     so.timeout = timeout;
     impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
     if (launcher_.agent_store)
-      impl_->store = c10::make_intrusive<c10d::PrefixStore>(
-          "/worker/attempt_" + std::to_string(launcher_.restart_count), impl_->store);
+      impl_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" +
+                                                                std::to_string(launcher_.restart_count),
+                                                            impl_->store);
     // Every rank's endpoint, so that a failed collective can name its peers.
     const std::string mine = endpoint_.describe();
     impl_->store->set("retrace/endpoint/" + std::to_string(env.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
@@ -110,7 +114,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = timeout;
       impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl_->store, static_cast<int>(env.rank),
-                                                               static_cast<int>(env.world_size), nccl_opts);
+                                                              static_cast<int>(env.world_size), nccl_opts);
       return;
     }
 #endif
@@ -123,17 +127,17 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
     }
     opts->threads = 1;
     impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, static_cast<int>(env.rank),
-                                                             static_cast<int>(env.world_size), opts);
+                                                            static_cast<int>(env.world_size), opts);
   } catch (const retrace::Error&) {
     throw;
   } catch (const std::exception& e) {
     RETRACE_FAIL(IoError, "rank ", env.rank, " of ", env.world_size, " (", endpoint_.describe(),
-                 ") could not join the process group at ", env.master_addr, ":", env.master_port, " (launcher: ",
-                 launcher_.describe(), "): ", message_of(e),
+                 ") could not join the process group at ", env.master_addr, ":", env.master_port,
+                 " (launcher: ", launcher_.describe(), "): ", message_of(e),
                  launcher_.agent_store
                      ? "; under torchrun the agent serves the store (TORCHELASTIC_USE_AGENT_STORE), and only a "
-                       "torchrun of the same torch version as this retrace's LibTorch " + compat::libtorch_version() +
-                           " speaks its protocol"
+                       "torchrun of the same torch version as this retrace's LibTorch " +
+                           compat::libtorch_version() + " speaks its protocol"
                      : "; check that every rank started and that the address and port are reachable");
   }
 }
@@ -242,7 +246,8 @@ std::vector<torch::Tensor> ProcessGroup::alltoall(const std::vector<torch::Tenso
   torch::Tensor out = torch::empty({total}, torch::TensorOptions(torch::kFloat32).device(device_));
   // c10d may move the split-size vectors into its work object: it gets copies.
   std::vector<int64_t> out_splits = recv_sizes, in_splits = send_sizes;
-  collective("all-to-all", [&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait(); });
+  collective("all-to-all",
+             [&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait(); });
   out = out.to(torch::kCPU);
   std::vector<torch::Tensor> result;
   int64_t offset = 0;
@@ -261,9 +266,8 @@ torch::Tensor ProcessGroup::alltoall_rows(const torch::Tensor& rows, CollectiveS
   torch::Tensor in = rows.contiguous().to(device_);
   torch::Tensor out = torch::empty_like(in);
   std::vector<int64_t> out_splits, in_splits;  // empty: the first dimension split evenly among the ranks
-  collective("gradient reduce-scatter", [&] {
-    return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait();
-  });
+  collective("gradient reduce-scatter",
+             [&] { return impl_->pg->alltoall_base(out, in, out_splits, in_splits, c10d::AllToAllOptions{})->wait(); });
   stats.calls += 1;
   stats.bytes += static_cast<uint64_t>(in.nbytes());
   stats.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -123,7 +123,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         ac_cpu.emplace(c10::DeviceType::CPU, static_cast<at::ScalarType>(ctx->saved_data.at("ac_cpu_dtype").toInt()));
       }
       if (ctx->saved_data.at("ac_cuda").toBool()) {
-        ac_cuda.emplace(c10::DeviceType::CUDA, static_cast<at::ScalarType>(ctx->saved_data.at("ac_cuda_dtype").toInt()));
+        ac_cuda.emplace(c10::DeviceType::CUDA,
+                        static_cast<at::ScalarType>(ctx->saved_data.at("ac_cuda_dtype").toInt()));
       }
       at::AutoGradMode grad_on(true);
       output = holder->segment(x);

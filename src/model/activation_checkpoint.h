@@ -44,8 +44,7 @@ using Segment = std::function<at::Tensor(const at::Tensor&)>;
 // forgets to restore them (the recomputation then draws new dropout masks).
 enum class CheckpointRng { kRestore, kDebugSkipRestore };
 
-at::Tensor checkpoint(const Segment& segment, const at::Tensor& input,
-                      CheckpointRng rng = CheckpointRng::kRestore);
+at::Tensor checkpoint(const Segment& segment, const at::Tensor& input, CheckpointRng rng = CheckpointRng::kRestore);
 
 // The activation-checkpoint policies of the GPT ("none", "full", "sqrt", "selective").
 const std::vector<std::string>& checkpoint_policies();

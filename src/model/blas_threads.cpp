@@ -20,8 +20,8 @@ SetFn set_fn() {
 }
 
 std::mutex guard_mu;
-int guards = 0;     // OneBlasThread guards alive
-int restore = -1;   // the count the first of them found
+int guards = 0;    // OneBlasThread guards alive
+int restore = -1;  // the count the first of them found
 
 }  // namespace
 

@@ -406,8 +406,7 @@ struct LanesBmm : torch::autograd::Function<LanesBmm> {
 }  // namespace
 
 bool fused_applies(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
-         x.layout() == at::kStrided;
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.layout() == at::kStrided;
 }
 
 bool lanes_bmm_applies(const at::Tensor& a, const at::Tensor& b) {
@@ -419,8 +418,8 @@ bool lanes_bmm_applies(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor lanes_bmm(const at::Tensor& a, const at::Tensor& b) {
-  RETRACE_CHECK(lanes_bmm_applies(a, b), InvariantError, "lanes_bmm: needs float32 CPU tensors of equal batch sizes, got ",
-                a.sizes(), " and ", b.sizes());
+  RETRACE_CHECK(lanes_bmm_applies(a, b), InvariantError,
+                "lanes_bmm: needs float32 CPU tensors of equal batch sizes, got ", a.sizes(), " and ", b.sizes());
   return LanesBmm::apply(a, b);
 }
 
@@ -464,7 +463,8 @@ namespace {
 // A bias the fused functions can add to the last dimension of x: undefined, or a float32 CPU
 // vector of x's last size.
 void check_bias(const char* what, const at::Tensor& bias, const at::Tensor& x) {
-  RETRACE_CHECK(!bias.defined() || (fused_applies(bias) && bias.dim() == 1 && x.dim() >= 1 && bias.size(0) == x.size(-1)),
+  RETRACE_CHECK(!bias.defined() ||
+                    (fused_applies(bias) && bias.dim() == 1 && x.dim() >= 1 && bias.size(0) == x.size(-1)),
                 InvariantError, what, ": expected a contiguous float32 CPU bias of ", x.size(-1), " values, got ",
                 bias.defined() ? bias.sizes() : at::IntArrayRef{});
 }
@@ -504,8 +504,8 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, GeluImpl impl)
 }
 
 at::Tensor bias_gradient(const at::Tensor& grad, int64_t n) {
-  RETRACE_CHECK(grad.dim() >= 1 && grad.size(-1) == n, InvariantError, "bias_gradient: expected a gradient whose last size is ",
-                n, ", got ", grad.sizes());
+  RETRACE_CHECK(grad.dim() >= 1 && grad.size(-1) == n, InvariantError,
+                "bias_gradient: expected a gradient whose last size is ", n, ", got ", grad.sizes());
   const int64_t shape[1] = {n};
   // ATen sums the rows of a [rows, n] block column by column: column blocks of 4 vectors, then of
   // one vector, then single columns, each kind with its own order of additions. A split at a

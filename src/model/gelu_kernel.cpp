@@ -10,14 +10,14 @@
 namespace retrace::model {
 namespace {
 
-constexpr float kInvSqrt2 = 0.707106781f;      // 1/sqrt(2)
-constexpr float kInvSqrt2Pi = 0.398942280f;    // 1/sqrt(2 pi)
+constexpr float kInvSqrt2 = 0.707106781f;    // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.398942280f;  // 1/sqrt(2 pi)
 constexpr float kLog2e = 1.44269504f;
-constexpr float kLn2Hi = 0.693145752f;         // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi with 9 low zero bits
+constexpr float kLn2Hi = 0.693145752f;  // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi with 9 low zero bits
 constexpr float kLn2Lo = 1.42860677e-06f;
-constexpr float kRound = 12582912.0f;          // 1.5 * 2^23: (v + kRound) - kRound rounds v to an integer
-constexpr float kFlush = 13.0f;                // |x| from which Phi is 0 or 1 and phi is 0
-constexpr float kMaxHalfSquare = 84.5f;        // x^2 / 2 at kFlush: exp(-84.5) is still a normal float
+constexpr float kRound = 12582912.0f;    // 1.5 * 2^23: (v + kRound) - kRound rounds v to an integer
+constexpr float kFlush = 13.0f;          // |x| from which Phi is 0 or 1 and phi is 0
+constexpr float kMaxHalfSquare = 84.5f;  // x^2 / 2 at kFlush: exp(-84.5) is still a normal float
 
 // erf(u) = u * sum_n kErf[n] u^(2n) for |u| < 0.5: the Taylor series, 2/sqrt(pi) (-1)^n / (n! (2n+1)),
 // to n = 7 (the next term is below 3e-11 there).
@@ -33,9 +33,9 @@ constexpr float kErf[] = {static_cast<float>(taylor(0)), static_cast<float>(tayl
 // erfc(z) = exp(-z^2) * w * sum_k kTail[k] s^k for z = |u| >= 0.5, w = 1/(1 + z), s = kTailA w +
 // kTailB: a least-squares fit (relative error 4e-9 in double) made by tools/numerics/gelu_fit.py.
 constexpr float kTailA = 3.51724138f, kTailB = -1.34482759f;
-constexpr float kTail[] = {0.794217446f,     0.158578452f,     -0.0246326309f,  -0.00777409856f,
+constexpr float kTail[] = {0.794217446f,     0.158578452f,     -0.0246326309f,   -0.00777409856f,
                            0.00349358975f,   -0.000107839351f, -0.000370076094f, 0.000150906217f,
-                           -6.21067736e-06f, -2.18491919e-05f, 7.15130184e-06f, 6.79607093e-07f};
+                           -6.21067736e-06f, -2.18491919e-05f, 7.15130184e-06f,  6.79607093e-07f};
 
 // sum_k c[k] v^k by Horner's rule, highest power first, written out (a loop here would keep the
 // element loop from vectorizing).
@@ -128,7 +128,7 @@ __attribute__((target("avx2,fma"))) void forward_avx2(const float* __restrict x,
   forward_body(x, y, n);
 }
 __attribute__((target("avx2,fma"))) void backward_avx2(const float* __restrict dy, const float* __restrict x,
-                                                      float* __restrict dx, int64_t n) {
+                                                       float* __restrict dx, int64_t n) {
   backward_body(dy, x, dx, n);
 }
 #endif

@@ -27,8 +27,8 @@ void validate(const GptOptions& o) {
                 " does not divide model.d_model = ", o.d_model, "; choose a divisor of d_model");
   RETRACE_CHECK(o.dropout >= 0.0 && o.dropout < 1.0, ConfigError, "bad value for model.dropout: ", o.dropout,
                 " (need 0 <= dropout < 1)");
-  RETRACE_CHECK(o.checkpoint_every >= 1, ConfigError, "bad value for model.checkpoint_every: ",
-                o.checkpoint_every, " (need >= 1 layers per segment)");
+  RETRACE_CHECK(o.checkpoint_every >= 1, ConfigError, "bad value for model.checkpoint_every: ", o.checkpoint_every,
+                " (need >= 1 layers per segment)");
 }
 
 BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl, GeluImpl gelu_impl,
@@ -131,7 +131,8 @@ bool BlockImpl::takes_bias(const torch::Tensor& y, const torch::nn::Linear& laye
   return fused_applies(y) && fused_applies(layer->bias);
 }
 
-torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::nn::Linear& layer, const torch::Tensor& x) {
+torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::nn::Linear& layer,
+                                          const torch::Tensor& x) {
   if (dropout_impl_ == DropoutImpl::kPhilox && is_training() && dropout_ > 0.0 && takes_bias(branch, layer) &&
       fused_applies(x) && branch.sizes() == x.sizes()) {
     // One pass on the lanes: the bias, the mask, the product and the sum, with the bits of the ops
@@ -231,8 +232,9 @@ torch::Tensor GptImpl::run_blocks(torch::Tensor x, int64_t begin, int64_t end, b
 torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   // The inputs come from the user's data set: a mismatch is the config's (data.kind), not a bug.
   RETRACE_CHECK(idx.dim() == 2 && idx.scalar_type() == torch::kLong, ConfigError,
-                "model.kind = \"gpt\" reads int64 token ids [batch, time], and the data set gives ", idx.dim(),
-                "-d ", idx.scalar_type(), " inputs; give it token data (data.kind = \"text\" or \"tokens\", or "
+                "model.kind = \"gpt\" reads int64 token ids [batch, time], and the data set gives ", idx.dim(), "-d ",
+                idx.scalar_type(),
+                " inputs; give it token data (data.kind = \"text\" or \"tokens\", or "
                 "\"tensors\" whose inputs are I64 [samples, time])");
   const int64_t t = idx.size(1);
   RETRACE_CHECK(t >= 1 && t <= options_.context, ConfigError, "gpt forward: sequence length ", t,

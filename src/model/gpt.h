@@ -46,13 +46,13 @@ struct GptOptions {
   int64_t context = 128;   // longest sequence forward() accepts
   int64_t d_model = 128;
   int64_t n_layers = 8;
-  int64_t n_heads = 4;     // must divide d_model
-  double dropout = 0.1;    // embeddings, attention weights, attention and MLP outputs
+  int64_t n_heads = 4;                              // must divide d_model
+  double dropout = 0.1;                             // embeddings, attention weights, attention and MLP outputs
   DropoutImpl dropout_impl = DropoutImpl::kPhilox;  // model/dropout.h
   GeluImpl gelu_impl = GeluImpl::kRetrace;          // model/fused.h
   AttentionMatmul attention_matmul = AttentionMatmul::kLanes;  // model/fused.h's lanes_bmm
   CheckpointPolicy checkpoint = CheckpointPolicy::kNone;
-  int64_t checkpoint_every = 4;     // layers per segment with "full"
+  int64_t checkpoint_every = 4;  // layers per segment with "full"
   // The output layer is the token embedding's weight (logits = x wte^T, no bias), as GPT-2: no
   // "head" parameters. Off: a Linear head of its own with a bias.
   bool tie_embeddings = false;

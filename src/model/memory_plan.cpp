@@ -48,8 +48,8 @@ MemoryEstimate estimate_memory(int64_t params, int64_t batch, int64_t seq, int64
     e.segment_length = policy == "full" ? k : sqrt_segment_length(n_layers);
     const int64_t segments = (n_layers + e.segment_length - 1) / e.segment_length;
     const double live_layers = static_cast<double>(std::min(e.segment_length, n_layers));
-    e.activation_bytes_total =
-        static_cast<double>(segments) * b * t * d * s + live_layers * e.activation_bytes_per_layer;
+    e.activation_bytes_total = static_cast<double>(segments) * b * t * d * s +
+                               live_layers * e.activation_bytes_per_layer;
   }
   return e;
 }
@@ -62,15 +62,15 @@ int64_t gpt_parameter_count(int64_t vocab, int64_t context, int64_t d_model, int
 MemoryEstimate estimate_lm_memory(int64_t params, int64_t batch, int64_t seq, int64_t d_model, int64_t n_layers,
                                   int64_t n_heads, int64_t dtype_bytes, const std::string& policy, int64_t k,
                                   int64_t world_size, int64_t vocab, int64_t eval_batch) {
-  MemoryEstimate e =
-      estimate_memory(params, batch, seq, d_model, n_layers, n_heads, dtype_bytes, policy, k, world_size);
+  MemoryEstimate e = estimate_memory(params, batch, seq, d_model, n_layers, n_heads, dtype_bytes, policy, k,
+                                     world_size);
   RETRACE_CHECK(vocab > 0, ConfigError, "memory estimate: vocab is ", vocab, " (need > 0)");
   RETRACE_CHECK(eval_batch > 0, ConfigError, "memory estimate: eval_batch is ", eval_batch, " (need > 0)");
   const double logits_per_sequence = static_cast<double>(seq) * static_cast<double>(vocab) * 4.0;
   e.logits_bytes = 4.0 * static_cast<double>(batch) * logits_per_sequence;
   e.eval_bytes = e.param_bytes + 2.0 * static_cast<double>(eval_batch) * logits_per_sequence +
-                 2.0 * static_cast<double>(eval_batch) * static_cast<double>(seq) * 4.0 *
-                     static_cast<double>(d_model) * static_cast<double>(dtype_bytes);
+                 2.0 * static_cast<double>(eval_batch) * static_cast<double>(seq) * 4.0 * static_cast<double>(d_model) *
+                     static_cast<double>(dtype_bytes);
   return e;
 }
 

@@ -47,10 +47,10 @@ struct MemoryEstimate {
   double activation_bytes_per_layer = 0;  // without checkpointing
   double activation_bytes_total = 0;      // under the policy
   double zero1_optimizer_bytes_per_rank = 0;
-  double attention_core_fraction = 0;     // f above
-  int64_t segment_length = 0;             // k used by full / sqrt, 0 otherwise
-  double logits_bytes = 0;                // 0 unless a vocabulary is given (estimate_lm_memory)
-  double eval_bytes = 0;                  // an evaluation batch (estimate_lm_memory)
+  double attention_core_fraction = 0;  // f above
+  int64_t segment_length = 0;          // k used by full / sqrt, 0 otherwise
+  double logits_bytes = 0;             // 0 unless a vocabulary is given (estimate_lm_memory)
+  double eval_bytes = 0;               // an evaluation batch (estimate_lm_memory)
   double total_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes + activation_bytes_total + logits_bytes;
   }

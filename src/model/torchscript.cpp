@@ -42,7 +42,8 @@ using Seen = std::unordered_map<const c10::TensorImpl*, std::string>;
 void check_not_seen(Seen& seen, const at::Tensor& t, const std::string& name, const std::string& path) {
   auto [it, inserted] = seen.emplace(t.unsafeGetTensorImpl(), name);
   RETRACE_CHECK(inserted, ConfigError, "TorchScript model ", path, ": tensor \"", name, "\" is the same tensor as \"",
-                it->second, "\" (tied weights); retrace needs every parameter and buffer under one name, "
+                it->second,
+                "\" (tied weights); retrace needs every parameter and buffer under one name, "
                 "or the optimizer would step it twice: untie them in the Python model and save it again");
 }
 
@@ -60,7 +61,7 @@ void mirror_module(torch::nn::Module& mirror, const torch::jit::Module& script, 
   }
   for (const auto& c : script.named_children()) {
     auto child = std::make_shared<torch::nn::Module>(c.value.type()->name() ? c.value.type()->name()->name()
-                                                                           : std::string("ScriptModule"));
+                                                                            : std::string("ScriptModule"));
     mirror.register_module(c.name, child);
     mirror_module(*child, c.value, prefix + c.name + ".", path, seen);
   }
@@ -75,8 +76,8 @@ void check_forward_signature(const torch::jit::Module& script, const std::string
   const auto& args = forward->function().getSchema().arguments();
   size_t required = 0;
   for (size_t i = 1; i < args.size(); ++i) required += args[i].default_value().has_value() ? 0 : 1;
-  RETRACE_CHECK(args.size() >= 2 && required <= 1, FormatError, "TorchScript model ", path,
-                ": forward takes ", args.size() >= 1 ? args.size() - 1 : 0, " arguments (", required,
+  RETRACE_CHECK(args.size() >= 2 && required <= 1, FormatError, "TorchScript model ", path, ": forward takes ",
+                args.size() >= 1 ? args.size() - 1 : 0, " arguments (", required,
                 " without a default) but retrace calls forward(x) with one tensor: the schema is ",
                 forward->function().getSchema(), "; give the others default values");
 }
@@ -123,7 +124,8 @@ torch::Tensor TorchScriptImpl::forward(const torch::Tensor& x) {
   if (probe_) probe_->begin_module("torchscript", "TorchScript");
   torch::jit::IValue out = script_.forward({x});
   RETRACE_CHECK(out.isTensor(), FormatError, "TorchScript model ", file_.path, ": forward returned ",
-                out.type()->annotation_str(), ", expected a Tensor of logits; make forward return "
+                out.type()->annotation_str(),
+                ", expected a Tensor of logits; make forward return "
                 "only the logits (-> torch.Tensor) and save the model again");
   torch::Tensor y = out.toTensor();
   if (probe_) probe_->end_module("torchscript", "TorchScript", y);
@@ -150,8 +152,8 @@ ModelHandle load_torchscript(const std::string& path) {
   try {
     script = torch::jit::load(path, torch::kCPU);
   } catch (const c10::Error& e) {
-    RETRACE_FAIL(FormatError, path, " is not a TorchScript file (torch::jit::load: ",
-                 first_line(e.what_without_backtrace()),
+    RETRACE_FAIL(FormatError, path,
+                 " is not a TorchScript file (torch::jit::load: ", first_line(e.what_without_backtrace()),
                  "); save one with torch.jit.save(torch.jit.script(model), path)");
   } catch (const std::exception& e) {
     RETRACE_FAIL(FormatError, path, " is not a TorchScript file (torch::jit::load: ", first_line(e.what()),
@@ -192,9 +194,9 @@ void fix_torchscript_executor() {
 std::vector<std::pair<std::string, std::string>> torchscript_executor_settings() {
   std::vector<std::pair<std::string, std::string>> s;
   s.emplace_back("torchscript.optimize", on_off(torch::jit::getGraphExecutorOptimize()));
-  s.emplace_back("torchscript.executor",
-                 !torch::jit::IsNewExecutorEnabled() ? "legacy"
-                                                     : (torch::jit::getProfilingMode() ? "profiling" : "simple"));
+  s.emplace_back("torchscript.executor", !torch::jit::IsNewExecutorEnabled()
+                                             ? "legacy"
+                                             : (torch::jit::getProfilingMode() ? "profiling" : "simple"));
   // PYTORCH_TENSOREXPR in the environment overrides setTensorExprFuserEnabled: report the getter.
   s.emplace_back("torchscript.texpr_fuser", on_off(torch::jit::tensorExprFuserEnabled()));
   s.emplace_back("torchscript.texpr_dynamic_shapes", on_off(torch::jit::tensorExprDynamicShapeFusionEnabled()));

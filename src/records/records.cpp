@@ -48,7 +48,8 @@ const char* skip_text(SkipReason reason) {
 }
 
 SkipReason skip_reason_of(const std::string& text) {
-  for (SkipReason r : {SkipReason::kNone, SkipReason::kNonFiniteLoss, SkipReason::kNonFiniteGrad, SkipReason::kLossSpike})
+  for (SkipReason r :
+       {SkipReason::kNone, SkipReason::kNonFiniteLoss, SkipReason::kNonFiniteGrad, SkipReason::kLossSpike})
     if (text == skip_text(r)) return r;
   return SkipReason::kOther;
 }
@@ -117,19 +118,21 @@ class Canonical {
 
 Digest128 content_digest(const StepRecord& r) {
   Canonical c;
-  for_each_field([&c](const StepField& f, const auto& value) {
-    using T = std::decay_t<decltype(value)>;
-    if constexpr (!std::is_same_v<T, Timings>) {  // timings are never digested
-      if (f.digest == InDigest::kNever) return;
-      if constexpr (std::is_same_v<T, Digest128> || is_vector<T>::value) {
-        if (f.digest == InDigest::kWhenSet) {
-          if (unset(value)) return;
-          c.u8(f.tag);
+  for_each_field(
+      [&c](const StepField& f, const auto& value) {
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (!std::is_same_v<T, Timings>) {  // timings are never digested
+          if (f.digest == InDigest::kNever) return;
+          if constexpr (std::is_same_v<T, Digest128> || is_vector<T>::value) {
+            if (f.digest == InDigest::kWhenSet) {
+              if (unset(value)) return;
+              c.u8(f.tag);
+            }
+          }
+          c.put(value);
         }
-      }
-      c.put(value);
-    }
-  }, r);
+      },
+      r);
   return xxh3_128(c.bytes().data(), c.bytes().size());
 }
 

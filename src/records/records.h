@@ -73,7 +73,7 @@ struct TraceHeader {
   uint64_t total_steps = 0;
   uint32_t world_size = 1;
   uint64_t effective_batch = 0;  // data.batch_size x train.accum_steps x world size
-  std::string created_utc;  // ISO 8601; informational, not compared
+  std::string created_utc;       // ISO 8601; informational, not compared
   // Format 2 traces: the zstd raw-content dictionary of their step frames (see trace/framing.h);
   // made by the writer, empty in format 1 traces. Not part of any digest.
   std::string step_dictionary;
@@ -109,9 +109,9 @@ struct StepRecord {
   uint64_t epoch = 0;
   uint64_t batch_in_epoch = 0;
   uint32_t batch_size = 0;
-  Digest128 sample_digest;  // xxh3-128 of the sample indices (int64 little-endian, in order)
-  double loss = 0;          // mean loss of the effective batch
-  uint32_t loss_bits = 0;   // exact float32 bits of the loss as computed
+  Digest128 sample_digest;    // xxh3-128 of the sample indices (int64 little-endian, in order)
+  double loss = 0;            // mean loss of the effective batch
+  uint32_t loss_bits = 0;     // exact float32 bits of the loss as computed
   double grad_norm_pre = 0;   // global L2 norm before clipping (after unscale)
   double grad_norm_post = 0;  // after clipping
   double lr = 0;
@@ -152,10 +152,10 @@ struct EvalRecord {
   uint64_t step = 0;
   uint64_t epoch = 0;
   uint64_t samples = 0;
-  double loss = 0;      // mean over the target elements (tokens, for a language model)
-  double accuracy = 0;  // classifiers; -1: none (a language model)
-  uint64_t tokens = 0;  // language models: target tokens evaluated (0: a classifier, or an older trace)
-  uint64_t batches = 0; // batches evaluated (0 in older traces)
+  double loss = 0;       // mean over the target elements (tokens, for a language model)
+  double accuracy = 0;   // classifiers; -1: none (a language model)
+  uint64_t tokens = 0;   // language models: target tokens evaluated (0: a classifier, or an older trace)
+  uint64_t batches = 0;  // batches evaluated (0 in older traces)
   bool language_model() const { return tokens > 0; }
   // Validation perplexity exp(loss) of a language model; 0 for a classifier.
   double perplexity() const { return language_model() ? std::exp(loss) : 0; }
@@ -164,7 +164,7 @@ struct EvalRecord {
 // Anything that is not a step but must not be silent: warnings, resumes, rollbacks, faults.
 struct EventRecord {
   uint64_t step = 0;
-  std::string kind;     // "warning", "resume", "rollback", "fault", ...
+  std::string kind;  // "warning", "resume", "rollback", "fault", ...
   std::string message;
 };
 

@@ -48,8 +48,8 @@ PhiloxBlock philox4x32_10(PhiloxBlock c, uint64_t key) {
 
 uint64_t PhiloxStream::next_u64() {
   uint64_t block = position_ >> 1;
-  PhiloxBlock out = philox4x32_10(
-      PhiloxBlock{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0}, key_);
+  PhiloxBlock out = philox4x32_10(PhiloxBlock{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0},
+                                  key_);
   int half = static_cast<int>(position_ & 1);
   ++position_;
   return (static_cast<uint64_t>(out[2 * half + 1]) << 32) | out[2 * half];
@@ -121,8 +121,8 @@ inline __attribute__((always_inline)) void dropout_body(uint64_t key, uint32_t d
   }
   for (; 4 * b < n; ++b) {
     const uint64_t idx = static_cast<uint64_t>(first_block + b);
-    const PhiloxBlock w =
-        philox4x32_10(PhiloxBlock{static_cast<uint32_t>(idx), static_cast<uint32_t>(idx >> 32), 0, 0}, key);
+    const PhiloxBlock w = philox4x32_10(PhiloxBlock{static_cast<uint32_t>(idx), static_cast<uint32_t>(idx >> 32), 0, 0},
+                                        key);
     for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j) out[4 * b + j] = w[j] < drop_threshold ? 0.0f : keep_scale;
   }
 }
@@ -241,8 +241,8 @@ void dropout_mask(uint64_t key, uint32_t drop_threshold, float keep_scale, float
 
 bool mask_build_runs(MaskBuild build) { return build != MaskBuild::kAvx2 || cpu_has_avx2(); }
 
-void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin,
-                        int64_t end, MaskBuild build) {
+void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin, int64_t end,
+                        MaskBuild build) {
   RETRACE_CHECK(begin % 4 == 0 && 0 <= begin && begin <= end, InvariantError, "dropout_mask_range: begin ", begin,
                 " must be a multiple of 4 in [0, end = ", end, "]");
   RETRACE_CHECK(mask_build_runs(build), InvariantError, "dropout_mask_range: this CPU does not run mask build ",

@@ -49,8 +49,8 @@ bool mask_build_runs(MaskBuild build);
 // Elements [begin, end) of the same mask into out[0, end - begin): a mask is a function of the
 // element index, so lanes that fill ranges of one mask give the bits of one dropout_mask call.
 // begin must be a multiple of 4, and `build` one this CPU runs (InvariantError otherwise).
-void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin,
-                        int64_t end, MaskBuild build = MaskBuild::kFastest);
+void dropout_mask_range(uint64_t key, uint32_t drop_threshold, float keep_scale, float* out, int64_t begin, int64_t end,
+                        MaskBuild build = MaskBuild::kFastest);
 // floor(p * 2^32) for 0 <= p < 1.
 uint32_t dropout_threshold(double p);
 

@@ -24,8 +24,7 @@ class Cursor8 {
  public:
   explicit Cursor8(const std::string& b) : b_(b) {}
   uint64_t u64() {
-    RETRACE_CHECK(pos_ + 8 <= b_.size(), FormatError, "RNG state is cut at byte ", pos_, " of ",
-                  b_.size());
+    RETRACE_CHECK(pos_ + 8 <= b_.size(), FormatError, "RNG state is cut at byte ", pos_, " of ", b_.size());
     uint64_t v = 0;
     for (int i = 0; i < 8; ++i) v |= uint64_t(static_cast<uint8_t>(b_[pos_ + i])) << (8 * i);
     pos_ += 8;
@@ -33,8 +32,8 @@ class Cursor8 {
   }
   std::string bytes() {
     uint64_t n = u64();
-    RETRACE_CHECK(n <= b_.size() - pos_, FormatError, "RNG state field of ", n,
-                  " bytes runs past the end (", b_.size() - pos_, " left)");
+    RETRACE_CHECK(n <= b_.size() - pos_, FormatError, "RNG state field of ", n, " bytes runs past the end (",
+                  b_.size() - pos_, " left)");
     std::string s = b_.substr(pos_, n);
     pos_ += n;
     return s;

@@ -36,10 +36,10 @@ struct DeviceGeneratorState {
 
 struct RngState {
   uint64_t seed = 0;
-  std::string cpu_generator;                  // torch CPU generator get_state() bytes
-  std::vector<DeviceGeneratorState> cuda;     // the run's CUDA device; empty on a CPU run
+  std::string cpu_generator;               // torch CPU generator get_state() bytes
+  std::vector<DeviceGeneratorState> cuda;  // the run's CUDA device; empty on a CPU run
   Cursor cursor;
-  std::vector<NamedStream> streams;           // sorted by name
+  std::vector<NamedStream> streams;  // sorted by name
   // Generators outside torch and retrace, as opaque states by name (a Python loop's "python.random"
   // and "numpy.global"), sorted by name. Written as format version 2, only when there are any:
   // every other state keeps version 1's bytes.

@@ -40,12 +40,14 @@ std::string describe_changes(const std::vector<InputChange>& changes) {
   for (const auto& c : changes) {
     if (!s.empty()) s += "; ";
     if (c.recorded.empty()) {
-      s += "input file " + c.path + " was added to the data set since the run was recorded (the trace header "
+      s += "input file " + c.path +
+           " was added to the data set since the run was recorded (the trace header "
            "does not list it)";
       continue;
     }
-    s += "input file " + c.path + (c.now.empty() ? " is missing or unreadable" : " changed since the run was recorded") +
-         " (sha256 " + c.recorded.substr(0, 16) + "... in the trace header, " +
+    s += "input file " + c.path +
+         (c.now.empty() ? " is missing or unreadable" : " changed since the run was recorded") + " (sha256 " +
+         c.recorded.substr(0, 16) + "... in the trace header, " +
          (c.now.empty() ? std::string("none") : c.now.substr(0, 16) + "...") + " now)";
   }
   return s;

@@ -105,27 +105,31 @@ void check_memory_fits(const Config& c, int64_t vocab) {
   if (c.model.kind != "gpt" || vocab <= 0) return;
   const uint64_t available = available_memory_bytes();
   if (available == 0) return;
-  const model::MemoryEstimate e =
-      gpt_memory_estimate(c, vocab, model::option_name(c.model.checkpoint), c.model.checkpoint_every, 1);
+  const model::MemoryEstimate e = gpt_memory_estimate(c, vocab, model::option_name(c.model.checkpoint),
+                                                      c.model.checkpoint_every, 1);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   auto fixed = [](double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", v);
     return std::string(buf);
   };
-  RETRACE_CHECK(e.total_bytes() <= static_cast<double>(available), ConfigError, "a training step of this GPT needs "
-                "about ", fixed(e.total_bytes() / gib), " GiB (", static_cast<uint64_t>(e.total_bytes()), " bytes: ",
-                e.params, " parameters with gradients and AdamW state ", fixed((e.param_bytes + e.grad_bytes +
-                e.optimizer_bytes) / gib), " GiB, activations ", fixed(e.activation_bytes_total / gib),
-                " GiB, logits of data.batch_size ", c.data.batch_size, " x data.context ", c.data.context, " x ", vocab,
-                " classes ", fixed(e.logits_bytes / gib), " GiB), but ", fixed(static_cast<double>(available) / gib),
+  RETRACE_CHECK(e.total_bytes() <= static_cast<double>(available), ConfigError,
+                "a training step of this GPT needs "
+                "about ",
+                fixed(e.total_bytes() / gib), " GiB (", static_cast<uint64_t>(e.total_bytes()), " bytes: ", e.params,
+                " parameters with gradients and AdamW state ",
+                fixed((e.param_bytes + e.grad_bytes + e.optimizer_bytes) / gib), " GiB, activations ",
+                fixed(e.activation_bytes_total / gib), " GiB, logits of data.batch_size ", c.data.batch_size,
+                " x data.context ", c.data.context, " x ", vocab, " classes ", fixed(e.logits_bytes / gib),
+                " GiB), but ", fixed(static_cast<double>(available) / gib),
                 " GiB are available. Lower data.batch_size (raise train.accum_steps to keep the global batch) or "
                 "data.context, use model.checkpoint = \"full\" for the activations, or a smaller model "
                 "(`retrace memory` prints the plan)");
   RETRACE_CHECK(e.eval_bytes <= static_cast<double>(available), ConfigError, "an evaluation batch of eval.batch_size ",
                 eval_batch_size(c), " sequences of ", c.data.context, " tokens over ", vocab, " classes needs about ",
                 fixed(e.eval_bytes / gib), " GiB (", static_cast<uint64_t>(e.eval_bytes), " bytes), but ",
-                fixed(static_cast<double>(available) / gib), " GiB are available. Lower eval.batch_size (0 takes "
+                fixed(static_cast<double>(available) / gib),
+                " GiB are available. Lower eval.batch_size (0 takes "
                 "data.batch_size, which a training step already fits)");
 }
 
@@ -134,9 +138,13 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   RETRACE_CHECK(config.model.kind == "gpt", ConfigError,
                 "retrace memory plans a GPT config (model.kind = \"gpt\"); try --config configs/char-gpt.toml");
   // The vocabulary the config names; else the data set's (a text corpus's bytes).
-  const int64_t vocab = config.data.vocab_size > 0 ? config.data.vocab_size : builtin_registry().load_data(config).vocab_size;
-  std::vector<PolicyMeasurement> out = {{"none", "none", 4}, {"full k=" + std::to_string(config.model.checkpoint_every), "full", config.model.checkpoint_every},
-                                        {"sqrt", "sqrt", 4}, {"selective", "selective", 4}};
+  const int64_t vocab = config.data.vocab_size > 0 ? config.data.vocab_size
+                                                   : builtin_registry().load_data(config).vocab_size;
+  std::vector<PolicyMeasurement> out = {{"none", "none", 4},
+                                        {"full k=" + std::to_string(config.model.checkpoint_every), "full",
+                                         config.model.checkpoint_every},
+                                        {"sqrt", "sqrt", 4},
+                                        {"selective", "selective", 4}};
   rng::seed_cpu_and_device(static_cast<uint64_t>(config.seed), cuda_index(config.runtime));
   for (auto& m : out) m.estimate = gpt_memory_estimate(config, vocab, m.policy, m.k, world_size);
   if (rounds <= 0) return out;
@@ -144,10 +152,11 @@ std::vector<PolicyMeasurement> plan_memory(const Config& config, int64_t world_s
   std::vector<std::vector<ChildResult>> results(out.size());
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < out.size(); ++i) {
-      results[i].push_back(run_in_child<ChildResult>(
-          [&] { return measure_child(config, vocab, out[i].policy, out[i].k, steps); },
-          "measuring activation checkpointing policy " + out[i].name));
-      if (progress) progress(static_cast<uint64_t>(round) * out.size() + i + 1, static_cast<uint64_t>(rounds) * out.size());
+      results[i].push_back(
+          run_in_child<ChildResult>([&] { return measure_child(config, vocab, out[i].policy, out[i].k, steps); },
+                                    "measuring activation checkpointing policy " + out[i].name));
+      if (progress)
+        progress(static_cast<uint64_t>(round) * out.size() + i + 1, static_cast<uint64_t>(rounds) * out.size());
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {

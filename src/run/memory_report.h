@@ -20,12 +20,12 @@
 namespace retrace::run {
 
 struct PolicyMeasurement {
-  std::string name;    // "none", "full k=4", "sqrt", "selective"
+  std::string name;  // "none", "full k=4", "sqrt", "selective"
   std::string policy;
   int64_t k = 4;
   model::MemoryEstimate estimate;
-  double step_ms = 0;          // median over rounds
-  double rss_growth_mib = 0;   // median over rounds
+  double step_ms = 0;         // median over rounds
+  double rss_growth_mib = 0;  // median over rounds
   double peak_rss_mib = 0;
   bool measured = false;
 };

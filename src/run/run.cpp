@@ -41,9 +41,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace stdfs = std::filesystem;
 
-
-
-
 // Marks a crash fault as fired in the run directory before the process kills itself, so a resume
 // does not crash again at the same step.
 void mark_fired_on_disk(const std::string& run_dir, const std::string& id) {
@@ -103,8 +100,7 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
     rolled = true;
   }
   trainer.set_aside_batches(at, count);
-  if (rolled)
-    msg << "; rolled back to step " << trainer.step();
+  if (rolled) msg << "; rolled back to step " << trainer.step();
   else
     msg << "; no rollback anchor yet (none before the first multiple of checkpoint.every_steps), the step was skipped";
   msg << "; batches set aside (epoch:batch):";
@@ -144,7 +140,6 @@ data::Dataset load_checked_data(const Registry& registry, const Config& config,
   return data;
 }
 
-
 // Whether an evaluation follows step `step`: at an epoch's end (eval.each_epoch), every
 // eval.every_steps steps, and after the last step.
 bool evaluation_due(const Config& config, uint64_t step, bool epoch_done, bool last) {
@@ -159,7 +154,8 @@ void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallb
     const std::string id = "crash-in-eval@" + std::to_string(trainer.step());
     after_batch = [run_dir, id, writer, &cb, step = trainer.step()](int64_t) {
       mark_fired_on_disk(run_dir, id);
-      emit(writer, cb, step, "crash", "injected crash in the evaluation after step " + std::to_string(step) + ": SIGKILL");
+      emit(writer, cb, step, "crash",
+           "injected crash in the evaluation after step " + std::to_string(step) + ": SIGKILL");
       std::fflush(stdout);
       ::raise(SIGKILL);
     };
@@ -173,9 +169,9 @@ void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallb
 }
 
 // The loop shared by record and resume: step, trace, checkpoint, evaluate.
-void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer,
-              const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
-              RunSummary& summary, distributed::ProcessGroup* pg, Anchor anchor, bool redo_evaluation = false) {
+void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer, const std::string& run_dir,
+              const LoopControl& control, const RunCallbacks& cb, RunSummary& summary, distributed::ProcessGroup* pg,
+              Anchor anchor, bool redo_evaluation = false) {
   const auto start = Clock::now();
   CheckpointCadence cadence(config.checkpoint, control, pg);
   // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit.
@@ -210,7 +206,8 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
       // walk the whole data set back and forth. Stop it and say why.
       RETRACE_CHECK(++rollbacks_in_a_row <= kMaxRollbacksInARow, ConfigError, kMaxRollbacksInARow,
                     " loss-spike rollbacks in a row without a step applied (last at step ", rec.step, ", loss ",
-                    rec.loss, "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
+                    rec.loss,
+                    "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
                     "or resume from an older checkpoint (the newest one's guard state may be damaged)");
       if (roll_back(trainer, rec, anchor, run_dir, control.sabotage, writer, cb)) continue;
     }
@@ -264,7 +261,8 @@ namespace {
 ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t world, std::string& note,
                            std::optional<int64_t> zero_stage = std::nullopt, bool allow_reshard = true) {
   const std::optional<ckpt::Manifest> newest = ckpt::newest_checkpoint_manifest(root);
-  RETRACE_CHECK(newest.has_value(), IntegrityError, "resume --reshard: no checkpoint with a readable manifest in ", root);
+  RETRACE_CHECK(newest.has_value(), IntegrityError, "resume --reshard: no checkpoint with a readable manifest in ",
+                root);
   const uint32_t n = newest->world_size;
   RETRACE_CHECK(allow_reshard || n == world, ConfigError, "the newest checkpoint in ", root, " was written by ", n,
                 " ranks and this resume runs ", world, "; resume with --world-size ", n, " or add --reshard");
@@ -289,13 +287,16 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
   }
   if (zero_stage) {
     RETRACE_CHECK(*zero_stage == 1 || config.runtime.zero_reduce == ZeroReduce::kAllReduce, ConfigError,
-                  "resume --zero-stage ", *zero_stage, ": this run reduces its gradients by ZeRO ranges "
+                  "resume --zero-stage ", *zero_stage,
+                  ": this run reduces its gradients by ZeRO ranges "
                   "(runtime.zero_reduce = \"reduce_scatter\"), which only stage 1 has, and a recorded run cannot "
                   "change how its gradients are summed. Resume without --zero-stage");
     config.runtime.zero_stage = *zero_stage;
-    RETRACE_CHECK(*zero_stage == 0 || !config.trace.enabled || !config.trace.digests || config.trace.digest_version >= 3,
+    RETRACE_CHECK(*zero_stage == 0 || !config.trace.enabled || !config.trace.digests ||
+                      config.trace.digest_version >= 3,
                   ConfigError, "resume --zero-stage 1: this run records trace.digest_version ",
-                  config.trace.digest_version, ", whose optimizer digests need every rank to hold all of the state; "
+                  config.trace.digest_version,
+                  ", whose optimizer digests need every rank to hold all of the state; "
                   "ZeRO needs digests that add up over slices (trace.digest_version = 3 or 4), which a recorded run "
                   "cannot change. Resume without --zero-stage");
   }
@@ -314,23 +315,25 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
   // An evaluation at "the micro-batch" keeps the batch it had: its sums are grouped by it.
   if (config.eval.batch_size == 0) config.eval.batch_size = source.data.batch_size;
   if (config.runtime.invariance == Invariance::kBatch)
-    RETRACE_CHECK(config.data.batch_size % config.runtime.invariance_chunk == 0, ConfigError,
-                  "resume --reshard onto ", world, " ranks: micro-batches of data.batch_size = ", config.data.batch_size,
+    RETRACE_CHECK(config.data.batch_size % config.runtime.invariance_chunk == 0, ConfigError, "resume --reshard onto ",
+                  world, " ranks: micro-batches of data.batch_size = ", config.data.batch_size,
                   " samples do not split into whole chunks of runtime.invariance_chunk = ",
                   config.runtime.invariance_chunk, "; choose a world size whose micro-batch is a multiple of it");
   note = n == world && source.data.batch_size == config.data.batch_size
              ? std::string()
              : kReshardEventPrefix + std::to_string(n) + " ranks x data.batch_size " +
-                   std::to_string(source.data.batch_size) + " to " + std::to_string(world) + " ranks x data.batch_size " +
-                   std::to_string(config.data.batch_size) + " (train.accum_steps " +
+                   std::to_string(source.data.batch_size) + " to " + std::to_string(world) +
+                   " ranks x data.batch_size " + std::to_string(config.data.batch_size) + " (train.accum_steps " +
                    std::to_string(config.train.accum_steps) + ", global batch " + std::to_string(global) + "): " +
-                   (config.runtime.invariance == Invariance::kBatch ? "bitwise (runtime.invariance = \"batch\")"
-                                                                    : "within rounding (runtime.invariance = \"none\")");
+                   (config.runtime.invariance == Invariance::kBatch
+                        ? "bitwise (runtime.invariance = \"batch\")"
+                        : "within rounding (runtime.invariance = \"none\")");
   // ZeRO changes where the optimizer state lives, not a bit of it (zero.h): the checkpoint holds
   // whole tensors in either layout.
   if (source.runtime.zero_stage != config.runtime.zero_stage)
     note += std::string(note.empty() ? "" : "; ") + "runtime.zero_stage " + std::to_string(source.runtime.zero_stage) +
-            " -> " + std::to_string(config.runtime.zero_stage) + ": the same bits (only where the optimizer state lives changes)";
+            " -> " + std::to_string(config.runtime.zero_stage) +
+            ": the same bits (only where the optimizer state lives changes)";
   return ckpt::Reshard{n, ckpt::config_hash(to_toml(source))};
 }
 }  // namespace
@@ -339,16 +342,22 @@ void check_config_present(const std::string& run_dir, const std::string& verb) {
   if (stdfs::exists(config_path(run_dir))) return;
   const bool has_trace = stdfs::exists(trace_path(run_dir));
   const size_t checkpoints = ckpt::list_step_dirs(checkpoint_root(run_dir)).size();
-  RETRACE_CHECK(!has_trace && checkpoints == 0, IntegrityError, "cannot ", verb, " ", run_dir, ": its config.toml is "
-                "missing, but its ", has_trace ? "trace" : "", has_trace && checkpoints ? " and " : "",
+  RETRACE_CHECK(!has_trace && checkpoints == 0, IntegrityError, "cannot ", verb, " ", run_dir,
+                ": its config.toml is "
+                "missing, but its ",
+                has_trace ? "trace" : "", has_trace && checkpoints ? " and " : "",
                 checkpoints ? std::to_string(checkpoints) + " checkpoint director" + (checkpoints == 1 ? "y" : "ies")
                             : std::string(),
                 " are there: the file was removed after the run began. Write back the config the run was recorded "
-                "with: `retrace inspect ", trace_path(run_dir), " --config > ", config_path(run_dir),
+                "with: `retrace inspect ",
+                trace_path(run_dir), " --config > ", config_path(run_dir),
                 "` (a run resumed with --reshard or --zero-stage then needs those flags again)");
-  RETRACE_FAIL(IoError, "cannot ", verb, " ", run_dir, ": no run was started there (it has no config.toml, the first "
+  RETRACE_FAIL(IoError, "cannot ", verb, " ", run_dir,
+               ": no run was started there (it has no config.toml, the first "
                "file `retrace record` writes: the record was stopped before it began, or this is another directory); "
-               "start the run with `retrace record --out ", run_dir, " --force` (--force replaces what the directory "
+               "start the run with `retrace record --out ",
+               run_dir,
+               " --force` (--force replaces what the directory "
                "holds)");
 }
 
@@ -382,7 +391,6 @@ std::vector<records::KeyValue> run_fingerprint(const Config& config, const model
   }
   return f;
 }
-
 
 RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& cb) {
   resolve_threads(config.runtime);
@@ -480,16 +488,19 @@ ResumeInputs check_resume_inputs(const std::string& run_dir, const LoopControl& 
                               control.reshard);
     if (speaks && !in.reshard_note.empty()) cb.on_message(in.reshard_note);
     if (control.reshard && config.runtime.invariance != Invariance::kBatch && speaks)
-      cb.on_message("warning: runtime.invariance is \"none\": the resharded run continues within float rounding of "
-                    "the uninterrupted one, not bitwise (record with --set runtime.invariance=batch for equal bits)");
+      cb.on_message(
+          "warning: runtime.invariance is \"none\": the resharded run continues within float rounding of "
+          "the uninterrupted one, not bitwise (record with --set runtime.invariance=batch for equal bits)");
   }
   registry.check(config);
   in.data = load_checked_data(registry, config, recorded_inputs ? &*recorded_inputs : nullptr,
                               "cannot resume " + run_dir, control.accept_changed_inputs,
-                              " (the change is recorded in the trace)", in.changes, in.rank == 0 ? cb.on_message : nullptr);
+                              " (the change is recorded in the trace)", in.changes,
+                              in.rank == 0 ? cb.on_message : nullptr);
   check_memory_fits(config, in.data.vocab_size);
   RETRACE_CHECK(!in.writes_trace() || in.before.has_value(), IntegrityError, "cannot resume ", run_dir, ": its trace ",
-                trace_path(run_dir), " is missing; the checkpoints are kept, but the run's record cannot continue "
+                trace_path(run_dir),
+                " is missing; the checkpoints are kept, but the run's record cannot continue "
                 "without it. Restore the trace, or start again with `retrace record --force`");
   return in;
 }
@@ -516,11 +527,13 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
   if (in.config.trace.enabled)
     continues_trace = [&before = in.before, writes_trace](const ckpt::Manifest& m) {
       if (writes_trace && before)
-        before->check_continues(m.trace_position, parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
+        before->check_continues(m.trace_position,
+                                parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
     };
-  std::optional<ckpt::RestoredState> loaded =
-      ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), &chosen.skipped,
-                                   in.reshard ? &*in.reshard : nullptr, pg, continues_trace);
+  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir),
+                                                                           &chosen.skipped,
+                                                                           in.reshard ? &*in.reshard : nullptr, pg,
+                                                                           continues_trace);
   if (!writes_trace) in.before.reset();  // only the trace's writer keeps it (not through the training loop)
   const bool speaks = cb.on_message && in.rank == 0;
   if (loaded && speaks)
@@ -602,9 +615,8 @@ std::optional<trace::TraceWriter> reopen_trace(const std::string& run_dir, Resum
       };
       what += (what.empty() ? "" : ", ") + k + " " + value(recorded) + " -> " + value(now);
     }
-    const std::string warn = "resumed under other numerics than the trace header records (" + what +
-                             "): steps after " + std::to_string(trainer.step()) +
-                             " compare bitwise only with runs under the new numerics";
+    const std::string warn = "resumed under other numerics than the trace header records (" + what + "): steps after " +
+                             std::to_string(trainer.step()) + " compare bitwise only with runs under the new numerics";
     writer->append_event({trainer.step(), "resume", warn});
     if (cb.on_message) cb.on_message("warning: " + warn);
   }
@@ -615,7 +627,8 @@ std::optional<trace::TraceWriter> reopen_trace(const std::string& run_dir, Resum
 
 RunSummary resume(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
                   distributed::ProcessGroup* pg, const Registry& registry) {
-  RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir, ": there is no such directory; "
+  RETRACE_CHECK(stdfs::is_directory(run_dir), IoError, "cannot resume ", run_dir,
+                ": there is no such directory; "
                 "give the --out directory of a `retrace record` run");
   // Rank 0 holds the run directory's lock until the run ends, taken before anything is read that
   // another writer could be changing (run_lock.h).

@@ -106,14 +106,14 @@ struct RunSummary {
   uint64_t skipped = 0;
   bool interrupted = false;
   double final_loss = 0;
-  double test_accuracy = -1;  // -1 when no evaluation ran, or a language model's
-  double eval_loss = -1;      // the last evaluation's loss; -1 when none ran
-  double eval_perplexity = 0; // the last evaluation's perplexity (language models), else 0
+  double test_accuracy = -1;   // -1 when no evaluation ran, or a language model's
+  double eval_loss = -1;       // the last evaluation's loss; -1 when none ran
+  double eval_perplexity = 0;  // the last evaluation's perplexity (language models), else 0
   double wall_seconds = 0;
   double steps_per_second = 0;
   uint64_t trace_bytes = 0;
   uint64_t checkpoints = 0;
-  std::string resumed_from;  // checkpoint directory, for resume
+  std::string resumed_from;                // checkpoint directory, for resume
   std::vector<std::string> input_changes;  // inputs accepted although changed (RecordOptions)
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;  // totals
   // Counts one step this process ran into the totals.
@@ -166,6 +166,5 @@ records::TraceHeader trace_header(HeaderParts parts);
 // backend (on CUDA), this rank's endpoint, its peers and its launcher as information.
 std::vector<records::KeyValue> run_fingerprint(const train::Config& config, const model::ModelHandle& model,
                                                uint32_t world_size, const distributed::ProcessGroup* pg = nullptr);
-
 
 }  // namespace retrace::run

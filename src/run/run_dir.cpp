@@ -71,8 +71,8 @@ RunLock create_run_dir(const std::string& dir, bool force, bool scratch, const s
   stdfs::path target = stdfs::path(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "run/" names "run"
   stdfs::path parent = stdfs::absolute(target).parent_path();
-  RETRACE_CHECK(stdfs::exists(parent, ec), IoError, "cannot create run directory ", dir,
-                ": parent directory ", parent.string(), " does not exist");
+  RETRACE_CHECK(stdfs::exists(parent, ec), IoError, "cannot create run directory ", dir, ": parent directory ",
+                parent.string(), " does not exist");
   if (scratch) {
     RunLock lock = claim_scratch_dir(dir, force, what);  // locked, marked, and empty but for both
     fs::write_file_atomic(config_path(dir), config_text);
@@ -113,7 +113,8 @@ RunLock create_run_dir(const std::string& dir, bool force, bool scratch, const s
     RETRACE_CHECK(err == EEXIST || err == ENOTEMPTY, IoError, "cannot move ", staging, " to ", dir, ": ",
                   fs::errno_text(err));
   }
-  RETRACE_FAIL(IoError, "cannot create run directory ", dir, ": another process creates and removes it at the same "
+  RETRACE_FAIL(IoError, "cannot create run directory ", dir,
+               ": another process creates and removes it at the same "
                "time; is another job writing there?");
 }
 

@@ -88,8 +88,10 @@ void RunLock::moved_to(const std::string& dir) {
 
 RunLock RunLock::acquire(const std::string& dir, const std::string& what) {
   if (locks_off()) {
-    std::fprintf(stderr, "retrace: warning: RETRACE_RUN_LOCK=off: %s is written without its lock; make sure no "
-                 "other process writes it\n", dir.c_str());
+    std::fprintf(stderr,
+                 "retrace: warning: RETRACE_RUN_LOCK=off: %s is written without its lock; make sure no "
+                 "other process writes it\n",
+                 dir.c_str());
     return RunLock{};
   }
   const std::string path = lock_path(dir);
@@ -106,14 +108,15 @@ RunLock RunLock::acquire(const std::string& dir, const std::string& what) {
       if (err == EAGAIN || err == EACCES) {
         ::close(fd);
         refuse_if_held(dir, what);  // names the holder
-        continue;                    // released in between: try again
+        continue;                   // released in between: try again
       }
       ::close(fd);
       RETRACE_FAIL(IoError, "cannot lock run directory ", dir, " (", path, "): ", fs::errno_text(err),
                    "; its file system does not support the file locks that keep a run to one writer. Use a local or "
                    "NFS directory, or set RETRACE_RUN_LOCK=off if you are sure that no other process writes this run");
     }
-    struct stat mine {}, now {};
+    struct stat mine {
+    }, now{};
     if (::fstat(fd, &mine) != 0 || ::stat(path.c_str(), &now) != 0 || mine.st_ino != now.st_ino ||
         mine.st_dev != now.st_dev) {
       ::close(fd);  // released (unlinked) or replaced between our open and our lock
@@ -137,7 +140,8 @@ void RunLock::refuse_if_held(const std::string& dir, const std::string& what) {
   if (locks_off()) return;
   if (const auto who = holder(dir))
     RETRACE_FAIL(IoError, "run directory ", dir, " is being written by another process (", *who,
-                 "); a run has one writer at a time, and this `retrace ", what, "` did not touch it. Wait for that "
+                 "); a run has one writer at a time, and this `retrace ", what,
+                 "` did not touch it. Wait for that "
                  "process to end (or stop it), then run this again; or write another directory");
 }
 

@@ -29,8 +29,7 @@ size_t pread_full(int fd, void* buf, size_t n, uint64_t offset, const std::strin
   while (done < n) {
     ssize_t got = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
-    RETRACE_CHECK(got >= 0, IoError, "cannot read ", path, " at offset ", offset + done, ": ",
-                  fs::errno_text(errno));
+    RETRACE_CHECK(got >= 0, IoError, "cannot read ", path, " at offset ", offset + done, ": ", fs::errno_text(errno));
     if (got == 0) break;
     done += static_cast<size_t>(got);
   }
@@ -43,8 +42,8 @@ void write_full(int fd, const void* buf, size_t n, const std::string& path) {
   while (done < n) {
     ssize_t put = ::write(fd, p + done, n - done);
     if (put < 0 && errno == EINTR) continue;
-    RETRACE_CHECK(put >= 0, IoError, "cannot write ", n - done, " bytes to ", path, ": ",
-                  fs::errno_text(errno), "; check free disk space and permissions");
+    RETRACE_CHECK(put >= 0, IoError, "cannot write ", n - done, " bytes to ", path, ": ", fs::errno_text(errno),
+                  "; check free disk space and permissions");
     done += static_cast<size_t>(put);
   }
 }

@@ -23,17 +23,16 @@ std::string hex64(uint64_t v) {
 }  // namespace
 
 uint16_t check_file_header(int fd, const std::string& path, uint64_t size) {
-  RETRACE_CHECK(size >= kFileHeaderSize, FormatError, path, " is not a retrace trace: it is ",
-                size, " bytes long, shorter than the ", kFileHeaderSize, "-byte file header");
+  RETRACE_CHECK(size >= kFileHeaderSize, FormatError, path, " is not a retrace trace: it is ", size,
+                " bytes long, shorter than the ", kFileHeaderSize, "-byte file header");
   uint8_t h[kFileHeaderSize];
   pread_full(fd, h, kFileHeaderSize, 0, path);
   RETRACE_CHECK(std::memcmp(h + layout::kFile_magic, kFileMagic, kFileMagicSize) == 0, FormatError, path,
                 " is not a retrace trace: its first bytes are not the magic \"RTRACE\"");
   uint16_t version = get_u16(h + layout::kFile_version);
   RETRACE_CHECK(version >= layout::kOldestFormatVersion && version <= kFormatVersion, FormatError, path,
-                " has trace format version ", version, " but this binary reads versions ",
-                layout::kOldestFormatVersion, " to ", kFormatVersion,
-                "; read it with the retrace version that wrote it");
+                " has trace format version ", version, " but this binary reads versions ", layout::kOldestFormatVersion,
+                " to ", kFormatVersion, "; read it with the retrace version that wrote it");
   for (size_t i = layout::kFile_reserved; i < kFileHeaderSize; ++i)
     RETRACE_CHECK(h[i] == 0, FormatError, path, ": the file header's reserved bytes ", layout::kFile_reserved, " to ",
                   kFileHeaderSize - 1, " are not zero (byte ", i, " is ", static_cast<unsigned>(h[i]),
@@ -41,8 +40,7 @@ uint16_t check_file_header(int fd, const std::string& path, uint64_t size) {
   return version;
 }
 
-FrameScanner::FrameScanner(int fd, std::string path, uint64_t start, uint64_t end,
-                           uint64_t first_number)
+FrameScanner::FrameScanner(int fd, std::string path, uint64_t start, uint64_t end, uint64_t first_number)
     : fd_(fd), path_(std::move(path)), pos_(start), end_(end), number_(first_number) {}
 
 const uint8_t* FrameScanner::window(uint64_t offset, size_t n, size_t* available) {
@@ -128,13 +126,11 @@ std::optional<FrameScanner::Frame> FrameScanner::next() {
     });
     return std::nullopt;
   }
-  RETRACE_CHECK(is_known_kind(h.kind), FormatError, "unknown frame kind ", int(h.kind),
-                " at offset ", pos_, " of ", path_, " (frame #", number_,
-                "); the file was written by a newer retrace, read it with that version");
-  RETRACE_CHECK(h.compressed_len <= kMaxPayloadLen && h.raw_len <= kMaxPayloadLen, FormatError,
-                "frame at offset ", pos_, " of ", path_, " (frame #", number_,
-                ") claims a payload of ", h.compressed_len, " compressed / ", h.raw_len,
-                " raw bytes, over the limit of ", kMaxPayloadLen);
+  RETRACE_CHECK(is_known_kind(h.kind), FormatError, "unknown frame kind ", int(h.kind), " at offset ", pos_, " of ",
+                path_, " (frame #", number_, "); the file was written by a newer retrace, read it with that version");
+  RETRACE_CHECK(h.compressed_len <= kMaxPayloadLen && h.raw_len <= kMaxPayloadLen, FormatError, "frame at offset ",
+                pos_, " of ", path_, " (frame #", number_, ") claims a payload of ", h.compressed_len, " compressed / ",
+                h.raw_len, " raw bytes, over the limit of ", kMaxPayloadLen);
   RETRACE_CHECK(h.raw_len <= max_raw_len(h.compressed_len), FormatError, "frame at offset ", pos_, " of ", path_,
                 " (frame #", number_, ") claims ", h.raw_len, " raw bytes from ", h.compressed_len,
                 " compressed ones, more than a trace writer ever produces (at most ", max_raw_len(h.compressed_len),
@@ -148,9 +144,8 @@ std::optional<FrameScanner::Frame> FrameScanner::next() {
   uint64_t sum = compute_frame_checksum(p, p + kFrameHeaderSize, h.compressed_len);
   if (sum != h.checksum) {
     damaged([&] {
-      RETRACE_FAIL(IntegrityError, "corrupt frame checksum at offset ", pos_, " of ", path_, " (frame #", number_,
-                   ", ", kind_name(h.kind), " step ", h.step, "): stored ", hex64(h.checksum), ", computed ",
-                   hex64(sum),
+      RETRACE_FAIL(IntegrityError, "corrupt frame checksum at offset ", pos_, " of ", path_, " (frame #", number_, ", ",
+                   kind_name(h.kind), " step ", h.step, "): stored ", hex64(h.checksum), ", computed ", hex64(sum),
                    ". The bytes were damaged after they were written; restore the file from a copy, "
                    "or truncate it to ",
                    pos_, " bytes to keep the frames before it");

@@ -92,10 +92,9 @@ std::string encode_frame(FrameKind kind, uint64_t step, std::string_view raw, in
   std::string out(kFrameHeaderSize + bound, '\0');
   auto* base = reinterpret_cast<uint8_t*>(out.data());
   size_t n = ZSTD_compress(base + kFrameHeaderSize, bound, raw.data(), raw.size(), zstd_level);
-  RETRACE_CHECK(!ZSTD_isError(n), InvariantError, "zstd compression failed: ",
-                ZSTD_getErrorName(n));
-  RETRACE_CHECK(n <= kMaxPayloadLen, InvariantError, "compressed payload of ", n,
-                " bytes exceeds the limit of ", kMaxPayloadLen);
+  RETRACE_CHECK(!ZSTD_isError(n), InvariantError, "zstd compression failed: ", ZSTD_getErrorName(n));
+  RETRACE_CHECK(n <= kMaxPayloadLen, InvariantError, "compressed payload of ", n, " bytes exceeds the limit of ",
+                kMaxPayloadLen);
   FrameHeader h;
   h.kind = static_cast<uint8_t>(kind);
   h.step = step;

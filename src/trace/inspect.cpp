@@ -77,7 +77,7 @@ json json_of(const records::ModuleDigest& m) {
   return {{"module", m.module}, {"param", m.param.hex()}, {"grad", m.grad.hex()}, {"optim", m.optim.hex()}};
 }
 json json_of(const records::Timings& t) {
-  return {{"data_ms", t.data_ms},         {"forward_ms", t.forward_ms}, {"backward_ms", t.backward_ms},
+  return {{"data_ms", t.data_ms},           {"forward_ms", t.forward_ms}, {"backward_ms", t.backward_ms},
           {"optimizer_ms", t.optimizer_ms}, {"trace_ms", t.trace_ms},     {"allreduce_ms", t.allreduce_ms}};
 }
 template <typename T>
@@ -107,9 +107,8 @@ json step_json(const records::StepRecord& r) {
 // An evaluation as JSON: tokens, batches and perplexity are 0 for a classifier and in traces
 // from before they were recorded.
 json eval_json(const records::EvalRecord& e) {
-  return {{"step", e.step},     {"epoch", e.epoch},       {"samples", e.samples},
-          {"loss", e.loss},     {"accuracy", e.accuracy}, {"tokens", e.tokens},
-          {"batches", e.batches}, {"perplexity", e.perplexity()}};
+  return {{"step", e.step},         {"epoch", e.epoch},   {"samples", e.samples}, {"loss", e.loss},
+          {"accuracy", e.accuracy}, {"tokens", e.tokens}, {"batches", e.batches}, {"perplexity", e.perplexity()}};
 }
 
 void print_json(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {
@@ -253,8 +252,7 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
   out << "faults\n";
   if (h.faults.empty()) out << "  none\n";
   for (const records::Fault& f : h.faults) {
-    out << "  " << f.kind << " at step " << f.step << (f.arg.empty() ? "" : " (" + f.arg + ")")
-        << '\n';
+    out << "  " << f.kind << " at step " << f.step << (f.arg.empty() ? "" : " (" + f.arg + ")") << '\n';
   }
   if (auto w = reader.tail_warning()) out << "warning: " << *w << '\n';
 
@@ -263,11 +261,18 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
     size_t width;
     bool right;
   };
-  const std::vector<Column> columns = {
-      {"step", 7, true},       {"epoch", 5, true},     {"batch", 6, true},
-      {"loss", 12, true},      {"grad_pre", 11, true}, {"grad_post", 11, true},
-      {"lr", 11, true},        {"scale", 8, true},     {"outcome", 10, false},
-      {"param", kDigestPrefix, false}, {"chain", kDigestPrefix, false}, {"step_ms", 9, true}};
+  const std::vector<Column> columns = {{"step", 7, true},
+                                       {"epoch", 5, true},
+                                       {"batch", 6, true},
+                                       {"loss", 12, true},
+                                       {"grad_pre", 11, true},
+                                       {"grad_post", 11, true},
+                                       {"lr", 11, true},
+                                       {"scale", 8, true},
+                                       {"outcome", 10, false},
+                                       {"param", kDigestPrefix, false},
+                                       {"chain", kDigestPrefix, false},
+                                       {"step_ms", 9, true}};
   auto row = [&](const std::vector<std::string>& cells) {
     for (size_t i = 0; i < cells.size(); ++i) {
       if (i > 0) out << ' ';
@@ -280,10 +285,9 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
   for (const Column& c : columns) names.push_back(c.name);
   row(names);
   for (const records::StepRecord& r : reader.steps(first, last)) {
-    row({std::to_string(r.step), std::to_string(r.epoch), std::to_string(r.batch_in_epoch),
-         fixed("%.6f", r.loss), fixed("%.4g", r.grad_norm_pre), fixed("%.4g", r.grad_norm_post),
-         fixed("%.4g", r.lr), fixed("%g", r.loss_scale), outcome_text(r),
-         r.param_digest.hex().substr(0, kDigestPrefix),
+    row({std::to_string(r.step), std::to_string(r.epoch), std::to_string(r.batch_in_epoch), fixed("%.6f", r.loss),
+         fixed("%.4g", r.grad_norm_pre), fixed("%.4g", r.grad_norm_post), fixed("%.4g", r.lr),
+         fixed("%g", r.loss_scale), outcome_text(r), r.param_digest.hex().substr(0, kDigestPrefix),
          r.chain_digest.hex().substr(0, kDigestPrefix), fixed("%.2f", r.timings.step_ms())});
   }
   std::vector<records::EvalRecord> evals = reader.evals();
@@ -294,8 +298,7 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
     if (e.language_model())
       out << ", perplexity " << fixed("%.4f", e.perplexity()) << " over " << e.tokens << " tokens (" << e.samples
           << " samples, " << e.batches << " batches)\n";
-    else
-      out << ", accuracy " << fixed("%.4f", e.accuracy) << " over " << e.samples << " samples\n";
+    else out << ", accuracy " << fixed("%.4f", e.accuracy) << " over " << e.samples << " samples\n";
   }
   std::vector<records::EventRecord> events = reader.events();
   out << "\nevents\n";
@@ -307,8 +310,7 @@ void print_table(const TraceReader& reader, uint64_t first, uint64_t last, std::
 
 }  // namespace
 
-void print_inspect(const TraceReader& reader, InspectFormat format, uint64_t first, uint64_t last,
-                   std::ostream& out) {
+void print_inspect(const TraceReader& reader, InspectFormat format, uint64_t first, uint64_t last, std::ostream& out) {
   switch (format) {
     case InspectFormat::kTable: print_table(reader, first, last, out); break;
     case InspectFormat::kJson: print_json(reader, first, last, out); break;

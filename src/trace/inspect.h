@@ -24,7 +24,6 @@ namespace retrace::trace {
 
 enum class InspectFormat { kTable, kJson, kCsv, kJsonl };
 
-void print_inspect(const TraceReader& reader, InspectFormat format, uint64_t first, uint64_t last,
-                   std::ostream& out);
+void print_inspect(const TraceReader& reader, InspectFormat format, uint64_t first, uint64_t last, std::ostream& out);
 
 }  // namespace retrace::trace

@@ -43,8 +43,8 @@ capnp::ReaderOptions reader_options(size_t n_words) {
 template <typename Root, typename Convert>
 auto parse_root(const uint64_t* words, size_t n_words, const std::string& where, Convert convert) {
   try {
-    capnp::FlatArrayMessageReader reader(
-        kj::arrayPtr(reinterpret_cast<const capnp::word*>(words), n_words), reader_options(n_words));
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(reinterpret_cast<const capnp::word*>(words), n_words),
+                                         reader_options(n_words));
     return convert(reader.getRoot<Root>());
   } catch (const kj::Exception& e) {
     RETRACE_FAIL(FormatError, "malformed record in ", where, ": ", e.getDescription().cStr(),
@@ -92,8 +92,8 @@ void serialize_header(const records::TraceHeader& h, std::string& out) {
   b.setWorldSize(h.world_size);
   b.setEffectiveBatch(h.effective_batch);
   if (!h.step_dictionary.empty())
-    b.setStepDictionary(capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(h.step_dictionary.data()),
-                                            h.step_dictionary.size()));
+    b.setStepDictionary(
+        capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(h.step_dictionary.data()), h.step_dictionary.size()));
   b.setCreatedUtc(text(h.created_utc));
   flatten(builder, out);
 }
@@ -134,8 +134,8 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
   for (size_t i = 0; i < r.rank_grad_digests.size(); ++i) set_digest(grads[i], r.rank_grad_digests[i]);
   set_digest(b.initContentDigest(), r.content_digest);
   set_digest(b.initChainDigest(), r.chain_digest);
-  const double ms[6] = {r.timings.data_ms,    r.timings.forward_ms, r.timings.backward_ms,
-                        r.timings.optimizer_ms, r.timings.trace_ms, r.timings.allreduce_ms};
+  const double ms[6] = {r.timings.data_ms,      r.timings.forward_ms, r.timings.backward_ms,
+                        r.timings.optimizer_ms, r.timings.trace_ms,   r.timings.allreduce_ms};
   uint64_t ns[6] = {};
   bool whole = true;
   for (int i = 0; i < 6; ++i) whole = whole && whole_nanoseconds(ms[i], ns[i]);
@@ -269,8 +269,8 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
     r.lr = b.getLr();
     r.loss_scale = b.getLossScale();
     wire::Outcome outcome = b.getOutcome();
-    RETRACE_CHECK(outcome == wire::Outcome::STEP || outcome == wire::Outcome::SKIP, FormatError,
-                  where, " has step outcome ", static_cast<int>(outcome),
+    RETRACE_CHECK(outcome == wire::Outcome::STEP || outcome == wire::Outcome::SKIP, FormatError, where,
+                  " has step outcome ", static_cast<int>(outcome),
                   ", which this binary does not know; read it with the retrace that wrote it");
     r.outcome = outcome == wire::Outcome::SKIP ? records::Outcome::kSkip : records::Outcome::kStep;
     r.skip_reason = str(b.getSkipReason());
@@ -305,8 +305,8 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
     if (b.hasGradDigest()) r.grad_digest = get_digest(b.getGradDigest());
     for (auto d : b.getRankRngDigests()) r.rank_rng_digests.push_back(get_digest(d));
     for (auto m : b.getModuleDigests())
-      r.module_digests.push_back({m.getModule().cStr(), get_digest(m.getParam()), get_digest(m.getGrad()),
-                                  get_digest(m.getOptim())});
+      r.module_digests.push_back(
+          {m.getModule().cStr(), get_digest(m.getParam()), get_digest(m.getGrad()), get_digest(m.getOptim())});
     return r;
   });
 }

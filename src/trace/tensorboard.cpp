@@ -199,8 +199,7 @@ class LiveSink final : public RecordSink {
       write(out);
     } catch (const std::exception& e) {
       failed_ = true;
-      std::cerr << "warning: the live TensorBoard view stops here (the run and its trace go on): " << e.what()
-                << "\n";
+      std::cerr << "warning: the live TensorBoard view stops here (the run and its trace go on): " << e.what() << "\n";
     }
   }
   void write(const std::string& bytes) { write_full(fd_.get(), bytes.data(), bytes.size(), path_); }
@@ -214,11 +213,27 @@ class LiveSink final : public RecordSink {
 }  // namespace
 
 std::vector<std::string> tensorboard_tags() {
-  return {"train/loss",        "train/learning_rate", "train/grad_norm_pre_clip", "train/grad_norm_post_clip",
-          "train/loss_scale",  "train/skipped",       "train/skip_reason",        "time/step_ms",
-          "time/data_ms",      "time/forward_ms",     "time/backward_ms",         "time/optimizer_ms",
-          "time/trace_ms",     "time/allreduce_ms",   "eval/loss",                "eval/accuracy",
-          "eval/perplexity",   "run/config",        "run/fingerprint",     "markers/KIND",             "events/KIND"};
+  return {"train/loss",
+          "train/learning_rate",
+          "train/grad_norm_pre_clip",
+          "train/grad_norm_post_clip",
+          "train/loss_scale",
+          "train/skipped",
+          "train/skip_reason",
+          "time/step_ms",
+          "time/data_ms",
+          "time/forward_ms",
+          "time/backward_ms",
+          "time/optimizer_ms",
+          "time/trace_ms",
+          "time/allreduce_ms",
+          "eval/loss",
+          "eval/accuracy",
+          "eval/perplexity",
+          "run/config",
+          "run/fingerprint",
+          "markers/KIND",
+          "events/KIND"};
 }
 
 void check_tensorboard_dir(const std::string& dir, bool fresh, bool force) {
@@ -286,8 +301,8 @@ std::unique_ptr<RecordSink> tensorboard_sink(const std::string& dir, const recor
   char host[256] = "host";
   if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
   char name[400];
-  std::snprintf(name, sizeof name, "%s%010lld.%s.%ld.retrace", kFilePrefix, static_cast<long long>(now_seconds()),
-                host, static_cast<long>(getpid()));
+  std::snprintf(name, sizeof name, "%s%010lld.%s.%ld.retrace", kFilePrefix, static_cast<long long>(now_seconds()), host,
+                static_cast<long>(getpid()));
   const std::string path = (stdfs::path(dir) / name).string();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   RETRACE_CHECK(fd >= 0, IoError, "cannot create TensorBoard event file ", path, ": ", fs::errno_text(errno),

@@ -66,28 +66,27 @@ TraceReader TraceReader::open(const std::string& path) {
     RETRACE_CHECK((kind == FrameKind::kHeader) == (f->number == 0), FormatError, path,
                   f->number == 0 ? ": trace has no header frame (the first frame, at offset "
                                  : ": a second header frame at offset ",
-                  f->offset, ", is a ", kind_name(f->header.kind),
-                  " frame); the file is not a well-formed trace");
-    r.index_.push_back(FrameIndexEntry{kind, f->header.step, f->offset, f->header.compressed_len,
-                                       f->header.raw_len});
+                  f->offset, ", is a ", kind_name(f->header.kind), " frame); the file is not a well-formed trace");
+    r.index_.push_back(FrameIndexEntry{kind, f->header.step, f->offset, f->header.compressed_len, f->header.raw_len});
   }
   r.valid_bytes_ = scanner.position();
-  RETRACE_CHECK(!r.index_.empty(), FormatError, path,
-                ": trace has no header frame (the file ends at byte ", size,
+  RETRACE_CHECK(!r.index_.empty(), FormatError, path, ": trace has no header frame (the file ends at byte ", size,
                 " before its header frame is complete)");
   if (scanner.tail_bytes() > 0) {
-    r.tail_warning_ = detail::concat(
-        "trace ", path, " ends with ", scanner.garbage_tail() ? "bytes that are not a frame" : "an incomplete frame",
-        " at offset ", scanner.position(), " (", scanner.tail_bytes(),
-        scanner.garbage_tail() ? " bytes that no complete frame follows, as a crash or power loss leaves them"
-                               : " bytes, a write cut short",
-        "); the ", r.index_.size(), " complete frames before it are used");
+    r.tail_warning_ = detail::concat("trace ", path, " ends with ",
+                                     scanner.garbage_tail() ? "bytes that are not a frame" : "an incomplete frame",
+                                     " at offset ", scanner.position(), " (", scanner.tail_bytes(),
+                                     scanner.garbage_tail()
+                                         ? " bytes that no complete frame follows, as a crash or power loss leaves them"
+                                         : " bytes, a write cut short",
+                                     "); the ", r.index_.size(), " complete frames before it are used");
   }
 
   r.load(r.index_[0]);
   r.header_ = parse_header(r.words_.data(), r.words_.size(), r.where(r.index_[0]));
   RETRACE_CHECK(r.version_ >= 2 || r.header_.step_dictionary.empty(), FormatError, "trace ", path,
-                " is format version ", r.version_, " but its header holds a step dictionary, which only "
+                " is format version ", r.version_,
+                " but its header holds a step dictionary, which only "
                 "version 2 has; the file is damaged");
   RETRACE_CHECK(r.header_.schema == records::kTraceSchema, FormatError, "trace ", path, " has schema \"",
                 r.header_.schema, "\" but this binary reads \"", records::kTraceSchema,
@@ -112,8 +111,8 @@ std::optional<std::pair<uint64_t, std::string>> TraceReader::find_chain_break() 
   Digest128 chain;
   bool block_start = false;  // after a set-aside event: the next step's chain is the moved block's
   const std::string suffix = kSetAsideSuffix;
-  const bool set_aside_file =
-      path_.size() >= suffix.size() && path_.compare(path_.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const bool set_aside_file = path_.size() >= suffix.size() &&
+                              path_.compare(path_.size() - suffix.size(), suffix.size(), suffix) == 0;
   for (const FrameIndexEntry& e : index_) {
     if (e.kind == FrameKind::kEvent && set_aside_file) {
       load(e);
@@ -123,11 +122,12 @@ std::optional<std::pair<uint64_t, std::string>> TraceReader::find_chain_break() 
     records::StepRecord r = load_step(e);
     const Digest128 content = records::content_digest(r);
     if (content != r.content_digest)
-      return std::make_pair(
-          r.step, detail::concat("trace chain broken at step ", r.step, ": ", where(e),
-                                 " does not match its own content digest (stored ", r.content_digest.hex(),
-                                 ", computed ", content.hex(), "); the record was edited after it was written. "
-                                 "Restore the trace from a copy; the frames before offset ", e.offset, " are intact"));
+      return std::make_pair(r.step, detail::concat("trace chain broken at step ", r.step, ": ", where(e),
+                                                   " does not match its own content digest (stored ",
+                                                   r.content_digest.hex(), ", computed ", content.hex(),
+                                                   "); the record was edited after it was written. "
+                                                   "Restore the trace from a copy; the frames before offset ",
+                                                   e.offset, " are intact"));
     if (block_start) {
       chain = r.chain_digest;
       block_start = false;
@@ -140,23 +140,24 @@ std::optional<std::pair<uint64_t, std::string>> TraceReader::find_chain_break() 
                                  " does not follow the step frame before it (chain digest stored ",
                                  r.chain_digest.hex(), ", expected ", expected.hex(),
                                  "); step frames were inserted, removed, duplicated or reordered. Restore the trace "
-                                 "from a copy; the frames before offset ", e.offset, " are intact"));
+                                 "from a copy; the frames before offset ",
+                                 e.offset, " are intact"));
     chain = expected;
   }
   return std::nullopt;
 }
 
 std::string TraceReader::where(const FrameIndexEntry& e) const {
-  return detail::concat(kind_name(static_cast<uint8_t>(e.kind)), " frame at offset ", e.offset,
-                        " (step ", e.step, ") of ", path_);
+  return detail::concat(kind_name(static_cast<uint8_t>(e.kind)), " frame at offset ", e.offset, " (step ", e.step,
+                        ") of ", path_);
 }
 
 void TraceReader::load(const FrameIndexEntry& e) const {
   size_t size = kFrameHeaderSize + e.compressed_len;
   if (compressed_.size() < size) compressed_.resize(size);
   size_t got = pread_full(fd_.get(), compressed_.data(), size, e.offset, path_);
-  RETRACE_CHECK(got == size, IoError, "trace ", path_, " became shorter while being read: ",
-                where(e), " is no longer complete");
+  RETRACE_CHECK(got == size, IoError, "trace ", path_, " became shorter while being read: ", where(e),
+                " is no longer complete");
   const uint8_t* p = compressed_.data();
   FrameHeader h = decode_frame_header(p);
   uint64_t sum = compute_frame_checksum(p, p + kFrameHeaderSize, e.compressed_len);
@@ -180,16 +181,14 @@ void TraceReader::load(const FrameIndexEntry& e) const {
                   "; the file is damaged");
   }
   words_.resize(e.raw_len / 8);
-  size_t n = with_dictionary
-                 ? ZSTD_decompress_usingDict(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
-                                             p + kFrameHeaderSize, e.compressed_len, header_.step_dictionary.data(),
-                                             header_.step_dictionary.size())
-                 : ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
-                                       p + kFrameHeaderSize, e.compressed_len);
-  RETRACE_CHECK(!ZSTD_isError(n), FormatError, "cannot decompress ", where(e), ": ",
-                ZSTD_getErrorName(n));
-  RETRACE_CHECK(n == e.raw_len, FormatError, where(e), " decompresses to ", n,
-                " bytes but its header says ", e.raw_len);
+  size_t n = with_dictionary ? ZSTD_decompress_usingDict(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
+                                                         p + kFrameHeaderSize, e.compressed_len,
+                                                         header_.step_dictionary.data(), header_.step_dictionary.size())
+                             : ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), words_.data(), e.raw_len,
+                                                   p + kFrameHeaderSize, e.compressed_len);
+  RETRACE_CHECK(!ZSTD_isError(n), FormatError, "cannot decompress ", where(e), ": ", ZSTD_getErrorName(n));
+  RETRACE_CHECK(n == e.raw_len, FormatError, where(e), " decompresses to ", n, " bytes but its header says ",
+                e.raw_len);
 }
 
 records::StepRecord TraceReader::load_step(const FrameIndexEntry& e) const {
@@ -210,8 +209,7 @@ std::vector<records::StepRecord> TraceReader::steps(uint64_t first, uint64_t las
 
 std::optional<records::StepRecord> TraceReader::step(uint64_t n) const {
   // The last entry with this step number is the frame written last.
-  auto it = std::upper_bound(by_step_.begin(), by_step_.end(),
-                             std::make_pair(n, std::numeric_limits<size_t>::max()));
+  auto it = std::upper_bound(by_step_.begin(), by_step_.end(), std::make_pair(n, std::numeric_limits<size_t>::max()));
   if (it == by_step_.begin() || std::prev(it)->first != n) return std::nullopt;
   return load_step(index_[std::prev(it)->second]);
 }
@@ -248,7 +246,8 @@ std::optional<Digest128> TraceReader::chain_at(uint64_t offset) const {
 
 void TraceReader::check_continues(uint64_t offset, const Digest128& chain) const {
   RETRACE_CHECK(offset <= valid_bytes_, IntegrityError, "it records trace position ", offset, ", beyond the ",
-                valid_bytes_, " bytes of complete frames in ", path_, ": the trace was cut short after this checkpoint "
+                valid_bytes_, " bytes of complete frames in ", path_,
+                ": the trace was cut short after this checkpoint "
                 "was taken");
   const std::optional<Digest128> here = chain_at(offset);
   RETRACE_CHECK(here.has_value(), IntegrityError, "it records trace position ", offset,

@@ -101,7 +101,7 @@ class TraceReader {
   uint64_t valid_bytes_ = 0;
   uint16_t version_ = 0;  // the file's format version; 2 allows step frames with the header's dictionary
   std::optional<std::string> tail_warning_;
-  void* dctx_ = nullptr;                    // ZSTD_DCtx, reused
+  void* dctx_ = nullptr;                     // ZSTD_DCtx, reused
   mutable std::vector<uint8_t> compressed_;  // reused read buffer
   mutable std::vector<uint64_t> words_;      // decompressed message, 8-byte aligned
 };

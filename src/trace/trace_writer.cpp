@@ -30,8 +30,8 @@ uint64_t header_frame_end(int fd, const std::string& path, uint64_t size, std::s
   const uint16_t version = check_file_header(fd, path, size);
   FrameScanner scanner(fd, path, kFileHeaderSize, size);
   auto first = scanner.next();
-  RETRACE_CHECK(first && first->header.kind == static_cast<uint8_t>(FrameKind::kHeader),
-                FormatError, path, ": trace has no header frame; the file is not a complete trace");
+  RETRACE_CHECK(first && first->header.kind == static_cast<uint8_t>(FrameKind::kHeader), FormatError, path,
+                ": trace has no header frame; the file is not a complete trace");
   if (step_dictionary != nullptr) {
     step_dictionary->clear();
     if (version >= 2) {
@@ -91,16 +91,15 @@ TraceWriter::~TraceWriter() {
   if (cctx_ != nullptr) ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_));
 }
 
-TraceWriter TraceWriter::create(const std::string& path, const records::TraceHeader& header,
-                                int zstd_level, uint32_t micro_batches) {
+TraceWriter TraceWriter::create(const std::string& path, const records::TraceHeader& header, int zstd_level,
+                                uint32_t micro_batches) {
   int raw_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (raw_fd < 0 && errno == EEXIST) {
     RETRACE_FAIL(IoError, "refusing to create trace ", path,
                  ": the file already exists; a trace is never overwritten. Use `resume` to "
                  "continue that run or choose a new run directory");
   }
-  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot create trace ", path, ": ",
-                fs::errno_text(errno));
+  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot create trace ", path, ": ", fs::errno_text(errno));
   TraceWriter w(path, UniqueFd(raw_fd), zstd_level, 0);
   records::TraceHeader with_dictionary = header;
   try {
@@ -123,16 +122,15 @@ TraceWriter TraceWriter::create(const std::string& path, const records::TraceHea
   return w;
 }
 
-TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
-                                const Digest128& chain, uint64_t last_step,
-                                const std::string& side_file, int zstd_level) {
+TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes, const Digest128& chain,
+                                uint64_t last_step, const std::string& side_file, int zstd_level) {
   // Never through a link: a resume writes into the run's own trace, not whatever a link points at.
   int raw_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  RETRACE_CHECK(raw_fd >= 0 || errno != ELOOP, FormatError, "trace ", path, " is a symbolic link; a resume appends "
+  RETRACE_CHECK(raw_fd >= 0 || errno != ELOOP, FormatError, "trace ", path,
+                " is a symbolic link; a resume appends "
                 "to the run directory's own trace file and does not write through links (one could point at any "
                 "file). Put the trace file itself in its place");
-  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot open trace ", path, " to resume: ",
-                fs::errno_text(errno));
+  RETRACE_CHECK(raw_fd >= 0, IoError, "cannot open trace ", path, " to resume: ", fs::errno_text(errno));
   struct stat st {};
   RETRACE_CHECK(::fstat(raw_fd, &st) == 0 && S_ISREG(st.st_mode), FormatError, "trace ", path,
                 " is not a regular file (a FIFO, socket, device or directory is in its place); restore the run's "
@@ -145,9 +143,9 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
                 " bytes long but the checkpoint says it had reached ", keep_bytes,
                 " bytes; the trace was truncated or replaced after the checkpoint was taken. "
                 "Resume from an earlier checkpoint or start a new run");
-  RETRACE_CHECK(keep_bytes >= header_end, IntegrityError, "checkpoint trace position ",
-                keep_bytes, " lies inside the header of trace ", path, " (header ends at ",
-                header_end, "); the checkpoint does not belong to this trace");
+  RETRACE_CHECK(keep_bytes >= header_end, IntegrityError, "checkpoint trace position ", keep_bytes,
+                " lies inside the header of trace ", path, " (header ends at ", header_end,
+                "); the checkpoint does not belong to this trace");
 
   if (size > keep_bytes) {
     // Check the frames written after the checkpoint before touching anything.
@@ -185,8 +183,8 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
       // chain of its first step frame continues the original trace's, not this file's.
       std::string raw;
       serialize_event(records::EventRecord{last_step, std::string(kSetAsideEvent),
-                                  detail::concat("frames after offset ", keep_bytes, " of ", path,
-                                                 ", set aside when the run resumed from step ", last_step)},
+                                           detail::concat("frames after offset ", keep_bytes, " of ", path,
+                                                          ", set aside when the run resumed from step ", last_step)},
                       raw);
       const std::string marker = encode_frame(FrameKind::kEvent, last_step, raw, zstd_level);
       write_full(side.get(), marker.data(), marker.size(), side_file);
@@ -194,13 +192,12 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes,
       fsync_fd(side.get(), side_file);
       fs::fsync_dir(parent_dir(side_file));
     }
-    RETRACE_CHECK(::ftruncate(fd.get(), static_cast<off_t>(keep_bytes)) == 0, IoError,
-                  "cannot truncate trace ", path, " to ", keep_bytes, " bytes: ",
-                  fs::errno_text(errno));
+    RETRACE_CHECK(::ftruncate(fd.get(), static_cast<off_t>(keep_bytes)) == 0, IoError, "cannot truncate trace ", path,
+                  " to ", keep_bytes, " bytes: ", fs::errno_text(errno));
     fsync_fd(fd.get(), path);
   }
-  RETRACE_CHECK(::lseek(fd.get(), static_cast<off_t>(keep_bytes), SEEK_SET) >= 0, IoError,
-                "cannot seek in trace ", path, ": ", fs::errno_text(errno));
+  RETRACE_CHECK(::lseek(fd.get(), static_cast<off_t>(keep_bytes), SEEK_SET) >= 0, IoError, "cannot seek in trace ",
+                path, ": ", fs::errno_text(errno));
   TraceWriter w(path, std::move(fd), zstd_level, keep_bytes);
   w.step_dictionary_ = std::move(step_dictionary);  // a format 1 trace goes on without one
   w.last_chain_ = chain;
@@ -237,20 +234,19 @@ void TraceWriter::append_frame(uint8_t kind, uint64_t step) {
   // A record's size follows the run's inputs (the header lists every parameter and input file):
   // too many of them is the config's matter, not a bug.
   RETRACE_CHECK(raw_.size() <= kMaxPayloadLen, ConfigError, "the trace's ", kind_name(kind), " record would be ",
-                raw_.size(), " bytes, over the frame limit of ", kMaxPayloadLen, " bytes (the header lists every "
+                raw_.size(), " bytes, over the frame limit of ", kMaxPayloadLen,
+                " bytes (the header lists every "
                 "parameter and input file of the run, a step every rank's digests); this run has too many to trace: "
                 "use fewer (or record with --set trace.enabled=false)");
   size_t bound = ZSTD_compressBound(raw_.size());
   if (frame_.size() < kFrameHeaderSize + bound) frame_.resize(kFrameHeaderSize + bound);
   const bool with_dictionary = kind == static_cast<uint8_t>(FrameKind::kStep) && !step_dictionary_.empty();
-  size_t n = with_dictionary
-                 ? ZSTD_compress_usingDict(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize, bound,
-                                           raw_.data(), raw_.size(), step_dictionary_.data(), step_dictionary_.size(),
-                                           zstd_level_)
-                 : ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize,
-                                     bound, raw_.data(), raw_.size(), zstd_level_);
-  RETRACE_CHECK(!ZSTD_isError(n), InvariantError, "zstd compression failed: ",
-                ZSTD_getErrorName(n));
+  size_t n = with_dictionary ? ZSTD_compress_usingDict(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize,
+                                                       bound, raw_.data(), raw_.size(), step_dictionary_.data(),
+                                                       step_dictionary_.size(), zstd_level_)
+                             : ZSTD_compressCCtx(static_cast<ZSTD_CCtx*>(cctx_), frame_.data() + kFrameHeaderSize,
+                                                 bound, raw_.data(), raw_.size(), zstd_level_);
+  RETRACE_CHECK(!ZSTD_isError(n), InvariantError, "zstd compression failed: ", ZSTD_getErrorName(n));
   FrameHeader h;
   h.kind = kind;
   h.flags = with_dictionary ? layout::kFlagStepDictionary : 0;
@@ -269,8 +265,8 @@ void TraceWriter::append_frame(uint8_t kind, uint64_t step) {
       if (::ftruncate(fd_.get(), static_cast<off_t>(bytes_written_)) == 0) {
         ::lseek(fd_.get(), static_cast<off_t>(bytes_written_), SEEK_SET);
       }
-      RETRACE_FAIL(IoError, "cannot append a ", kind_name(kind), " frame (step ", step, ") to ",
-                   path_, ": ", fs::errno_text(err), "; check free disk space");
+      RETRACE_FAIL(IoError, "cannot append a ", kind_name(kind), " frame (step ", step, ") to ", path_, ": ",
+                   fs::errno_text(err), "; check free disk space");
     }
     done += static_cast<size_t>(put);
   }

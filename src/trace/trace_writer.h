@@ -53,8 +53,8 @@ class TraceWriter {
   // trace that TraceReader opens. An incomplete frame at the very end (a write the crash cut
   // short, never a whole record) is not copied. Damaged frames after keep_bytes throw, and the
   // trace is left untouched.
-  static TraceWriter resume(const std::string& path, uint64_t keep_bytes, const Digest128& chain,
-                            uint64_t last_step, const std::string& side_file, int zstd_level);
+  static TraceWriter resume(const std::string& path, uint64_t keep_bytes, const Digest128& chain, uint64_t last_step,
+                            const std::string& side_file, int zstd_level);
 
   TraceWriter(TraceWriter&&) noexcept;
   TraceWriter& operator=(TraceWriter&&) noexcept;
@@ -88,13 +88,13 @@ class TraceWriter {
   std::string path_;
   UniqueFd fd_;
   int zstd_level_;
-  void* cctx_ = nullptr;  // ZSTD_CCtx, reused across frames
+  void* cctx_ = nullptr;         // ZSTD_CCtx, reused across frames
   std::string step_dictionary_;  // format 2: the header's; empty when appending to a format 1 trace
   uint64_t bytes_written_ = 0;
   Digest128 last_chain_;
   uint64_t last_step_ = 0;
-  std::string raw_;                // serialized message of the current record, reused
-  std::vector<uint8_t> frame_;     // frame header + compressed payload, reused
+  std::string raw_;             // serialized message of the current record, reused
+  std::vector<uint8_t> frame_;  // frame header + compressed payload, reused
   std::unique_ptr<RecordSink> sink_;
 };
 

@@ -29,9 +29,9 @@ namespace {
 // CPUs) and into the x86-64 baseline build (std::fma becomes a libm call there). Scaled: the
 // gradient is first multiplied by s and the product stored back, what g.mul_(s) does.
 template <bool Scaled>
-inline __attribute__((always_inline)) void update_body(float* __restrict p, float* __restrict g,
-                                                       float* __restrict m, float* __restrict v, int64_t n,
-                                                       const AdamWCoefficients c, const float s) {
+inline __attribute__((always_inline)) void update_body(float* __restrict p, float* __restrict g, float* __restrict m,
+                                                       float* __restrict v, int64_t n, const AdamWCoefficients c,
+                                                       const float s) {
   for (int64_t i = 0; i < n; ++i) {
     float gi = g[i];
     if constexpr (Scaled) {

@@ -15,12 +15,12 @@ namespace retrace::train {
 
 // The scalars of one AdamW update, rounded to float the way LibTorch's kernels round them.
 struct AdamWCoefficients {
-  float decay;                  // 1 - lr * weight_decay
+  float decay;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float sqrt_bias_correction2;  // sqrt(1 - beta2^step)
   float eps;
-  float neg_step_size;          // -lr / (1 - beta1^step)
+  float neg_step_size;  // -lr / (1 - beta1^step)
 };
 
 AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -41,9 +41,9 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 // the new p, m and v and of the gradient as used (after grad_scale), element i at global position
 // first_position + i, chunk by chunk from the cache as the lane sums are (trace.digest_version 3,
 // or 4 with mix = Mix::kHalves).
-void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c,
-                  bool allow_simd = true, LaneSums* sums = nullptr, const float* grad_scale = nullptr,
-                  uint64_t* mixed = nullptr, uint64_t first_position = 0, Mix mix = Mix::kFmix64);
+void adamw_update(float* p, float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c, bool allow_simd = true,
+                  LaneSums* sums = nullptr, const float* grad_scale = nullptr, uint64_t* mixed = nullptr,
+                  uint64_t first_position = 0, Mix mix = Mix::kFmix64);
 
 // The instruction set adamw_update runs with on this CPU: "avx2+fma" or "generic". Both give the
 // same bits (a fused multiply-add is correctly rounded in hardware and in libm).

@@ -19,12 +19,12 @@ namespace retrace::train {
 
 // Choices of the config as enums, in the order of their names in config_fields.cpp's table (the TOML
 // text keeps the names; the enums are what the code compares).
-enum class OptimizerKind : uint8_t { kAdamW, kSgd };      // optim.name: adamw | sgd
-enum class ScheduleKind : uint8_t { kCosine, kConstant };  // schedule.kind: cosine | constant
-enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };       // amp.mode: off | bf16 | fp16
-enum class ScalerMode : uint8_t { kAuto, kOn, kOff };      // amp.scaler: auto | on | off
-enum class DeviceKind : uint8_t { kCpu, kCuda };           // runtime.device: cpu | cuda
-enum class Invariance : uint8_t { kNone, kBatch };          // runtime.invariance: none | batch
+enum class OptimizerKind : uint8_t { kAdamW, kSgd };             // optim.name: adamw | sgd
+enum class ScheduleKind : uint8_t { kCosine, kConstant };        // schedule.kind: cosine | constant
+enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };             // amp.mode: off | bf16 | fp16
+enum class ScalerMode : uint8_t { kAuto, kOn, kOff };            // amp.scaler: auto | on | off
+enum class DeviceKind : uint8_t { kCpu, kCuda };                 // runtime.device: cpu | cuda
+enum class Invariance : uint8_t { kNone, kBatch };               // runtime.invariance: none | batch
 enum class ZeroReduce : uint8_t { kAllReduce, kReduceScatter };  // runtime.zero_reduce: all_reduce | reduce_scatter
 const char* optimizer_name(OptimizerKind k);
 const char* amp_name(AmpMode m);
@@ -40,27 +40,27 @@ struct DataConfig {
   // The epoch's order (data/sampler.h): a keyed bijection computed per position (feistel), or a
   // Fisher-Yates shuffle of every index (shuffle: what runs recorded before the key used).
   data::Order order = data::Order::kFeistel;
-  int64_t context = 128;        // gpt, tokens: tokens per sample
-  int64_t vocab_size = 0;       // tokens: vocabulary (0: largest token + 1)
-  double test_fraction = 0.1;   // gpt: share of the corpus held out for evaluation
+  int64_t context = 128;       // gpt, tokens: tokens per sample
+  int64_t vocab_size = 0;      // tokens: vocabulary (0: largest token + 1)
+  double test_fraction = 0.1;  // gpt: share of the corpus held out for evaluation
 };
 
 struct ModelConfig {
   // A registered model kind. Built in: mlp, gpt, torchscript (model.path names the file).
   std::string kind = "mlp";
-  std::string path;  // torchscript: the saved module
-  std::vector<int64_t> hidden = {512, 256};  // mlp
+  std::string path;                                         // torchscript: the saved module
+  std::vector<int64_t> hidden = {512, 256};                 // mlp
   model::Activation activation = model::Activation::kRelu;  // mlp
   double dropout = 0.1;
-  model::DropoutImpl dropout_impl = model::DropoutImpl::kPhilox;  // how CPU dropout masks are drawn
-  model::GeluImpl gelu_impl = model::GeluImpl::kRetrace;          // how CPU float32 GELU is computed
+  model::DropoutImpl dropout_impl = model::DropoutImpl::kPhilox;             // how CPU dropout masks are drawn
+  model::GeluImpl gelu_impl = model::GeluImpl::kRetrace;                     // how CPU float32 GELU is computed
   model::AttentionMatmul attention_matmul = model::AttentionMatmul::kLanes;  // gpt: attention's bmm
-  int64_t d_model = 128;     // gpt
-  int64_t n_layers = 8;      // gpt
-  int64_t n_heads = 4;       // gpt
-  model::CheckpointPolicy checkpoint = model::CheckpointPolicy::kNone;  // gpt activation checkpointing
-  int64_t checkpoint_every = 4;     // gpt: layers per segment with "full"
-  bool tie_embeddings = false;      // gpt: the output layer is the token embedding (no bias), as GPT-2
+  int64_t d_model = 128;                                                     // gpt
+  int64_t n_layers = 8;                                                      // gpt
+  int64_t n_heads = 4;                                                       // gpt
+  model::CheckpointPolicy checkpoint = model::CheckpointPolicy::kNone;       // gpt activation checkpointing
+  int64_t checkpoint_every = 4;                                              // gpt: layers per segment with "full"
+  bool tie_embeddings = false;  // gpt: the output layer is the token embedding (no bias), as GPT-2
 };
 
 struct OptimConfig {
@@ -83,9 +83,9 @@ struct ScheduleConfig {
 
 struct TrainConfig {
   int64_t epochs = 3;
-  int64_t steps = 0;  // 0: epochs * batches per epoch
+  int64_t steps = 0;        // 0: epochs * batches per epoch
   int64_t accum_steps = 1;  // micro-batches per optimizer step (data.batch_size each)
-  double max_norm = 1.0;  // 0 disables clipping
+  double max_norm = 1.0;    // 0 disables clipping
   // A registered loss: outputs and targets of a batch -> the sum of per-item losses (retrace
   // divides by the item count of the effective batch). Built in: cross_entropy.
   std::string loss = "cross_entropy";
@@ -95,19 +95,19 @@ struct TrainConfig {
 // batches of eval_batch_size(c) samples in the split's own order, so every evaluation of a run,
 // and of every run on the same data, sees the same samples.
 struct EvalConfig {
-  int64_t every_steps = 0;   // evaluate after every N steps (0: only at epoch ends and at the end)
-  bool each_epoch = true;    // evaluate at the end of every epoch
+  int64_t every_steps = 0;  // evaluate after every N steps (0: only at epoch ends and at the end)
+  bool each_epoch = true;   // evaluate at the end of every epoch
   // Batches evaluated (0: the whole split). -1 until the config is validated, which resolves it:
   // 20 for data.kind "tokens" (llm.c's val_max_steps), else 0.
   int64_t max_batches = -1;
-  int64_t batch_size = 0;    // samples per batch (0: data.batch_size, the training micro-batch)
+  int64_t batch_size = 0;  // samples per batch (0: data.batch_size, the training micro-batch)
   // The text named the keys these replaced, data.eval_batch_size and train.eval_each_epoch (a run
   // recorded before [eval] existed): to_toml writes those again, so its config hash stays.
   bool legacy_keys = false;
 };
 
 struct AmpConfig {
-  AmpMode mode = AmpMode::kOff;  // fp16 needs CUDA
+  AmpMode mode = AmpMode::kOff;           // fp16 needs CUDA
   ScalerMode scaler = ScalerMode::kAuto;  // auto: on for fp16 only
   double init_scale = 65536.0;
   double growth_factor = 2.0;
@@ -118,21 +118,21 @@ struct AmpConfig {
 struct GuardConfig {
   int64_t skip_window = 1000;
   double skip_warn_rate = 0.05;
-  double spike_factor = 2.0;       // 0: off
+  double spike_factor = 2.0;  // 0: off
   int64_t spike_window = 20;
   int64_t spike_skip_batches = 1;  // batches skipped after a rollback, ending at the spiking one
 };
 
 struct FaultConfig {
-  std::string inject;  // "KIND@STEP[:ARG],..." (see faults.h), as written
+  std::string inject;                  // "KIND@STEP[:ARG],..." (see faults.h), as written
   std::vector<records::Fault> parsed;  // the same, parsed once when the config is
 };
 
 struct RuntimeConfig {
   DeviceKind device = DeviceKind::kCpu;
   Numerics numerics = Numerics::kPortable;  // train/numerics.h
-  int64_t threads = 0;          // torch intra-op threads; 0 = auto (resolved and recorded)
-  int64_t blas_threads = 0;     // OpenBLAS threads; 0 = auto (portable: 2; native: the core count, at most 8)
+  int64_t threads = 0;                      // torch intra-op threads; 0 = auto (resolved and recorded)
+  int64_t blas_threads = 0;  // OpenBLAS threads; 0 = auto (portable: 2; native: the core count, at most 8)
   int64_t interop_threads = 1;
   // Threads for the GPT's elementwise work and dropout masks (model/lanes.h): 1 or 2; 0 = auto (2
   // when torch runs one intra-op thread and the machine has two cores per local rank). The bits
@@ -214,8 +214,8 @@ enum class ConfigSource { kUser, kRecorded };
 
 // Parses TOML text (`origin` names it in errors) on top of the defaults, then applies overrides
 // ("key=value", dotted keys, values in TOML syntax or bare strings), then validates.
-Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides, ConfigSource source = ConfigSource::kUser);
+Config parse_config(const std::string& toml_text, const std::string& origin, const std::vector<std::string>& overrides,
+                    ConfigSource source = ConfigSource::kUser);
 // Reads and parses a config file; IoError if it cannot be read.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    ConfigSource source = ConfigSource::kUser);

@@ -15,6 +15,8 @@ std::function<void*(Config&)> at(S Config::*section, M S::*member) {
 
 }  // namespace
 
+// The table reads as rows, one key each:
+// clang-format off
 std::vector<Field> fields() {
   using C = Config;
   std::vector<Field> f;
@@ -229,6 +231,7 @@ std::vector<Field> fields() {
                Field::Era::kSuccessor, "data.eval_batch_size"});
   return f;
 }
+// clang-format on
 
 const char* kind_name(Kind k) {
   switch (k) {

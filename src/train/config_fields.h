@@ -20,7 +20,7 @@ struct Field {
   std::string key;
   Kind kind;
   std::string help;
-  std::vector<std::string> choices;  // kChoice
+  std::vector<std::string> choices;        // kChoice
   double min = -INFINITY, max = INFINITY;  // numeric bounds, inclusive unless open
   bool min_open = false, max_open = false;
   std::function<void*(Config&)> ref;

@@ -9,10 +9,10 @@ namespace retrace::train {
 namespace {
 
 using config_detail::Field;
-using config_detail::Kind;
 using config_detail::field_text;
 using config_detail::fields;
 using config_detail::join;
+using config_detail::Kind;
 using config_detail::kind_name;
 using config_detail::number;
 
@@ -67,7 +67,8 @@ std::string config_reference() {
     }
     std::string meaning = f.help;
     if (!f.legacy.empty())
-      meaning += ". A config retrace recorded without this key reads as `" + f.legacy + "` (what retrace did before it)";
+      meaning += ". A config retrace recorded without this key reads as `" + f.legacy +
+                 "` (what retrace did before it)";
     if (f.era == Field::Era::kRetired) meaning += ". Written back only in configs that use it";
     out << "| `" << f.key << "` | " << cell(type) << " | `" << cell(field_text(f, c)) << "` | " << cell(meaning)
         << " |\n";

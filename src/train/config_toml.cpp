@@ -15,10 +15,10 @@ namespace retrace::train {
 namespace {
 
 using config_detail::Field;
-using config_detail::Kind;
 using config_detail::field_text;
 using config_detail::fields;
 using config_detail::join;
+using config_detail::Kind;
 using config_detail::kind_name;
 using config_detail::resolve_defaults;
 using config_detail::validate;
@@ -45,8 +45,8 @@ void check_range(const Field& f, double v, const std::string& where) {
   if (!(lo_ok && hi_ok) || std::isnan(v)) {
     std::ostringstream range;
     range << (f.min_open ? "(" : "[") << f.min << ", " << f.max << (f.max_open ? ")" : "]");
-    RETRACE_FAIL(ConfigError, "bad value for ", f.key, " in ", where, ": ", v, " is outside ",
-                 range.str(), " (", f.help, ")");
+    RETRACE_FAIL(ConfigError, "bad value for ", f.key, " in ", where, ": ", v, " is outside ", range.str(), " (",
+                 f.help, ")");
   }
 }
 
@@ -57,8 +57,7 @@ void assign(const Field& f, Config& c, const toml::node& node, const std::string
     std::ostringstream found;
     found << node.type();
     RETRACE_FAIL(ConfigError, "bad value for ", f.key, " in ", where, ": expected ", kind_name(f.kind),
-                 f.kind == Kind::kChoice ? " (one of " + join(f.choices) + ")" : "", ", found ",
-                 found.str());
+                 f.kind == Kind::kChoice ? " (one of " + join(f.choices) + ")" : "", ", found ", found.str());
   };
   switch (f.kind) {
     case Kind::kInt: {
@@ -118,8 +117,7 @@ void assign(const Field& f, Config& c, const toml::node& node, const std::string
 const Field& find_field(const std::vector<Field>& fs, const std::string& key, const std::string& where) {
   for (const auto& f : fs)
     if (f.key == key) return f;
-  RETRACE_FAIL(ConfigError, "unknown config key '", key, "' in ", where, "; valid keys: ",
-               valid_keys_near(fs, key));
+  RETRACE_FAIL(ConfigError, "unknown config key '", key, "' in ", where, "; valid keys: ", valid_keys_near(fs, key));
 }
 
 // The text of a TOML value as to_toml writes values ([user] keys keep it).
@@ -197,8 +195,7 @@ toml::table bare_string(const std::string& value, const std::string& ov) {
     const toml::table t = toml::parse("v = " + toml_string(value));
     const std::optional<std::string> back = t["v"].value<std::string>();
     reads_back = back && *back == value;
-  } catch (const toml::parse_error&) {
-  }
+  } catch (const toml::parse_error&) {}
   RETRACE_CHECK(reads_back, ConfigError, "--set ", ov.substr(0, ov.find('=')),
                 ": the value is not UTF-8 text; give it in UTF-8 (or quoted as a TOML string with escapes)");
   return toml::table{{"v", value}};
@@ -252,8 +249,8 @@ std::string field_text(const Field& f, Config& c) {
 
 }  // namespace config_detail
 
-Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides, ConfigSource source) {
+Config parse_config(const std::string& toml_text, const std::string& origin, const std::vector<std::string>& overrides,
+                    ConfigSource source) {
   const auto fs = fields();
   Config c;
   if (source == ConfigSource::kRecorded)
@@ -264,8 +261,8 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
     root = toml::parse(toml_text, origin);
   } catch (const toml::parse_error& e) {
     std::ostringstream msg;
-    msg << "cannot parse " << origin << " at line " << e.source().begin.line << ", column "
-        << e.source().begin.column << ": " << e.description();
+    msg << "cannot parse " << origin << " at line " << e.source().begin.line << ", column " << e.source().begin.column
+        << ": " << e.description();
     throw ConfigError(msg.str());
   }
   walk(root, "", fs, c, origin);
@@ -278,8 +275,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   }
   for (const auto& ov : overrides) {
     auto eq = ov.find('=');
-    RETRACE_CHECK(eq != std::string::npos && eq > 0, ConfigError, "--set expects key=value, got '", ov,
-                  "'");
+    RETRACE_CHECK(eq != std::string::npos && eq > 0, ConfigError, "--set expects key=value, got '", ov, "'");
     std::string key = ov.substr(0, eq), value = ov.substr(eq + 1);
     toml::table t;
     if (key.rfind("user.", 0) == 0 && key.size() > 5) {
@@ -363,8 +359,7 @@ std::map<std::string, std::string> config_entries(const std::string& toml_text) 
     if (t.empty() || t[0] == '#') continue;
     if (t.front() == '[' && t.back() == ']') {
       // "[[x]]" (arrays of tables) does not occur in resolved configs; treated like "[x]".
-      section =
-          trimmed(t.substr(t.find_first_not_of('['), t.find_last_not_of(']') - t.find_first_not_of('[') + 1));
+      section = trimmed(t.substr(t.find_first_not_of('['), t.find_last_not_of(']') - t.find_first_not_of('[') + 1));
       continue;
     }
     auto eq = t.find('=');

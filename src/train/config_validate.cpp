@@ -39,13 +39,15 @@ void validate(Config& c) {
                   "over the ranks unevenly, not into whole chunks");
   }
   RETRACE_CHECK(c.runtime.zero_stage == 0 || !c.trace.enabled || !c.trace.digests || c.trace.digest_version >= 3,
-                ConfigError, "runtime.zero_stage = 1 splits the optimizer state among the ranks, and only digests "
+                ConfigError,
+                "runtime.zero_stage = 1 splits the optimizer state among the ranks, and only digests "
                 "that add up over slices describe it: set trace.digest_version = 3 or 4 (or trace.digests = false)");
   RETRACE_CHECK(c.runtime.zero_reduce == ZeroReduce::kAllReduce || c.runtime.zero_stage == 1, ConfigError,
                 "runtime.zero_reduce = \"reduce_scatter\" gives each rank the gradients of its ZeRO range: set "
                 "runtime.zero_stage = 1 with it, or leave zero_reduce at \"all_reduce\"");
   RETRACE_CHECK(c.runtime.zero_reduce == ZeroReduce::kAllReduce || c.runtime.invariance == Invariance::kNone,
-                ConfigError, "runtime.zero_reduce = \"reduce_scatter\" is for the default mode: under "
+                ConfigError,
+                "runtime.zero_reduce = \"reduce_scatter\" is for the default mode: under "
                 "runtime.invariance = \"batch\" each rank already folds one slice of the gradients in global chunk "
                 "order (the bits of one rank); leave zero_reduce at \"all_reduce\"");
   RETRACE_CHECK(!c.model.kind.empty(), ConfigError, "bad value for model.kind: it is empty");

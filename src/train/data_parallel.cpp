@@ -67,7 +67,9 @@ StepHooks rank_hooks(RankWork& work, TrainState& s, const Policies& p) {
       return work.ranks.alltoall(to, n, work.stats);
     };
     h.after_chunk_backward = [&work, &module] { work.chunks.take(module.parameters()); };
-    h.fold_losses = [world, exchange](const std::vector<float>& mine) { return fold_chunk_losses(mine, world, exchange); };
+    h.fold_losses = [world, exchange](const std::vector<float>& mine) {
+      return fold_chunk_losses(mine, world, exchange);
+    };
     const ChunkOrder order = p.chunk_rank_sums ? ChunkOrder::kRankSums : ChunkOrder::kGlobalFold;
     h.after_last_backward = [&work, &module, rank, world, exchange, order] {
       torch::Tensor local;
@@ -85,8 +87,7 @@ StepHooks rank_hooks(RankWork& work, TrainState& s, const Policies& p) {
     work.rank_grad_digests = gather_digests(work.ranks, digest_named(grads));
     if (reduce_scatter)
       zero->reduce_scatter([&work](const torch::Tensor& rows) { return work.ranks.alltoall_rows(rows, work.stats); });
-    else
-      work.ranks.allreduce_grads(module.parameters(), bucket_bytes, work.stats);
+    else work.ranks.allreduce_grads(module.parameters(), bucket_bytes, work.stats);
   };
   if (reduce_scatter) {
     // Each rank's squared norms of its parts, one all-gather of 8 bytes per parameter (every rank

@@ -121,12 +121,16 @@ void check_device(const RuntimeConfig& runtime) {
   if (runtime.device != DeviceKind::kCuda) return;
   const CudaInfo cu = cuda_info(-1);
   RETRACE_CHECK(cu.built, ConfigError, "runtime.device = \"cuda\" but this retrace is built against LibTorch ",
-                compat::libtorch_version(), " without CUDA (Debian's LibTorch is CPU-only); use --set "
+                compat::libtorch_version(),
+                " without CUDA (Debian's LibTorch is CPU-only); use --set "
                 "runtime.device=cpu, or build against a LibTorch with CUDA (docs/gpu.md)");
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  RETRACE_CHECK(cu.devices > 0, IoError, "runtime.device = \"cuda\" but no CUDA device is visible to this process "
-                "(LibTorch ", compat::libtorch_version(), " with CUDA ", cu.runtime, ", CUDA_VISIBLE_DEVICES=",
-                visible ? visible : "(unset)", "); run on a machine with a GPU, or use --set runtime.device=cpu");
+  RETRACE_CHECK(cu.devices > 0, IoError,
+                "runtime.device = \"cuda\" but no CUDA device is visible to this process "
+                "(LibTorch ",
+                compat::libtorch_version(), " with CUDA ", cu.runtime,
+                ", CUDA_VISIBLE_DEVICES=", visible ? visible : "(unset)",
+                "); run on a machine with a GPU, or use --set runtime.device=cpu");
   const int index = cuda_index(runtime);
   RETRACE_CHECK(index < cu.devices, IoError, "this rank trains on CUDA device LOCAL_RANK=", index, " but only ",
                 cu.devices, " CUDA device(s) are visible; start at most ", cu.devices, " ranks per host");
@@ -218,8 +222,8 @@ void apply_environment(const RuntimeConfig& runtime) {
     auto check_pin = [&](const NumericsPin& pin, const std::string& have) {
       if (const char* value = std::getenv(pin.variable); value && std::strcmp(value, pin.value) != 0) return;
       if (std::string(pin.variable) == "MKL_CBWR") return;  // no getter: the variable is all there is
-      RETRACE_CHECK(lower(have) == lower(pin.value), IoError, "runtime.numerics = \"portable\" pins the ", pin.what, " to ", pin.value,
-                    " but this process runs ", have.empty() ? "an unknown one" : have,
+      RETRACE_CHECK(lower(have) == lower(pin.value), IoError, "runtime.numerics = \"portable\" pins the ", pin.what,
+                    " to ", pin.value, " but this process runs ", have.empty() ? "an unknown one" : have,
                     " (is libblas.so.3 OpenBLAS? run tools/setup.sh); use --set runtime.numerics=native to train "
                     "with what this machine has");
     };

@@ -106,7 +106,8 @@ void SpikeGuard::load_state(const std::map<std::string, std::string>& s) {
     const uint64_t bits = parse_u64_field(word, "a loss's bits in the spike guard state");
     double d;
     std::memcpy(&d, &bits, sizeof d);
-    RETRACE_CHECK(std::isfinite(d), FormatError, "spike guard state holds a non-finite loss; only finite losses are "
+    RETRACE_CHECK(std::isfinite(d), FormatError,
+                  "spike guard state holds a non-finite loss; only finite losses are "
                   "recorded");
     losses_.push_back(d);
   }

@@ -7,7 +7,7 @@
 
 namespace retrace::train {
 namespace {
-constexpr uint64_t kChunkPurpose = 0x696e7663686e6b31ull;  // "invchnk1"
+constexpr uint64_t kChunkPurpose = 0x696e7663686e6b31ull;    // "invchnk1"
 constexpr uint64_t kStepEndPurpose = 0x696e76656e643031ull;  // "invend01"
 
 }  // namespace
@@ -86,11 +86,11 @@ void ChunkGrads::reduce_into(const std::vector<torch::Tensor>& params, uint32_t 
 }
 
 float fold_chunk_losses(const std::vector<float>& mine, uint32_t world, const Exchange& exchange) {
-  torch::Tensor t = torch::from_blob(const_cast<float*>(mine.data()), {static_cast<int64_t>(mine.size())},
-                                     torch::kFloat32).clone();
-  const std::vector<torch::Tensor> parts =
-      world > 1 ? exchange(std::vector<torch::Tensor>(world, t), std::vector<int64_t>(world, t.numel()))
-                : std::vector<torch::Tensor>{t};
+  torch::Tensor t =
+      torch::from_blob(const_cast<float*>(mine.data()), {static_cast<int64_t>(mine.size())}, torch::kFloat32).clone();
+  const std::vector<torch::Tensor> parts = world > 1 ? exchange(std::vector<torch::Tensor>(world, t),
+                                                                std::vector<int64_t>(world, t.numel()))
+                                                     : std::vector<torch::Tensor>{t};
   // Float32 additions in order, as a float32 tensor sum of the chunk losses would make them.
   bool first = true;
   float acc = 0;

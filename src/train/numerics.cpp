@@ -98,8 +98,11 @@ void check_cpu(Numerics n, const CpuFeatures& cpu) {
   if (n != Numerics::kPortable || cpu.x86_64_v3) return;
   std::string missing;
   for (const auto& m : cpu.missing) missing += (missing.empty() ? "" : ", ") + m;
-  RETRACE_FAIL(IoError, "runtime.numerics = \"portable\" pins kernels for x86-64-v3 CPUs (AVX2 and FMA), but this "
-               "CPU lacks ", missing, "; train with --set runtime.numerics=native (its bits are this machine's "
+  RETRACE_FAIL(IoError,
+               "runtime.numerics = \"portable\" pins kernels for x86-64-v3 CPUs (AVX2 and FMA), but this "
+               "CPU lacks ",
+               missing,
+               "; train with --set runtime.numerics=native (its bits are this machine's "
                "and compare with other machines only within a tolerance)");
 }
 
@@ -146,14 +149,15 @@ void prepare_process(Numerics n, char** argv) {
   // Same program, same arguments; the kernel libraries now start with the pins in place. The
   // plan is ready in the new process, so this happens at most once.
   ::execv("/proc/self/exe", argv);
-  RETRACE_FAIL(IoError, "cannot re-execute /proc/self/exe to apply runtime.numerics = \"", numerics_name(n),
-               "\": ", std::strerror(errno), "; set the variables yourself before starting it (",
-               [&] {
-                 std::string s;
-                 for (const auto& [var, value] : plan.set) s += (s.empty() ? "" : " ") + var + "=" + value;
-                 return s;
-               }(),
-               ") or use runtime.numerics = \"native\"");
+  RETRACE_FAIL(
+      IoError, "cannot re-execute /proc/self/exe to apply runtime.numerics = \"", numerics_name(n),
+      "\": ", std::strerror(errno), "; set the variables yourself before starting it (",
+      [&] {
+        std::string s;
+        for (const auto& [var, value] : plan.set) s += (s.empty() ? "" : " ") + var + "=" + value;
+        return s;
+      }(),
+      ") or use runtime.numerics = \"native\"");
 }
 
 bool room_for_helper_lane(int64_t local_ranks) {
@@ -200,7 +204,8 @@ std::string describe_numerics(Numerics n, const EnvPlan& plan) {
   }
   s += ", BF16 matmuls on ATen's kernels, fixed thread counts)";
   for (const auto& [var, value] : plan.respected)
-    s += "; " + var + "=" + value + " was set in the environment and is kept: the bits are portable only among "
+    s += "; " + var + "=" + value +
+         " was set in the environment and is kept: the bits are portable only among "
          "machines with the same setting";
   return s;
 }

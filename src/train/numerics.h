@@ -82,9 +82,9 @@ void check_cpu(Numerics n, const CpuFeatures& cpu);
 
 // How the process environment must change before a run of profile `n` can start.
 struct EnvPlan {
-  std::vector<std::pair<std::string, std::string>> set;       // variable, value
-  std::vector<std::string> unset;                             // pins retrace set that native drops
-  std::vector<std::pair<std::string, std::string>> respected; // set by the user to another value
+  std::vector<std::pair<std::string, std::string>> set;        // variable, value
+  std::vector<std::string> unset;                              // pins retrace set that native drops
+  std::vector<std::pair<std::string, std::string>> respected;  // set by the user to another value
   bool ready() const { return set.empty() && unset.empty(); }
 };
 EnvPlan plan_environment(Numerics n);

@@ -49,8 +49,7 @@ class FusedAdamW final : public torch::optim::AdamW {
       if (o.amsgrad()) return hand_over(scale);
       for (auto& p : group.params()) {
         if (!p.grad().defined()) continue;
-        if (!dense_f32_cpu(p, p.numel()) || !dense_f32_cpu(p.grad(), p.numel()) ||
-            p.data_ptr() == p.grad().data_ptr())
+        if (!dense_f32_cpu(p, p.numel()) || !dense_f32_cpu(p.grad(), p.numel()) || p.data_ptr() == p.grad().data_ptr())
           return hand_over(scale);
         auto* s = static_cast<torch::optim::AdamWParamState*>(compat::find_param_state(*this, p));
         if (s && (!dense_f32_cpu(s->exp_avg(), p.numel()) || !dense_f32_cpu(s->exp_avg_sq(), p.numel())))
@@ -125,8 +124,7 @@ class FusedAdamW final : public torch::optim::AdamW {
         adamw_update(it.p.data_ptr<float>() + b, it.p.grad().data_ptr<float>() + b, s.exp_avg().data_ptr<float>() + b,
                      s.exp_avg_sq().data_ptr<float>() + b, piece.end - b, coefficients[piece.item], true,
                      keep == KeptSums::kLanes ? piece.sums : nullptr, scaled[piece.item] ? &scale_f : nullptr,
-                     mixed_keep ? piece.mixed : nullptr, first_positions[piece.item] + static_cast<uint64_t>(b),
-                     mix);
+                     mixed_keep ? piece.mixed : nullptr, first_positions[piece.item] + static_cast<uint64_t>(b), mix);
       }
     };
     if (floats >= model::kAfterBackwardLanesFrom) model::for_each_tile(static_cast<int64_t>(pieces.size()), 1, update);
@@ -228,18 +226,15 @@ class FusedAdamW final : public torch::optim::AdamW {
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
-                                                        torch::nn::Module& model) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model) {
   return make_optimizer(c, model.parameters());
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
+                                                        const std::vector<torch::Tensor>& params) {
   if (c.name == OptimizerKind::kSgd) {
     return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr)
-                                .momentum(c.momentum)
-                                .nesterov(c.nesterov)
-                                .weight_decay(c.weight_decay));
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
   }
   auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
   if (c.fused && compat::kFusedAdamWMatchesLibTorch) return std::make_unique<FusedAdamW>(params, options);
@@ -276,8 +271,7 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 
-NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                             OptimizerKind optim_name) {
+NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model, OptimizerKind optim_name) {
   NamedTensors out;
   for (const auto& item : model.named_parameters()) {
     auto* st = compat::find_param_state(opt, item.value());
@@ -323,18 +317,20 @@ void check_optimizer_state(const NamedTensors& state, const NamedTensors& parame
     const std::string param = slash == std::string::npos ? name : name.substr(0, slash);
     const std::string field = slash == std::string::npos ? std::string() : name.substr(slash + 1);
     RETRACE_CHECK(param_index.count(param) && std::find(fields.begin(), fields.end(), field) != fields.end(),
-                  FormatError, where, ": optimizer state entry \"", name, "\" is not a field of a parameter of this "
-                  "model (", optimizer_name(kind), " keeps ", fields.size() == 1 ? fields[0] : "step, exp_avg and exp_avg_sq",
+                  FormatError, where, ": optimizer state entry \"", name,
+                  "\" is not a field of a parameter of this "
+                  "model (",
+                  optimizer_name(kind), " keeps ", fields.size() == 1 ? fields[0] : "step, exp_avg and exp_avg_sq",
                   " per parameter); the checkpoint belongs to another model or optimizer, or was altered");
     RETRACE_CHECK(t.defined(), FormatError, where, ": optimizer state entry ", name, " holds no tensor");
     const torch::Tensor& p = params[param_index.at(param)];
     const int64_t part = part_length ? (*part_length)(param_index.at(param)) : -1;
     if (field == "step") {
-      RETRACE_CHECK(t.scalar_type() == torch::kInt64, FormatError, where, ": optimizer state entry ", name,
-                    " is ", c10::toString(t.scalar_type()), "; a step count is Long (int64)");
+      RETRACE_CHECK(t.scalar_type() == torch::kInt64, FormatError, where, ": optimizer state entry ", name, " is ",
+                    c10::toString(t.scalar_type()), "; a step count is Long (int64)");
       if (part == 0 && t.numel() == 0) continue;  // a ZeRO rank's: a parameter it owns nothing of
-      RETRACE_CHECK(t.dim() == 0 && t.numel() == 1, FormatError, where, ": optimizer state entry ", name,
-                    " has shape ", t.sizes(), " (", t.numel(), " elements); a step count is one number (shape [])");
+      RETRACE_CHECK(t.dim() == 0 && t.numel() == 1, FormatError, where, ": optimizer state entry ", name, " has shape ",
+                    t.sizes(), " (", t.numel(), " elements); a step count is one number (shape [])");
       const int64_t step = t.item<int64_t>();
       RETRACE_CHECK(step >= 0, FormatError, where, ": optimizer state entry ", name, " is ", step,
                     "; a step count is not negative");
@@ -360,8 +356,8 @@ void check_optimizer_state(const NamedTensors& state, const NamedTensors& parame
   }
 }
 
-void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                          OptimizerKind optim_name, const NamedTensors& state) {
+void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model, OptimizerKind optim_name,
+                          const NamedTensors& state) {
   // New state tensors: whatever sums the fused AdamW kept are of tensors that are going away.
   if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->forget_sums();
   check_optimizer_state(state, model, optim_name, "the optimizer state to load");
@@ -370,8 +366,8 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module&
     auto it = by_name.find(key);
     RETRACE_CHECK(it != by_name.end(), FormatError, "optimizer state entry ", key, " is missing");
     if (like.defined())
-      RETRACE_CHECK(it->second.sizes() == like.sizes(), FormatError, "optimizer state entry ", key,
-                    " has shape ", it->second.sizes(), ", expected ", like.sizes());
+      RETRACE_CHECK(it->second.sizes() == like.sizes(), FormatError, "optimizer state entry ", key, " has shape ",
+                    it->second.sizes(), ", expected ", like.sizes());
     return like.defined() ? it->second.to(like.device()).clone() : it->second.clone();
   };
   for (const auto& item : model.named_parameters()) {

@@ -15,8 +15,7 @@
 
 namespace retrace::train {
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
-                                                        torch::nn::Module& model);
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model);
 // The same over the given tensors (ZeRO's views of a rank's range, zero.h).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params);
 void set_lr(torch::optim::Optimizer& opt, double lr);
@@ -31,8 +30,7 @@ int64_t fused_adamw_steps(const torch::optim::Optimizer& opt);
 
 // The optimizer state as named tensors "<param>/<field>" (e.g. "layers.0.weight/exp_avg",
 // ".../step" as an int64 scalar). Parameters without state yet are absent. Order: by name.
-NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                             OptimizerKind optim_name);
+NamedTensors optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model, OptimizerKind optim_name);
 // The sums the fused AdamW takes of what its pass touches, for the trace's digests: none, the lane
 // sums (trace.digest_version 2) of each parameter, exp_avg and exp_avg_sq it wrote, or their mixed
 // sums (version 3, core/digest.h; kMixed4: version 4's mix) and the gradient's as used (after
@@ -68,7 +66,7 @@ void check_optimizer_state(const NamedTensors& state, const NamedTensors& parame
                            const std::string& where, const std::function<int64_t(size_t)>* part_length = nullptr);
 // Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
 // the first missing or mis-shaped entry.
-void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model,
-                          OptimizerKind optim_name, const NamedTensors& state);
+void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model, OptimizerKind optim_name,
+                          const NamedTensors& state);
 
 }  // namespace retrace::train

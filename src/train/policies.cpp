@@ -16,13 +16,16 @@ FaultKind kind_of(const std::string& kind) {
 }  // namespace
 
 FaultPlan::FaultPlan(const std::vector<records::Fault>& faults) {
-  for (const auto& f : faults) faults_.push_back({kind_of(f.kind), f.step, f.arg, f.kind + "@" + std::to_string(f.step)});
+  for (const auto& f : faults)
+    faults_.push_back({kind_of(f.kind), f.step, f.arg, f.kind + "@" + std::to_string(f.step)});
 }
 
-std::optional<const PlannedFault*> FaultPlan::due(FaultKind kind, uint64_t step, const std::set<std::string>& fired) const {
+std::optional<const PlannedFault*> FaultPlan::due(FaultKind kind, uint64_t step,
+                                                  const std::set<std::string>& fired) const {
   for (const auto& f : faults_) {
     if (f.kind != kind || f.step != step) continue;
-    if ((kind == FaultKind::kSpike || kind == FaultKind::kCrash || kind == FaultKind::kCrashInEval) && fired.count(f.id))
+    if ((kind == FaultKind::kSpike || kind == FaultKind::kCrash || kind == FaultKind::kCrashInEval) &&
+        fired.count(f.id))
       continue;
     return &f;
   }
@@ -48,17 +51,17 @@ bool scaler_enabled(const Config& c) {
 
 Policies make_policies(const Config& c, const Registry& registry, uint64_t total_steps) {
   Policies p{static_cast<uint64_t>(c.seed),
-                  LrSchedule(c.schedule, c.optim.lr, total_steps),
-                  c.train.max_norm,
-                  c.runtime.device == DeviceKind::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
-                  autocast_dtype(c),
-                  registry.loss(c.train.loss),
-                  c.train.accum_steps,
-                  c.optim.name,
-                  FaultPlan(c.faults.parsed),
-                  static_cast<uint64_t>(c.trace.optimizer_digest_every),
-                  static_cast<uint8_t>(c.trace.digest_version),
-                  c.runtime.invariance == Invariance::kBatch ? c.runtime.invariance_chunk : 0};
+             LrSchedule(c.schedule, c.optim.lr, total_steps),
+             c.train.max_norm,
+             c.runtime.device == DeviceKind::kCuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+             autocast_dtype(c),
+             registry.loss(c.train.loss),
+             c.train.accum_steps,
+             c.optim.name,
+             FaultPlan(c.faults.parsed),
+             static_cast<uint64_t>(c.trace.optimizer_digest_every),
+             static_cast<uint8_t>(c.trace.digest_version),
+             c.runtime.invariance == Invariance::kBatch ? c.runtime.invariance_chunk : 0};
   p.bucket_bytes = static_cast<uint64_t>(c.runtime.bucket_mb * 1024 * 1024);
   p.zero_reduce_scatter = c.runtime.zero_reduce == ZeroReduce::kReduceScatter;
   return p;

@@ -51,7 +51,7 @@ struct Policies {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   FaultPlan faults;
   uint64_t optimizer_digest_every = 1;
-  uint8_t digest_version = 2;  // trace.digest_version
+  uint8_t digest_version = 2;    // trace.digest_version
   int64_t invariance_chunk = 0;  // runtime.invariance = "batch": samples per chunk (0: not invariant)
   // Data parallelism (data_parallel.h): the gradient buckets' size (runtime.bucket_mb) and ZeRO's
   // reduce-scatter of the gradients (runtime.zero_reduce).

@@ -46,8 +46,7 @@ std::string module_type_of(const torch::nn::Module& model, const std::string& mo
 }
 
 StepProbe::StepProbe() {
-  callback_handle_ = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(on_op_start, on_op_end).needsOutputs(true));
+  callback_handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(on_op_start, on_op_end).needsOutputs(true));
   t_probe = this;
 }
 

@@ -24,13 +24,13 @@ struct ProbeEntry {
   std::string module_type;  // e.g. Linear
   std::string what;         // "output", "weight", "grad of weight", ...
   Digest128 digest;
-  torch::Tensor value;      // CPU copy, for the report's detail
+  torch::Tensor value;  // CPU copy, for the report's detail
 };
 
 struct OpEntry {
   std::string phase;
   std::string module;
-  std::string op;  // e.g. aten::addmm
+  std::string op;      // e.g. aten::addmm
   uint64_t index = 0;  // position among the ops of its phase and module
   Digest128 digest;    // of every tensor output, in order
 };

@@ -36,8 +36,8 @@ void add(std::map<std::string, T>& m, const char* what, const std::string& name,
 template <typename T>
 const T& find(const std::map<std::string, T>& m, const char* key, const std::string& name, const char* how) {
   auto it = m.find(name);
-  RETRACE_CHECK(it != m.end(), ConfigError, "bad value for ", key, ": \"", name, "\" is not registered; registered: ",
-                names_of(m), ". ", how);
+  RETRACE_CHECK(it != m.end(), ConfigError, "bad value for ", key, ": \"", name,
+                "\" is not registered; registered: ", names_of(m), ". ", how);
   return it->second;
 }
 
@@ -120,9 +120,9 @@ data::Dataset load_text(const Config& config) {
 }  // namespace
 
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
 }
 
 Registry Registry::builtin() {
@@ -133,9 +133,8 @@ Registry Registry::builtin() {
   r.add_data("fashion-mnist", [](const Config& c) { return data::load_fashion_mnist(c.data.dir); });
   r.add_data("text", load_text);
   r.add_data("tensors", [](const Config& c) { return data::load_tensor_dir(c.data.dir); });
-  r.add_data("tokens", [](const Config& c) {
-    return data::load_token_files(c.data.dir, c.data.context, c.data.vocab_size);
-  });
+  r.add_data("tokens",
+             [](const Config& c) { return data::load_token_files(c.data.dir, c.data.context, c.data.vocab_size); });
   r.add_loss("cross_entropy", cross_entropy_sum);
   return r;
 }
@@ -145,14 +144,18 @@ const Registry& builtin_registry() {
   return r;
 }
 
-void Registry::add_model(const std::string& kind, ModelFactory factory) { add(models_, "model", kind, std::move(factory)); }
+void Registry::add_model(const std::string& kind, ModelFactory factory) {
+  add(models_, "model", kind, std::move(factory));
+}
 void Registry::add_data(const std::string& kind, DataFactory factory) {
   RETRACE_CHECK(kind != "auto", ConfigError, "cannot register a data set called \"auto\": the name is reserved");
   add(data_, "data set", kind, std::move(factory));
 }
 void Registry::add_loss(const std::string& name, LossFn loss) { add(losses_, "loss", name, std::move(loss)); }
 
-const ModelFactory& Registry::model(const std::string& kind) const { return find(models_, "model.kind", kind, kHowModel); }
+const ModelFactory& Registry::model(const std::string& kind) const {
+  return find(models_, "model.kind", kind, kHowModel);
+}
 const DataFactory& Registry::data(const std::string& kind) const { return find(data_, "data.kind", kind, kHowData); }
 const LossFn& Registry::loss(const std::string& name) const { return find(losses_, "train.loss", name, kHowLoss); }
 
@@ -175,8 +178,8 @@ data::Dataset Registry::load_data(const Config& config) const {
   RETRACE_CHECK(d.train.size() > 0, ConfigError, "data set ", data_kind(config), " (", config.data.dir,
                 ") has no training samples");
   RETRACE_CHECK(d.train.source || (d.train.inputs.defined() && d.train.inputs.size(0) == d.train.size()), ConfigError,
-                "data set ", data_kind(config), " (", config.data.dir, "): ",
-                d.train.inputs.defined() ? d.train.inputs.size(0) : 0, " training inputs but ", d.train.size(),
+                "data set ", data_kind(config), " (", config.data.dir,
+                "): ", d.train.inputs.defined() ? d.train.inputs.size(0) : 0, " training inputs but ", d.train.size(),
                 " targets; every sample needs both");
   RETRACE_CHECK(d.test.source || !d.test.targets.defined() ||
                     (d.test.inputs.defined() && d.test.inputs.size(0) == d.test.size()),
@@ -189,8 +192,10 @@ void check_state_dtypes(const torch::nn::Module& module, const std::string& mode
   auto stored = [&](const std::string& name, const torch::Tensor& t) {
     if (!t.defined()) return;
     RETRACE_CHECK(safetensors::dtype_of(t.scalar_type()).has_value(), ConfigError, "model tensor ", name, " is ",
-                  t.scalar_type(), ", a dtype retrace cannot checkpoint or digest (it stores F64, F32, F16, BF16, "
-                  "I64, I32, I16, I8, U8 and BOOL)", model_path.empty() ? "" : " (model.path = " + model_path + ")",
+                  t.scalar_type(),
+                  ", a dtype retrace cannot checkpoint or digest (it stores F64, F32, F16, BF16, "
+                  "I64, I32, I16, I8, U8 and BOOL)",
+                  model_path.empty() ? "" : " (model.path = " + model_path + ")",
                   "; convert the model's tensors to one of these before saving it");
   };
   for (const auto& item : module.named_parameters()) stored(item.key(), item.value());
@@ -243,7 +248,8 @@ void check_model_fits(const Config& config, const model::ModelHandle& model, con
   model.module->train(was_training);
   rng::restore_torch(saved, cuda_index(config.runtime));
   RETRACE_CHECK(failure.empty(), ConfigError, "model.kind = \"", config.model.kind, "\" does not fit ",
-                data.description, ": ", failure, ". Check the model's input and output sizes against the data "
+                data.description, ": ", failure,
+                ". Check the model's input and output sizes against the data "
                 "set and train.loss");
 }
 

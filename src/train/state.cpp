@@ -35,8 +35,7 @@ std::vector<records::ParamInfo> param_info(const NamedTensors& tensors) {
 NamedTensors model_state(const TrainState& s) { return module_tensors(*s.model.module); }
 
 int cuda_index(const torch::nn::Module& module) {
-  for (const auto& p : module.parameters())
-    return p.is_cuda() ? static_cast<int>(p.device().index()) : -1;
+  for (const auto& p : module.parameters()) return p.is_cuda() ? static_cast<int>(p.device().index()) : -1;
   return -1;
 }
 
@@ -54,7 +53,8 @@ std::map<std::string, std::string> policy_state(const TrainState& st) {
   for (auto& kv : st.spike_guard.state()) s.insert(kv);
   std::string fired, aside;
   for (const auto& f : st.fired) fired += (fired.empty() ? "" : ",") + f;
-  for (const auto& [e, b] : st.set_aside) aside += (aside.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(b);
+  for (const auto& [e, b] : st.set_aside)
+    aside += (aside.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(b);
   s["faults.fired"] = fired;
   s["data.set_aside"] = aside;
   return s;
@@ -101,10 +101,10 @@ void check_model_state(const NamedTensors& model, const NamedTensors& state, con
     auto it = by_name.find(name);
     RETRACE_CHECK(it != by_name.end(), FormatError, where, ": model tensor ", name, " is missing from the checkpoint");
     const torch::Tensor& got = it->second;
-    RETRACE_CHECK(got.defined() && got.sizes() == t.sizes() && got.scalar_type() == t.scalar_type(), FormatError,
-                  where, ": model tensor ", name, " has shape ", got.defined() ? c10::str(got.sizes()) : "[]", " ",
-                  got.defined() ? c10::toString(got.scalar_type()) : "undefined", " in the checkpoint, the model expects ",
-                  t.sizes(), " ", c10::toString(t.scalar_type()));
+    RETRACE_CHECK(got.defined() && got.sizes() == t.sizes() && got.scalar_type() == t.scalar_type(), FormatError, where,
+                  ": model tensor ", name, " has shape ", got.defined() ? c10::str(got.sizes()) : "[]", " ",
+                  got.defined() ? c10::toString(got.scalar_type()) : "undefined",
+                  " in the checkpoint, the model expects ", t.sizes(), " ", c10::toString(t.scalar_type()));
   }
 }
 

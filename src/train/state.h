@@ -34,7 +34,7 @@ struct TrainState {
   std::set<std::pair<uint64_t, uint64_t>> set_aside;  // (epoch, batch_in_epoch) skipped after a rollback
   uint64_t step = 0;                                  // completed (applied or skipped) steps
   uint64_t samples_seen = 0;
-  data::Cursor cursor;                                // the next batch
+  data::Cursor cursor;  // the next batch
   // runtime.zero_stage = 1: this rank's range of the parameters, over whose views the optimizer
   // was built (zero.h); null otherwise.
   std::shared_ptr<ZeroShard> zero;

@@ -22,9 +22,7 @@
 namespace retrace::train {
 namespace {
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 // The defined gradients of params.
 std::vector<torch::Tensor> gradients(const std::vector<torch::Tensor>& params) {

@@ -78,12 +78,12 @@ struct StepPolicy {
 
 struct StepFaults {
   bool nan_loss = false;
-  double loss_factor = 1.0;                 // spike fault
-  std::optional<std::string> inf_grad;      // parameter name
+  double loss_factor = 1.0;             // spike fault
+  std::optional<std::string> inf_grad;  // parameter name
 };
 
 struct StepResult {
-  float loss = 0;                 // mean over the effective batch (float32, as computed)
+  float loss = 0;                    // mean over the effective batch (float32, as computed)
   std::vector<double> micro_losses;  // mean loss of each micro-batch
   std::vector<uint32_t> micro_sizes;
   double grad_norm_pre = 0;

@@ -54,7 +54,8 @@ StepFaults faults_for(TrainState& s, const Policies& p, uint64_t step, Events& e
   if (auto spike = p.faults.due(FaultKind::kSpike, step, s.fired)) {
     f.loss_factor = (*spike)->arg.empty() ? 10.0 : *parse_finite_double((*spike)->arg);  // checked by parse_faults
     s.fired.insert((*spike)->id);
-    events.emplace_back("fault", "injected spike x" + std::to_string(f.loss_factor) + " at step " + std::to_string(step));
+    events.emplace_back("fault",
+                        "injected spike x" + std::to_string(f.loss_factor) + " at step " + std::to_string(step));
   }
   if (auto inf = p.faults.due(FaultKind::kInfGrad, step, s.fired)) {
     std::string arg = (*inf)->arg;
@@ -183,9 +184,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
     auto t = Clock::now();
     const DigestKind kind = digest_kind_of(p.digest_version);
     // The fused AdamW summed what it wrote (optimizer.h): those tensors are not read again.
-    const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) {
-      return fused_sums(*s.optimizer, t, out);
-    };
+    const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) { return fused_sums(*s.optimizer, t, out); };
     // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
     // zero in between.
     const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;

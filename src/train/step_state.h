@@ -28,9 +28,9 @@ struct Batch {
   data::Cursor next;             // the cursor after it
   std::vector<int64_t> indices;  // sample indices, in order
   torch::Tensor inputs, targets;
-  uint64_t global_samples = 0;   // samples of the effective batch over all ranks (0: this rank's)
-  uint64_t global_offset = 0;    // where this rank's samples start in the global batch
-  double data_ms = 0;            // time taken to gather it
+  uint64_t global_samples = 0;  // samples of the effective batch over all ranks (0: this rank's)
+  uint64_t global_offset = 0;   // where this rank's samples start in the global batch
+  double data_ms = 0;           // time taken to gather it
 };
 
 struct StepOutput {

@@ -47,13 +47,14 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
       rank_(ranks ? ranks->rank() : 0),
       world_size_(ranks ? ranks->world_size() : 1),
       sampler_(static_cast<uint64_t>(config.seed), static_cast<uint64_t>(data.train.size()),
-               static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), config.data.last_batch,
-               rank_, world_size_, config.data.order),
+               static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), config.data.last_batch, rank_,
+               world_size_, config.data.order),
       total_steps_(total_steps_for(config, sampler_.batches_per_epoch())),
       policies_(make_policies(config, registry, total_steps_)),
       state_(initial_state(config, data, registry)) {
   check_model_fits(config, state_.model, policies_.loss, data);
-  if (rank_ > 0) rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
+  if (rank_ > 0)
+    rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
   // The optimizer was built on the CPU parameters; moving the module moves them in place.
   state_.model.module->to(device());
   if (config.runtime.zero_stage == 1) {
@@ -66,9 +67,9 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
   }
   // The digests' sums taken inside the fused AdamW's pass (optimizer.h).
   const bool digests = config.trace.enabled && config.trace.digests;
-  keep_sums(*state_.optimizer, !digests                         ? KeptSums::kNone
-                               : policies_.digest_version >= 4 ? KeptSums::kMixed4
-                               : policies_.digest_version == 3 ? KeptSums::kMixed
+  keep_sums(*state_.optimizer, !digests                                        ? KeptSums::kNone
+                               : policies_.digest_version >= 4                 ? KeptSums::kMixed4
+                               : policies_.digest_version == 3                 ? KeptSums::kMixed
                                : policies_.digest_version == 2 && !state_.zero ? KeptSums::kLanes
                                                                                : KeptSums::kNone);
   for (const auto& f : policies_.faults.faults()) {
@@ -157,7 +158,8 @@ records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_
   state_.model.module->train();
   records::EvalRecord e;
   e.step = state_.step;
-  e.epoch = state_.cursor.batch_in_epoch == 0 && state_.cursor.epoch > 0 ? state_.cursor.epoch - 1 : state_.cursor.epoch;
+  e.epoch = state_.cursor.batch_in_epoch == 0 && state_.cursor.epoch > 0 ? state_.cursor.epoch - 1
+                                                                         : state_.cursor.epoch;
   e.samples = static_cast<uint64_t>(plan.samples);
   e.loss = items ? loss_sum / static_cast<double>(items) : 0;
   e.accuracy = items ? static_cast<double>(correct) / static_cast<double>(items) : 0;
@@ -173,7 +175,8 @@ NamedTensors Trainer::optimizer_state(std::vector<SliceOf>* slices) {
   if (slices) slices->clear();
   if (!state_.zero) return train::optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name);
   std::vector<SliceOf> mine;
-  NamedTensors out = zero_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.optim.name, mine);
+  NamedTensors out = zero_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.optim.name,
+                                          mine);
   if (slices) *slices = std::move(mine);
   return out;
 }
@@ -199,8 +202,8 @@ void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t
 }
 
 void Trainer::load_optimizer_state(const NamedTensors& state) {
-  if (state_.zero) return zero_load_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module,
-                                                    config_.optim.name, state);
+  if (state_.zero)
+    return zero_load_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.optim.name, state);
   train::load_optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name, state);
 }
 

@@ -43,8 +43,8 @@ ZeroShard::ZeroShard(std::vector<torch::Tensor> params, uint32_t rank, uint32_t 
   for (const auto& p : params_) {
     RETRACE_CHECK(p.is_contiguous() && p.scalar_type() == params_.front().scalar_type(), ConfigError,
                   "runtime.zero_stage = 1 needs contiguous parameters of one dtype; this model has a ",
-                  c10::toString(p.scalar_type()), " parameter of shape ", p.sizes(),
-                  " besides ", c10::toString(params_.front().scalar_type()), "; use runtime.zero_stage = 0");
+                  c10::toString(p.scalar_type()), " parameter of shape ", p.sizes(), " besides ",
+                  c10::toString(params_.front().scalar_type()), "; use runtime.zero_stage = 0");
     offsets_.push_back(numels.empty() ? 0 : offsets_.back() + numels.back());
     numels.push_back(p.numel());
   }
@@ -54,7 +54,8 @@ ZeroShard::ZeroShard(std::vector<torch::Tensor> params, uint32_t rank, uint32_t 
     padded_ = std::max(padded_, bounds_[r + 1] - bounds_[r]);
     std::vector<Part>& out = parts_.emplace_back();
     for (size_t i = 0; i < params_.size(); ++i) {
-      const int64_t b = std::max(bounds_[r], offsets_[i]), e = std::min(bounds_[r + 1], offsets_[i] + params_[i].numel());
+      const int64_t b = std::max(bounds_[r], offsets_[i]),
+                    e = std::min(bounds_[r + 1], offsets_[i] + params_[i].numel());
       if (b < e) out.push_back({i, b - offsets_[i], e - offsets_[i]});
     }
   }
@@ -169,11 +170,8 @@ std::vector<double> ZeroShard::grad_square_norms() const {
     // order is pinned with the CPU capability (train/numerics.h).
     double square = 0;
     for (int64_t b = part.begin; b < part.end; b += kGatherWindow) {
-      const double norm = g.view({-1})
-                              .narrow(0, b, std::min(kGatherWindow, part.end - b))
-                              .to(torch::kDouble)
-                              .norm(2)
-                              .item<double>();
+      const double norm =
+          g.view({-1}).narrow(0, b, std::min(kGatherWindow, part.end - b)).to(torch::kDouble).norm(2).item<double>();
       square += norm * norm;
     }
     out[part.param] = square;

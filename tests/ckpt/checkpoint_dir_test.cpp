@@ -181,7 +181,7 @@ TEST(CheckpointDir, RotationKeepsFiveAndRemovesLeftovers) {
   for (uint64_t s = 1; s <= 7; ++s) save_checkpoint(root, s, 2, 256);
   // Leftovers of interrupted saves: an older dir without manifest, .tmp files, and a newer
   // manifest-less dir that rotation must leave alone (it may be a save in progress).
-  stdfs::create_directories(tmp.file("step-00000005x"));  // not a step dir: ignored
+  stdfs::create_directories(tmp.file("step-00000005x"));     // not a step dir: ignored
   const std::string torn = prepare_checkpoint_dir(root, 6);  // re-save of 6 that never commits
   write_all(torn + "/shard-rank00000.safetensors.tmp", "partial");
   write_all(tmp.file("LATEST.tmp"), "x");
@@ -330,9 +330,9 @@ TEST(Rotation, NeverRemovesWhatItCannotProveItsOwn) {
   const std::string root = tmp.path();
   for (uint64_t s = 1; s <= 4; ++s) save_checkpoint(root, s, 1, 256);
   reseal_manifest(root + "/step-00000001", [](nlohmann::json& j) { j["schema"] = "ckpt.v4"; });  // a newer retrace's
-  write_all(root + "/step-00000002/manifest.json", "{\"damaged\": true}");                        // checksum fails
+  write_all(root + "/step-00000002/manifest.json", "{\"damaged\": true}");                       // checksum fails
   stdfs::remove(root + "/step-00000003/manifest.json");                                          // no manifest ...
-  write_all(root + "/step-00000003/notes.txt", "my notes");                                      // ... and a user's file
+  write_all(root + "/step-00000003/notes.txt", "my notes");  // ... and a user's file
   RotationReport r;
   Manifest m;
   save_checkpoint(root, 5, 1, 256, /*keep_last=*/1);
@@ -341,7 +341,8 @@ TEST(Rotation, NeverRemovesWhatItCannotProveItsOwn) {
   EXPECT_EQ(read_all(root + "/step-00000003/notes.txt"), "my notes");
   ASSERT_EQ(r.left.size(), 3u);
   std::map<std::string, std::string> why(r.left.begin(), r.left.end());
-  EXPECT_NE(why[root + "/step-00000001"].find("unknown schema \"ckpt.v4\""), std::string::npos) << why[root + "/step-00000001"];
+  EXPECT_NE(why[root + "/step-00000001"].find("unknown schema \"ckpt.v4\""), std::string::npos)
+      << why[root + "/step-00000001"];
   EXPECT_NE(why[root + "/step-00000003"].find("notes.txt"), std::string::npos);
 }
 

@@ -54,7 +54,8 @@ std::string save_checkpoint(const std::string& root, uint64_t step, uint32_t wor
         {"model.bias", "F32", {4, 4}, data[1].data(), small},
         {"counters", "I64", {4}, data[2].data(), counters},
     };
-    ShardFileInfo info = write_shard(dir + "/" + shard_file_name(r), shard_metadata(step, r, world_size), views, faults);
+    ShardFileInfo info = write_shard(dir + "/" + shard_file_name(r), shard_metadata(step, r, world_size), views,
+                                     faults);
     m.shards.push_back({r, info.file, info.size, info.sha256});
   }
   return commit_checkpoint(root, m, keep_last);
@@ -69,7 +70,8 @@ std::string check_checkpoint_content(const std::string& dir, const Manifest& m) 
       if (!e) return "rank " + std::to_string(s.rank) + " has no " + names[i];
       auto want = pattern_bytes(m.step, s.rank, i, e->nbytes);
       if (std::memcmp(shard.data(*e), want.data(), want.size()) != 0)
-        return "rank " + std::to_string(s.rank) + " tensor " + names[i] + " differs from step " + std::to_string(m.step);
+        return "rank " + std::to_string(s.rank) + " tensor " + names[i] + " differs from step " +
+               std::to_string(m.step);
     }
   }
   return {};
@@ -83,8 +85,8 @@ void write_all(const std::string& path, const std::string& bytes) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
-std::string write_sharded(const std::string& root, uint64_t step, uint32_t world, const std::vector<TensorLayout>& tensors,
-                          const std::vector<std::vector<char>>& values) {
+std::string write_sharded(const std::string& root, uint64_t step, uint32_t world,
+                          const std::vector<TensorLayout>& tensors, const std::vector<std::vector<char>>& values) {
   const auto split = split_among_ranks(tensors, world);
   const std::string dir = prepare_checkpoint_dir(root, step);
   Manifest m;
@@ -116,7 +118,8 @@ std::string write_sharded(const std::string& root, uint64_t step, uint32_t world
 
 std::vector<std::vector<char>> read_sharded(const std::string& dir, uint32_t own, std::string* rng) {
   const Manifest m = verify_checkpoint(dir, std::nullopt, kEveryShard);
-  return gather_pieces(dir, m, [](const TensorLayout&) { return true; }, own, rng);
+  return gather_pieces(
+      dir, m, [](const TensorLayout&) { return true; }, own, rng);
 }
 
 }  // namespace retrace::ckpt::testing

@@ -32,8 +32,8 @@ std::string check_checkpoint_content(const std::string& dir, const Manifest& m);
 // out: `tensors` (name, dtype, shape) with the bytes `values` split among `world` ranks
 // (split_among_ranks), each rank's shard with its pieces and a "rng/state" of "rng of rank R".
 // Returns the step directory.
-std::string write_sharded(const std::string& root, uint64_t step, uint32_t world, const std::vector<TensorLayout>& tensors,
-                          const std::vector<std::vector<char>>& values);
+std::string write_sharded(const std::string& root, uint64_t step, uint32_t world,
+                          const std::vector<TensorLayout>& tensors, const std::vector<std::vector<char>>& values);
 
 // Every tensor of a ckpt.v3 checkpoint gathered from its pieces (read_pieces), in table order;
 // `rng` (if given) receives rank `own`'s rng/state.

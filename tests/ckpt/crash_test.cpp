@@ -86,7 +86,8 @@ TEST(CrashConsistency, SigkillDuringSavesNeverYieldsATornCheckpoint) {
     ++picked;
     total_skipped += int(pick->skipped.size());
     EXPECT_EQ(pick->manifest.step, newest_committed) << "seed " << seed;
-    EXPECT_EQ(testing::check_checkpoint_content(pick->dir, pick->manifest), "") << "trial " << trial << ", seed " << seed;
+    EXPECT_EQ(testing::check_checkpoint_content(pick->dir, pick->manifest), "")
+        << "trial " << trial << ", seed " << seed;
     for (const auto& [dir, why] : pick->skipped)
       EXPECT_EQ(why.rfind("no manifest: ", 0), 0u) << dir << ": " << why << " (seed " << seed << ")";
   }

@@ -206,9 +206,14 @@ void write_v0_fixture(const std::string& root) {
                                      {{"w", "F32", {2, 2}, w, 16}, {"count", "I64", {}, &count, 8}});
     shards.push_back({{"rank", r}, {"file", info.file}, {"size", info.size}, {"sha256", info.sha256}});
   }
-  json j = {{"schema", "ckpt.v0"}, {"global_step", 3},          {"world_size", 2},
-            {"config_hash", "v0-fixture"}, {"versions", {{"retrace", "0.0.1"}}}, {"trace_position", 30},
-            {"shards", shards},           {"extra", json::object()}};
+  json j = {{"schema", "ckpt.v0"},
+            {"global_step", 3},
+            {"world_size", 2},
+            {"config_hash", "v0-fixture"},
+            {"versions", {{"retrace", "0.0.1"}}},
+            {"trace_position", 30},
+            {"shards", shards},
+            {"extra", json::object()}};
   testing::write_all(dir + "/manifest.json", signed_text(j) + "\n");
   testing::write_all(root + "/LATEST", "step-00000003\n");
 }

@@ -26,8 +26,11 @@ using testing::TempDir;
 using testing::write_all;
 
 std::vector<TensorLayout> sample_tensors() {
-  return {{"model/w", "F32", {4, 8}, {}}, {"model/b", "F16", {5}, {}}, {"optim/w/exp_avg", "F64", {3, 3}, {}},
-          {"model/scalar", "F32", {}, {}}, {"model/empty", "F32", {0, 4}, {}}};
+  return {{"model/w", "F32", {4, 8}, {}},
+          {"model/b", "F16", {5}, {}},
+          {"optim/w/exp_avg", "F64", {3, 3}, {}},
+          {"model/scalar", "F32", {}, {}},
+          {"model/empty", "F32", {0, 4}, {}}};
 }
 
 uint64_t bytes_of(const TensorLayout& t) { return t.numel() * *dtype_size(t.dtype); }
@@ -126,13 +129,17 @@ TEST(Pieces, EveryRankWritesItsRangeAndTheTensorsComeBackWhole) {
     // that many, from whichever pieces overlap it; every element position tried at the edges.
     for (size_t i = 0; i < m.tensors.size(); ++i) {
       const uint64_t n = m.tensors[i].numel(), size = bytes_of(m.tensors[i]) / std::max<uint64_t>(n, 1);
-      for (const auto& [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{{0, n}, {n / 3, n / 3 + (n + 1) / 2},
-                                                                                  {n > 0 ? n - 1 : 0, n}, {0, 1 % (n + 1)}}) {
+      for (const auto& [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{{0, n},
+                                                                                  {n / 3, n / 3 + (n + 1) / 2},
+                                                                                  {n > 0 ? n - 1 : 0, n},
+                                                                                  {0, 1 % (n + 1)}}) {
         std::vector<char> part((last - first) * size, 0);
         read_pieces(
             w.dir, m, [&](const TensorLayout& t) { return &t == &m.tensors[i]; },
             [&](size_t) { return static_cast<void*>(part.data()); }, 0, [](const ShardData&) {},
-            [&](size_t) { return std::pair<uint64_t, uint64_t>{first, last}; });
+            [&](size_t) {
+              return std::pair<uint64_t, uint64_t>{first, last};
+            });
         EXPECT_EQ(part, std::vector<char>(w.values[i].begin() + static_cast<int64_t>(first * size),
                                           w.values[i].begin() + static_cast<int64_t>(last * size)))
             << m.tensors[i].name << " [" << first << ", " << last << ") at world " << world;
@@ -289,63 +296,80 @@ TEST(Pieces, BadTablesAndFilesAreClearErrorsNamingFileAndRange) {
     EXPECT_NE(e.find(words), std::string::npos) << what << ": " << e;
   };
   // model/w has 32 elements, split between the two ranks.
-  expect("a range missing from every file", [](nlohmann::json& j) { pieces_of(j, "model/w").erase(1); },
-         "format error", "are in no shard (a range missing from every file)");
-  expect("overlapping ranges", [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["begin"] = 1; },
-         "format error", "overlaps the one before it");
-  expect("a range beyond its tensor", [](nlohmann::json& j) { pieces_of(j, "model/w").back()["end"] = 33; },
-         "format error", "beyond the tensor's 32 elements");
-  expect("a range on a rank the world does not have", [](nlohmann::json& j) { pieces_of(j, "model/w")[0]["rank"] = 2; },
-         "format error", "the limit is 1");
+  expect(
+      "a range missing from every file", [](nlohmann::json& j) { pieces_of(j, "model/w").erase(1); }, "format error",
+      "are in no shard (a range missing from every file)");
+  expect(
+      "overlapping ranges", [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["begin"] = 1; }, "format error",
+      "overlaps the one before it");
+  expect(
+      "a range beyond its tensor", [](nlohmann::json& j) { pieces_of(j, "model/w").back()["end"] = 33; },
+      "format error", "beyond the tensor's 32 elements");
+  expect(
+      "a range on a rank the world does not have", [](nlohmann::json& j) { pieces_of(j, "model/w")[0]["rank"] = 2; },
+      "format error", "the limit is 1");
   // The table agrees with itself but not with the files: the other rank's range, a wrong dtype.
-  expect("a piece the file does not hold at that length",
-         [](nlohmann::json& j) {
-           auto& p = pieces_of(j, "model/w");
-           p[0]["end"] = p[0]["end"].get<uint64_t>() - 1;
-           p[1]["begin"] = p[1]["begin"].get<uint64_t>() - 1;
-         },
-         "integrity error", "model/w elements [");
-  expect("a file holding the range in another dtype",
-         [](nlohmann::json& j) {
-           for (auto& t : j["tensors"])
-             if (t["name"] == "model/w") t["dtype"] = "I32";
-         },
-         "integrity error", "should be");
+  expect(
+      "a piece the file does not hold at that length",
+      [](nlohmann::json& j) {
+        auto& p = pieces_of(j, "model/w");
+        p[0]["end"] = p[0]["end"].get<uint64_t>() - 1;
+        p[1]["begin"] = p[1]["begin"].get<uint64_t>() - 1;
+      },
+      "integrity error", "model/w elements [");
+  expect(
+      "a file holding the range in another dtype",
+      [](nlohmann::json& j) {
+        for (auto& t : j["tensors"])
+          if (t["name"] == "model/w") t["dtype"] = "I32";
+      },
+      "integrity error", "should be");
   const std::string any_xxh3(32, '0');
-  expect("a tensor no file holds",
-         [&](nlohmann::json& j) {
-           j["tensors"].push_back({{"name", "model/ghost"}, {"dtype", "F32"}, {"shape", {2}},
-                                   {"pieces", {{{"rank", 0}, {"begin", 0}, {"end", 2}, {"offset", 8},
-                                                {"xxh3", any_xxh3}}}}});
-         },
-         "integrity error", "lacks elements [0, 2) of model/ghost");
+  expect(
+      "a tensor no file holds",
+      [&](nlohmann::json& j) {
+        j["tensors"].push_back(
+            {{"name", "model/ghost"},
+             {"dtype", "F32"},
+             {"shape", {2}},
+             {"pieces", {{{"rank", 0}, {"begin", 0}, {"end", 2}, {"offset", 8}, {"xxh3", any_xxh3}}}}});
+      },
+      "integrity error", "lacks elements [0, 2) of model/ghost");
   // In another rank's shard, read by range: the bytes at the offset are not the piece's.
-  expect("a tensor no file holds, in a shard read by range",
-         [&](nlohmann::json& j) {
-           j["tensors"].push_back({{"name", "model/ghost"}, {"dtype", "F32"}, {"shape", {2}},
-                                   {"pieces", {{{"rank", 1}, {"begin", 0}, {"end", 2}, {"offset", 8},
-                                                {"xxh3", any_xxh3}}}}});
-         },
-         "integrity error", "shard-rank00001.safetensors: model/ghost elements [0, 2) (bytes [8, 16)) have xxh3");
-  expect("a piece whose offset moved",
-         [](nlohmann::json& j) {
-           auto& p = pieces_of(j, "model/w")[1];
-           p["offset"] = p["offset"].get<uint64_t>() + 4;
-         },
-         "integrity error", "have xxh3");
-  expect("a piece whose offset moved, in the shard parsed whole",
-         [](nlohmann::json& j) {
-           auto& p = pieces_of(j, "model/w")[0];
-           p["offset"] = p["offset"].get<uint64_t>() + 4;
-         },
-         "integrity error", "the manifest records");
-  expect("a piece past the end of its file",
-         [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["offset"] = uint64_t{1} << 40; },
-         "format error", "bytes at offset 1099511627776 of shard-rank00001.safetensors");
-  expect("a piece without its hash", [](nlohmann::json& j) { pieces_of(j, "model/w")[1].erase("xxh3"); },
-         "format error", "a piece must be an object of rank, begin, end, offset, xxh3");
-  expect("a hash that is not hex", [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["xxh3"] = "xyz"; },
-         "format error", "expected 32 lowercase hex digits");
+  expect(
+      "a tensor no file holds, in a shard read by range",
+      [&](nlohmann::json& j) {
+        j["tensors"].push_back(
+            {{"name", "model/ghost"},
+             {"dtype", "F32"},
+             {"shape", {2}},
+             {"pieces", {{{"rank", 1}, {"begin", 0}, {"end", 2}, {"offset", 8}, {"xxh3", any_xxh3}}}}});
+      },
+      "integrity error", "shard-rank00001.safetensors: model/ghost elements [0, 2) (bytes [8, 16)) have xxh3");
+  expect(
+      "a piece whose offset moved",
+      [](nlohmann::json& j) {
+        auto& p = pieces_of(j, "model/w")[1];
+        p["offset"] = p["offset"].get<uint64_t>() + 4;
+      },
+      "integrity error", "have xxh3");
+  expect(
+      "a piece whose offset moved, in the shard parsed whole",
+      [](nlohmann::json& j) {
+        auto& p = pieces_of(j, "model/w")[0];
+        p["offset"] = p["offset"].get<uint64_t>() + 4;
+      },
+      "integrity error", "the manifest records");
+  expect(
+      "a piece past the end of its file",
+      [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["offset"] = uint64_t{1} << 40; }, "format error",
+      "bytes at offset 1099511627776 of shard-rank00001.safetensors");
+  expect(
+      "a piece without its hash", [](nlohmann::json& j) { pieces_of(j, "model/w")[1].erase("xxh3"); }, "format error",
+      "a piece must be an object of rank, begin, end, offset, xxh3");
+  expect(
+      "a hash that is not hex", [](nlohmann::json& j) { pieces_of(j, "model/w")[1]["xxh3"] = "xyz"; }, "format error",
+      "expected 32 lowercase hex digits");
   // A file from another step: its metadata says so (and its sha256 is not the manifest's).
   write_all(w.dir + "/manifest.json", good);
   TempDir other;

@@ -29,7 +29,9 @@ std::string le64_bytes(uint64_t n) {
 }
 
 // A shard file from a header text and a data section, as a hostile writer would make it.
-std::string raw_shard(const std::string& header, const std::string& data) { return le64_bytes(header.size()) + header + data; }
+std::string raw_shard(const std::string& header, const std::string& data) {
+  return le64_bytes(header.size()) + header + data;
+}
 
 struct Sample {
   std::vector<float> w{1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
@@ -149,13 +151,18 @@ TEST(Shard, ReaderRejectsHostileHeaders) {
   expect_format_error(le64_bytes(100) + "{}", "the file is truncated");
   expect_format_error(raw_shard("[1]", ""), "'{'");
   expect_format_error(raw_shard("{\"a\":1", ""), "not valid JSON");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", d8),
-                      "duplicate key \"t\"");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", d8), "unknown dtype \"Q4\"");
+  expect_format_error(
+      raw_shard(
+          R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+          d8),
+      "duplicate key \"t\"");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", d8),
+                      "unknown dtype \"Q4\"");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8), "non-negative");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", d8), "non-negative");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8), "needs 12 bytes");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d8), "reach past the data section");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d8),
+                      "reach past the data section");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", d8),
                       "more elements than fit in int64");
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,8]}})", d8),
@@ -165,16 +172,25 @@ TEST(Shard, ReaderRejectsHostileHeaders) {
   expect_format_error(raw_shard(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", ""),
                       "a zero dim does not make it valid");
   EXPECT_EQ(parse_shard(raw_shard(R"({"t":{"dtype":"F32","shape":[0,4294967296],"data_offsets":[0,0]}})", ""), "z")
-                .tensors.at(0).nbytes, 0u);
+                .tensors.at(0)
+                .nbytes,
+            0u);
   expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8), "expected 0");
-  expect_format_error(raw_shard(R"({"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", d8),
-                      "expected 6");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", d8), "longer than its header says");
+  expect_format_error(
+      raw_shard(
+          R"({"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+          d8),
+      "expected 6");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", d8),
+                      "longer than its header says");
   expect_format_error(raw_shard(R"({"__metadata__":{"a":1}})", ""), "metadata \"a\" must be a string");
   expect_format_error(raw_shard(R"({"__metadata__":[]})", ""), "must be an object");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"x":1}})", d8), "unexpected key \"x\"");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[8],"data_offsets":[8,0]}})", d8), "end before they begin");
-  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[[[[[[[[[[1]]]]]]]]]],"data_offsets":[0,8]}})", d8), "nests deeper");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"x":1}})", d8),
+                      "unexpected key \"x\"");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[8],"data_offsets":[8,0]}})", d8),
+                      "end before they begin");
+  expect_format_error(raw_shard(R"({"t":{"dtype":"U8","shape":[[[[[[[[[[1]]]]]]]]]],"data_offsets":[0,8]}})", d8),
+                      "nests deeper");
 }
 
 TEST(Shard, EmptyShardIsValid) {

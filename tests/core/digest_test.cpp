@@ -119,8 +119,9 @@ TEST(Digest, MixedSumsAreTheirDefinition) {
 // lo(x) * hi(x) + x, all modulo 2^64.
 TEST(Digest, HalvesMixIsItsDefinition) {
   auto definition = [](uint64_t p, uint64_t w) {
-    const unsigned __int128 x = (static_cast<unsigned __int128>(w) + (static_cast<unsigned __int128>(p) + 1) *
-                                                                         0x9E3779B97F4A7C15ull) & ~uint64_t{0};
+    const unsigned __int128 x = (static_cast<unsigned __int128>(w) +
+                                 (static_cast<unsigned __int128>(p) + 1) * 0x9E3779B97F4A7C15ull) &
+                                ~uint64_t{0};
     const uint64_t x64 = static_cast<uint64_t>(x), lo = x64 & 0xffffffffull, hi = x64 >> 32;
     return static_cast<uint64_t>(static_cast<unsigned __int128>(lo) * hi + x64);
   };
@@ -151,8 +152,7 @@ TEST(Digest, MixedSumsOfEveryBuildAgree) {
           for (Mix mix : {Mix::kFmix64, Mix::kHalves})
             EXPECT_EQ(mixed_sum(bytes.data() + offset, size, count, first, mix),
                       mixed_sum_baseline(bytes.data() + offset, size, count, first, mix))
-                << size << " bytes x " << count << " from " << first << " at offset " << offset << " mix "
-                << int(mix);
+                << size << " bytes x " << count << " from " << first << " at offset " << offset << " mix " << int(mix);
 }
 
 class MixedSums : public ::testing::TestWithParam<Mix> {};
@@ -297,8 +297,8 @@ TEST(ParseNumber, DecimalDigitsOnlyWithinRange) {
   EXPECT_EQ(parse_decimal_u64("0"), 0u);
   EXPECT_EQ(parse_decimal_u64("18446744073709551615"), UINT64_MAX);
   EXPECT_EQ(parse_decimal_u64("007"), 7u);
-  for (const char* bad : {"", "-1", "+1", " 7", "7 ", "1e3", "a:b", "0x10", "18446744073709551616",
-                          "99999999999999999999999", "1.0"})
+  for (const char* bad :
+       {"", "-1", "+1", " 7", "7 ", "1e3", "a:b", "0x10", "18446744073709551616", "99999999999999999999999", "1.0"})
     EXPECT_FALSE(parse_decimal_u64(bad).has_value()) << bad;
   EXPECT_EQ(parse_u64_field("41", "the field"), 41u);
   EXPECT_THROW(parse_u64_field("42", "the field", 41), FormatError);
@@ -315,11 +315,10 @@ TEST(ParseNumber, DigestHexIsExactly32HexDigits) {
   const Digest128 d{0x0123456789abcdefull, 0xfedcba9876543210ull};
   EXPECT_EQ(parse_digest_hex(d.hex(), "here", "chain"), d);
   EXPECT_EQ(parse_digest_hex("0123456789ABCDEFFEDCBA9876543210", "here", "chain"), d);
-  for (const std::string& bad : std::vector<std::string>{std::string(31, '0'), std::string(33, '0'),
-                                                          "-123456789abcdeffedcba9876543210",
-                                                          "0x23456789abcdeffedcba9876543210",
-                                                          "0123456789abcdefzzzzzzzzzzzzzzzz",
-                                                          " 123456789abcdeffedcba9876543210"})
+  for (const std::string& bad :
+       std::vector<std::string>{std::string(31, '0'), std::string(33, '0'), "-123456789abcdeffedcba9876543210",
+                                "0x23456789abcdeffedcba9876543210", "0123456789abcdefzzzzzzzzzzzzzzzz",
+                                " 123456789abcdeffedcba9876543210"})
     EXPECT_THROW(parse_digest_hex(bad, "here", "chain"), FormatError) << bad;
 }
 

@@ -24,8 +24,9 @@ namespace {
 
 using testing::TempDir;
 
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "expected \"" << (needle) << "\" in: " << (haystack)
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "expected \"" << (needle) << "\" in: " << (haystack)
 
 void put_i32(std::string& out, size_t at, int32_t v) {
   const auto u = static_cast<uint32_t>(v);

@@ -24,9 +24,9 @@ namespace {
 namespace st = ::retrace::safetensors;
 using testing::TempDir;
 
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "expected \"" << (needle) << "\" in: " << (haystack)
-
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "expected \"" << (needle) << "\" in: " << (haystack)
 
 // ---------------------------------------------------------------------------------------------
 // Tensor directories
@@ -92,8 +92,8 @@ TEST(TensorFiles, ConvertsFloatDtypesToFloat32) {
   TempDir dir;
   const torch::Tensor x = torch::tensor({0.5f, -1.25f, 2.0f, 3.5f, 0.0f, 1.0f}).reshape({3, 1, 2});
   write_split(dir.file("train.safetensors"), x.to(torch::kHalf), "F16", torch::tensor({1, 0, 1}, torch::kUInt8), "U8");
-  write_split(dir.file("test.safetensors"), x.slice(0, 0, 1).to(torch::kHalf), "F16",
-              torch::tensor({0}, torch::kInt16), "I16");
+  write_split(dir.file("test.safetensors"), x.slice(0, 0, 1).to(torch::kHalf), "F16", torch::tensor({0}, torch::kInt16),
+              "I16");
   const Dataset d = load_tensor_dir(dir.path());
   EXPECT_EQ(d.train.inputs.scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::equal(d.train.inputs, x));  // these values are exact in float16

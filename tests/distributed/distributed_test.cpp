@@ -34,7 +34,8 @@ TEST(Dist, TwoRanksSyncOnlyOnTheLastMicroBatch) {
   testing::TempDir tmp;
   ASSERT_EQ(run_binary("record --world-size 2 --steps 6 --out " + tmp.file("a1") + kCommon), 0);
   ASSERT_EQ(run_binary("record --world-size 2 --steps 6 --out " + tmp.file("a4") + kCommon +
-                "--set train.accum_steps=4 --set data.batch_size=32"), 0);
+                       "--set train.accum_steps=4 --set data.batch_size=32"),
+            0);
   auto s1 = steps_of(tmp.file("a1")), s4 = steps_of(tmp.file("a4"));
   ASSERT_EQ(s1.size(), 6u);
   ASSERT_EQ(s4.size(), 6u);
@@ -73,7 +74,8 @@ TEST(Dist, FourRanksOfEightEqualOneRankOfThirtyTwo) {
     std::map<std::string, torch::Tensor> out;
     for (size_t i = 0; i < m.tensors.size(); ++i)
       if (is_model(m.tensors[i]))
-        out[m.tensors[i].name] = torch::from_blob((*bytes)[i].data(), m.tensors[i].shape, [bytes](void*) {}, torch::kFloat32);
+        out[m.tensors[i].name] = torch::from_blob((*bytes)[i].data(), m.tensors[i].shape, [bytes](void*) {},
+                                                  torch::kFloat32);
     return out;
   };
   const auto m4 = model_of(tmp.file("w4/checkpoints/step-00000010"));
@@ -92,13 +94,18 @@ TEST(Dist, FourRanksOfEightEqualOneRankOfThirtyTwo) {
   // whatever a gradient's size, so an element's last-bit difference becomes a relative one:
   // measured 1.2e-5 on data.order = "feistel"'s batches, under 1e-5 on the "shuffle" order's.
   EXPECT_LE(worst, 3e-5);
-  std::printf("world 4 x micro 8 vs world 1 x micro 32 after 10 steps: max relative parameter difference %.3g\n", worst);
+  std::printf("world 4 x micro 8 vs world 1 x micro 32 after 10 steps: max relative parameter difference %.3g\n",
+              worst);
 }
 
 TEST(Dist, FourRankResumeVerifiedAndWorldSizeMismatch) {
   testing::TempDir tmp;
   std::string out;
-  ASSERT_EQ(run_binary("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out " + tmp.file("demo") + kCommon, &out), 0) << out;
+  ASSERT_EQ(run_binary("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out " +
+                           tmp.file("demo") + kCommon,
+                       &out),
+            0)
+      << out;
   EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
   EXPECT_NE(out.find("bitwise: yes"), std::string::npos) << out;
   EXPECT_EQ(run_binary("resume " + tmp.file("demo/resumed") + " --world-size 2 --plain", &out), 3) << out;
@@ -114,23 +121,25 @@ TEST(Dist, InvariantLayoutsOverGlooGiveTheSameBits) {
   const std::string cfg = kCommon + "--steps 8 --set runtime.invariance=batch ";
   ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
   ASSERT_EQ(run_binary("record --world-size 2 --out " + tmp.file("w2") + cfg +
-                       "--set data.batch_size=8 --set train.accum_steps=2"), 0);
+                       "--set data.batch_size=8 --set train.accum_steps=2"),
+            0);
   ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("w4") + cfg + "--set data.batch_size=8"), 0);
   const auto w1 = steps_of(tmp.file("w1"));
   ASSERT_EQ(w1.size(), 8u);
   for (const char* other : {"w2", "w4"}) {
     const auto rep = replay::compare_steps(w1, steps_of(tmp.file(other)), replay::CompareMode::kLayout);
     EXPECT_TRUE(rep.equal()) << other << ": "
-                             << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
-                                                : "steps missing");
+                             << (rep.first_diff
+                                     ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                     : "steps missing");
     EXPECT_EQ(rep.compared, 8u);
   }
   // The control: the same layouts without invariance (Gloo's ring all-reduce, per-rank masks).
   const std::string plain = kCommon + "--steps 8 ";
   ASSERT_EQ(run_binary("record --out " + tmp.file("n1") + plain + "--set data.batch_size=32"), 0);
   ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("n4") + plain + "--set data.batch_size=8"), 0);
-  EXPECT_FALSE(replay::compare_steps(steps_of(tmp.file("n1")), steps_of(tmp.file("n4")), replay::CompareMode::kLayout)
-                   .equal());
+  EXPECT_FALSE(
+      replay::compare_steps(steps_of(tmp.file("n1")), steps_of(tmp.file("n4")), replay::CompareMode::kLayout).equal());
 }
 
 // Elastic resume: a 4-rank invariant run checkpointed at step 10 continues on 2 ranks and on 1
@@ -140,15 +149,19 @@ TEST(Dist, InvariantFourRankCheckpointResumesOnTwoAndOneRankVerified) {
   for (const char* to : {"2", "1"}) {
     std::string out;
     const std::string dir = tmp.file(std::string("to") + to);
-    ASSERT_EQ(run_binary("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --resume-world-size " +
-                             std::string(to) + " --out " + dir + kCommon +
-                             "--set runtime.invariance=batch --set data.batch_size=8",
-                         &out), 0) << out;
+    ASSERT_EQ(
+        run_binary("record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --resume-world-size " +
+                       std::string(to) + " --out " + dir + kCommon +
+                       "--set runtime.invariance=batch --set data.batch_size=8",
+                   &out),
+        0)
+        << out;
     EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
     EXPECT_NE(out.find("bitwise: yes (resharded"), std::string::npos) << out;
-    EXPECT_NE(out.find("resharded from 4 ranks x data.batch_size 8 to " + std::string(to) + " ranks x data.batch_size " +
-                       std::to_string(32 / std::stoi(to))),
-              std::string::npos) << out;
+    EXPECT_NE(out.find("resharded from 4 ranks x data.batch_size 8 to " + std::string(to) +
+                       " ranks x data.batch_size " + std::to_string(32 / std::stoi(to))),
+              std::string::npos)
+        << out;
   }
 }
 
@@ -190,7 +203,9 @@ TEST(Dist, FourRanksWriteOneCopyOfTheStateSplitEvenly) {
   std::string out;
   ASSERT_EQ(run_binary("record --total-steps 12 --checkpoint-at 6 --verify-resume --resume-world-size 4 --out " +
                            tmp.file("up") + kCommon + "--set runtime.invariance=batch --set data.batch_size=32",
-                       &out), 0) << out;
+                       &out),
+            0)
+      << out;
   EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
 }
 
@@ -206,7 +221,8 @@ TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
   const std::string dir = tmp.file("old/checkpoints/step-00000006");
   const ckpt::Manifest m = ckpt::verify_checkpoint(dir, 2u, ckpt::kEveryShard);
   ASSERT_FALSE(m.tensors.empty());
-  const std::vector<std::vector<char>> whole = ckpt::gather_pieces(dir, m, [](const ckpt::TensorLayout&) { return true; });
+  const std::vector<std::vector<char>> whole = ckpt::gather_pieces(dir, m,
+                                                                   [](const ckpt::TensorLayout&) { return true; });
   std::ifstream in(dir + "/manifest.json");
   auto j = nlohmann::json::parse(in);
   j.erase("tensors");
@@ -218,7 +234,8 @@ TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
     for (size_t i = 0; i < m.tensors.size(); ++i)
       views.push_back({m.tensors[i].name, m.tensors[i].dtype, m.tensors[i].shape, whole[i].data(), whole[i].size()});
     for (const auto& e : own.tensors)
-      if (e.name.find("rng/state") != std::string::npos) views.push_back({e.name, e.dtype, e.shape, own.data(e), e.nbytes});
+      if (e.name.find("rng/state") != std::string::npos)
+        views.push_back({e.name, e.dtype, e.shape, own.data(e), e.nbytes});
     auto meta = own.metadata;
     meta["schema"] = "ckpt.v1";
     const auto info = ckpt::write_shard(dir + "/" + ckpt::shard_file_name(r), meta, views);
@@ -233,9 +250,11 @@ TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
   EXPECT_TRUE(old.tensors.empty());
   std::string out;
   ASSERT_EQ(run_binary("resume " + tmp.file("old") + " --world-size 2 --plain", &out), 0) << out;
-  const auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("old")), replay::CompareMode::kBitwise);
-  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
-                                              : "steps missing");
+  const auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("old")),
+                                         replay::CompareMode::kBitwise);
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff
+                                   ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                   : "steps missing");
   EXPECT_EQ(rep.compared, 12u);
 }
 
@@ -244,7 +263,8 @@ TEST(Dist, FullCopyCheckpointsOfEarlierVersionsStillResume) {
 TEST(Dist, OneRankCheckpointIsCheckedAgainstItsTable) {
   testing::TempDir tmp;
   ASSERT_EQ(run_binary("record --total-steps 8 --interrupt-at 4 --set checkpoint.every_steps=4 --out " + tmp.file("r") +
-                       kCommon), 0);
+                       kCommon),
+            0);
   const std::string dir = tmp.file("r/checkpoints/step-00000004");
   std::ifstream in(dir + "/manifest.json");
   auto j = nlohmann::json::parse(in);
@@ -268,7 +288,8 @@ TEST(Dist, OneRankCheckpointIsCheckedAgainstItsTable) {
 // 2 ranks, VERIFIED.
 TEST(Dist, ZeroOneAtFourAndEightRanksGivesTheOneRankTrace) {
   testing::TempDir tmp;
-  const std::string cfg = kCommon + "--set checkpoint.every_steps=6 --set runtime.invariance=batch "
+  const std::string cfg = kCommon +
+                          "--set checkpoint.every_steps=6 --set runtime.invariance=batch "
                           "--set runtime.invariance_chunk=4 --set trace.digest_version=3 ";
   ASSERT_EQ(run_binary("record --steps 6 --out " + tmp.file("w1") + cfg + "--set data.batch_size=32"), 0);
   const auto w1 = steps_of(tmp.file("w1"));
@@ -277,12 +298,16 @@ TEST(Dist, ZeroOneAtFourAndEightRanksGivesTheOneRankTrace) {
     const std::string dir = tmp.file(std::string("z") + world);
     std::string out;
     ASSERT_EQ(run_binary(std::string("record --steps 6 --world-size ") + world + " --out " + dir + cfg +
-                             "--set runtime.zero_stage=1 --set data.batch_size=" + std::to_string(32 / std::stoi(world)),
-                         &out), 0) << out;
+                             "--set runtime.zero_stage=1 --set data.batch_size=" +
+                             std::to_string(32 / std::stoi(world)),
+                         &out),
+              0)
+        << out;
     const auto rep = replay::compare_steps(w1, steps_of(dir), replay::CompareMode::kLayout);
     EXPECT_TRUE(rep.equal()) << world << " ranks: "
-                             << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
-                                                : "steps missing");
+                             << (rep.first_diff
+                                     ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                     : "steps missing");
     EXPECT_EQ(rep.compared, 6u);
     // Each rank's shard holds its own range of the optimizer state: a partition, about 1/N each.
     const ckpt::Manifest m = ckpt::verify_checkpoint(dir + "/checkpoints/step-00000006", std::nullopt);
@@ -306,8 +331,11 @@ TEST(Dist, ZeroOneAtFourAndEightRanksGivesTheOneRankTrace) {
   // The 4-rank ZeRO checkpoint resumes on 2 ranks (reshard), bitwise.
   std::string out;
   ASSERT_EQ(run_binary("record --world-size 4 --total-steps 8 --checkpoint-at 4 --verify-resume --resume-world-size 2 "
-                       "--out " + tmp.file("re") + cfg + "--set runtime.zero_stage=1 --set data.batch_size=8",
-                       &out), 0) << out;
+                       "--out " +
+                           tmp.file("re") + cfg + "--set runtime.zero_stage=1 --set data.batch_size=8",
+                       &out),
+            0)
+      << out;
   EXPECT_NE(out.find("RESUME VERIFIED"), std::string::npos) << out;
 }
 
@@ -317,16 +345,23 @@ TEST(Dist, ZeroOneAtFourAndEightRanksGivesTheOneRankTrace) {
 TEST(Dist, ZeroOneWithDigestVersionFourGivesTheOneRankTrace) {
   testing::TempDir tmp;
   const std::string cfg = kCommon + "--steps 4 --set runtime.invariance=batch --set runtime.invariance_chunk=4 ";
-  ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg + "--set data.batch_size=32 --set trace.digest_version=4"), 0);
+  ASSERT_EQ(run_binary("record --out " + tmp.file("w1") + cfg +
+                       "--set data.batch_size=32 --set trace.digest_version=4"),
+            0);
   std::string out;
   ASSERT_EQ(run_binary("record --world-size 4 --out " + tmp.file("z4") + cfg +
-                           "--set data.batch_size=8 --set runtime.zero_stage=1 --set trace.digest_version=4", &out), 0)
+                           "--set data.batch_size=8 --set runtime.zero_stage=1 --set trace.digest_version=4",
+                       &out),
+            0)
       << out;
-  ASSERT_EQ(run_binary("record --out " + tmp.file("v3") + cfg + "--set data.batch_size=32 --set trace.digest_version=3"), 0);
+  ASSERT_EQ(run_binary("record --out " + tmp.file("v3") + cfg +
+                       "--set data.batch_size=32 --set trace.digest_version=3"),
+            0);
   const auto w1 = steps_of(tmp.file("w1")), z4 = steps_of(tmp.file("z4")), v3 = steps_of(tmp.file("v3"));
   const auto rep = replay::compare_steps(w1, z4, replay::CompareMode::kLayout);
-  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
-                                              : "steps missing");
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff
+                                   ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                   : "steps missing");
   EXPECT_EQ(rep.compared, 4u);
   ASSERT_EQ(v3.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
@@ -344,7 +379,8 @@ TEST(Dist, ZeroOneWithDigestVersionFourGivesTheOneRankTrace) {
 // and asking for it without ZeRO or under invariance are config errors, exit 2.
 TEST(Dist, ZeroReduceScatterIsDeterministicAndWithinRoundingOfStageZero) {
   testing::TempDir tmp;
-  const std::string cfg = kCommon + "--world-size 4 --total-steps 6 --set checkpoint.every_steps=3 "
+  const std::string cfg = kCommon +
+                          "--world-size 4 --total-steps 6 --set checkpoint.every_steps=3 "
                           "--set trace.digest_version=4 --set data.batch_size=8 --set train.max_norm=0.5 ";
   const std::string rs = "--set runtime.zero_stage=1 --set runtime.zero_reduce=reduce_scatter ";
   ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + cfg), 0);
@@ -377,17 +413,16 @@ TEST(Dist, ZeroReduceScatterIsDeterministicAndWithinRoundingOfStageZero) {
   ASSERT_EQ(run_binary("resume " + tmp.file("k") + " --world-size 4 --plain", &out), 0) << out;
   const auto resumed = replay::compare_steps(a, steps_of(tmp.file("k")), replay::CompareMode::kBitwise);
   EXPECT_TRUE(resumed.equal()) << (resumed.first_diff ? resumed.first_diff->field + " at step " +
-                                                           std::to_string(resumed.first_diff->step)
-                                                     : std::string("steps missing"));
+                                                            std::to_string(resumed.first_diff->step)
+                                                      : std::string("steps missing"));
   EXPECT_EQ(resumed.compared, 6u);
   ASSERT_EQ(run_binary("record --interrupt-at 3 --out " + tmp.file("k0") + cfg + rs, &out), 0) << out;
   EXPECT_EQ(run_binary("resume " + tmp.file("k0") + " --world-size 4 --zero-stage 0 --plain", &out), 2) << out;
   EXPECT_NE(out.find("Resume without --zero-stage"), std::string::npos) << out;
-  EXPECT_EQ(run_binary("record --out " + tmp.file("c1") + cfg + "--set runtime.zero_reduce=reduce_scatter", &out),
-            2) << out;
+  EXPECT_EQ(run_binary("record --out " + tmp.file("c1") + cfg + "--set runtime.zero_reduce=reduce_scatter", &out), 2)
+      << out;
   EXPECT_NE(out.find("set runtime.zero_stage = 1 with it"), std::string::npos) << out;
-  EXPECT_EQ(run_binary("record --out " + tmp.file("c2") + cfg + rs + "--set runtime.invariance=batch", &out),
-            2) << out;
+  EXPECT_EQ(run_binary("record --out " + tmp.file("c2") + cfg + rs + "--set runtime.invariance=batch", &out), 2) << out;
   EXPECT_NE(out.find("is for the default mode"), std::string::npos) << out;
 }
 
@@ -397,7 +432,8 @@ TEST(Dist, ZeroReduceScatterIsDeterministicAndWithinRoundingOfStageZero) {
 // whose digests cannot describe sharded state (version 2) is refused ZeRO at resume, exit 2.
 TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
   testing::TempDir tmp;
-  const std::string cfg = kCommon + "--world-size 4 --total-steps 6 --set checkpoint.every_steps=3 "
+  const std::string cfg = kCommon +
+                          "--world-size 4 --total-steps 6 --set checkpoint.every_steps=3 "
                           "--set trace.digest_version=3 --set data.batch_size=8 ";
   ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + cfg), 0);
   const auto ref = steps_of(tmp.file("ref"));
@@ -414,14 +450,16 @@ TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
     EXPECT_EQ(toml.find("zero_stage = 1") != std::string::npos, std::string(to) == "1") << toml;
     const auto rep = replay::compare_steps(ref, steps_of(dir), replay::CompareMode::kBitwise);
     EXPECT_TRUE(rep.equal()) << from << " -> " << to << ": "
-                             << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
-                                                : "steps missing");
+                             << (rep.first_diff
+                                     ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                     : "steps missing");
     EXPECT_EQ(rep.compared, 6u);
   }
   // Digest version 2 describes the optimizer state whole: no ZeRO for such a run, said before anything loads.
   std::string out;
   ASSERT_EQ(run_binary("record --interrupt-at 2 --out " + tmp.file("v2") + kCommon +
-                       "--world-size 2 --total-steps 4 --set checkpoint.every_steps=2"), 0);
+                       "--world-size 2 --total-steps 4 --set checkpoint.every_steps=2"),
+            0);
   EXPECT_EQ(run_binary("resume " + tmp.file("v2") + " --world-size 2 --zero-stage 1 --plain", &out), 2) << out;
   EXPECT_NE(out.find("trace.digest_version = 3"), std::string::npos) << out;
   // A version set explicitly that cannot describe ZeRO is a config error; a config that sets none
@@ -444,7 +482,8 @@ TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
   const std::string z = tmp.file("z2");
   ASSERT_EQ(run_binary("record --interrupt-at 2 --out " + z + kCommon +
                        "--world-size 2 --total-steps 4 --set checkpoint.every_steps=2 --set trace.digest_version=3 "
-                       "--set runtime.zero_stage=1"), 0);
+                       "--set runtime.zero_stage=1"),
+            0);
   const std::string dir = z + "/checkpoints/step-00000002";
   std::ifstream in(dir + "/manifest.json");
   auto j = nlohmann::json::parse(in);
@@ -473,7 +512,8 @@ TEST(Dist, ZeroOneDefaultModeSameBitsAndSwitchesAtResume) {
 // the one before, bitwise as if nothing had happened.
 TEST(Dist, DamageOneRankAloneReadsIsSkippedByEveryRank) {
   testing::TempDir tmp;
-  const std::string cfg = kCommon + "--world-size 2 --total-steps 9 --set checkpoint.every_steps=3 "
+  const std::string cfg = kCommon +
+                          "--world-size 2 --total-steps 9 --set checkpoint.every_steps=3 "
                           "--set trace.digest_version=3 --set runtime.zero_stage=1 --set data.batch_size=8 ";
   ASSERT_EQ(run_binary("record --out " + tmp.file("ref") + cfg), 0);
   const std::string run = tmp.file("run");
@@ -500,11 +540,13 @@ TEST(Dist, DamageOneRankAloneReadsIsSkippedByEveryRank) {
   std::string out;
   ASSERT_EQ(run_binary("resume " + run + " --world-size 2 --plain", &out), 0) << out;
   EXPECT_NE(out.find("skipped checkpoint " + dir + ": rank 1 cannot load it: sha256 mismatch on rank 1"),
-            std::string::npos) << out;
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("step-00000003"), std::string::npos) << out;
   const auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(run), replay::CompareMode::kBitwise);
-  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
-                                              : "steps missing");
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff
+                                   ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                   : "steps missing");
   EXPECT_EQ(rep.compared, 9u);
 }
 

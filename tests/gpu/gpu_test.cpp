@@ -19,11 +19,12 @@
 namespace retrace {
 namespace {
 
-#define REQUIRE_CUDA()                                                                                   \
-  do {                                                                                                   \
-    const train::CudaInfo info = train::cuda_info(0);                                                   \
-    if (!info.built) GTEST_SKIP() << "LibTorch " << compat::libtorch_version() << " has no CUDA";        \
-    if (info.devices == 0) GTEST_SKIP() << "no CUDA device on this machine (LibTorch with CUDA " << info.runtime << ")"; \
+#define REQUIRE_CUDA()                                                                              \
+  do {                                                                                              \
+    const train::CudaInfo info = train::cuda_info(0);                                               \
+    if (!info.built) GTEST_SKIP() << "LibTorch " << compat::libtorch_version() << " has no CUDA";   \
+    if (info.devices == 0)                                                                          \
+      GTEST_SKIP() << "no CUDA device on this machine (LibTorch with CUDA " << info.runtime << ")"; \
   } while (0)
 
 const torch::TensorOptions kCuda = torch::TensorOptions().device(torch::kCUDA, 0);

@@ -102,10 +102,18 @@ TEST(Fused, AttentionWeightsSameBitsAsThePlainOps) {
 }
 
 TEST(Fused, GeluSameBitsAsTorchGelu) {
-  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -1e-40f, 1e30f, -9.5f, 5.0f};
-  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{32768}, int64_t{2 * 32768 + 17},
-                    int64_t{200003}}) {
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            1e-40f,
+                            -1e-40f,
+                            1e30f,
+                            -9.5f,
+                            5.0f};
+  for (int64_t n :
+       {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{32768}, int64_t{2 * 32768 + 17}, int64_t{200003}}) {
     for (int lanes_n : {1, 2}) {
       LanesGuard lanes(lanes_n);
       seed(static_cast<uint64_t>(n));
@@ -183,13 +191,15 @@ TEST(Fused, NegativeControlGeluScalarAndVectorLoopsRoundDifferently) {
   std::printf("GELU: %lld of %d elements round differently in ATen's scalar and vector loops\n",
               static_cast<long long>(differ), 1 << 16);
   EXPECT_GT(differ, 0) << "no element rounded differently: this control no longer shows the rule";
-  torch::Tensor aligned = torch::cat({torch::gelu(x.narrow(0, 0, 4096)), torch::gelu(x.narrow(0, 4096, x.numel() - 4096))});
+  torch::Tensor aligned = torch::cat(
+      {torch::gelu(x.narrow(0, 0, 4096)), torch::gelu(x.narrow(0, 4096, x.numel() - 4096))});
   EXPECT_TRUE(same_bits(vector_loop, aligned));
 }
 
 TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
   // The char GPT's shape, odd sizes, one token and one head of one element; every lane count.
-  for (auto [b, t, h, dh] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{16, 128, 4, 32}, {3, 37, 5, 12}, {2, 1, 1, 1}}) {
+  for (auto [b, t, h, dh] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{16, 128, 4, 32}, {3, 37, 5, 12}, {2, 1, 1, 1}}) {
     for (int n : {1, 2}) {
       LanesGuard lanes(n);
       const int64_t d = h * dh;
@@ -201,7 +211,8 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
       torch::Tensor bias = torch::randn({3 * d});
       // Gradients for all three parts, and for k alone (split's backward fills zeros for q and v);
       // with the projection's bias added on the way (against qkv + bias) and without.
-      for (auto [k_only, with_bias] : {std::pair<bool, bool>{false, false}, {true, false}, {false, true}, {true, true}}) {
+      for (auto [k_only, with_bias] :
+           {std::pair<bool, bool>{false, false}, {true, false}, {false, true}, {true, true}}) {
         torch::Tensor a_in = qkv.clone().requires_grad_(true);
         torch::Tensor b_in = qkv.clone().requires_grad_(true);
         torch::Tensor a_bias = bias.clone().requires_grad_(true);
@@ -225,7 +236,8 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
         const std::string which = std::string(k_only ? ", k only" : "") + (with_bias ? ", bias" : "");
         EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where << which;
         EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0) << where;
-        if (with_bias) EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where << which;
+        if (with_bias)
+          EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where << which;
       }
       torch::Tensor y = torch::randn({b, h, t, dh});
       torch::Tensor upstream = torch::randn({b, t, d});
@@ -262,10 +274,12 @@ TEST(Fused, DropoutResidualSameBitsAsThePlainOps) {
       torch::Tensor a = dropout_residual(a_branch, with_bias ? a_bias : torch::Tensor(), a_x, 0.1);
       torch::Tensor rng_a = rng_state();
       seed(41);
-      torch::Tensor ref = dropout(with_bias ? b_branch + b_bias : b_branch, 0.1, /*training=*/true, DropoutImpl::kPhilox) + b_x;
+      torch::Tensor ref = dropout(with_bias ? b_branch + b_bias : b_branch, 0.1, /*training=*/true,
+                                  DropoutImpl::kPhilox) +
+                          b_x;
       torch::Tensor rng_b = rng_state();
-      const std::string where =
-          std::to_string(branch.numel()) + " elements, lanes " + std::to_string(n) + (with_bias ? ", bias" : "");
+      const std::string where = std::to_string(branch.numel()) + " elements, lanes " + std::to_string(n) +
+                                (with_bias ? ", bias" : "");
       ASSERT_TRUE(same_bits(a, ref)) << "forward differs, " << where;
       EXPECT_TRUE(same_bits(rng_a, rng_b)) << "generator state differs, " << where;
       a.backward(upstream);
@@ -273,7 +287,8 @@ TEST(Fused, DropoutResidualSameBitsAsThePlainOps) {
       EXPECT_TRUE(same_bits(a_branch.grad(), b_branch.grad())) << "branch gradient differs, " << where;
       EXPECT_TRUE(same_bits(a_x.grad(), b_x.grad())) << "residual gradient differs, " << where;
       if (with_bias) EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where;
-      if (branch.numel() > 100) EXPECT_GT((a_branch.grad() == 0).sum().item<int64_t>(), 0) << "nothing dropped, " << where;
+      if (branch.numel() > 100)
+        EXPECT_GT((a_branch.grad() == 0).sum().item<int64_t>(), 0) << "nothing dropped, " << where;
     }
   }
   EXPECT_THROW(dropout_residual(torch::randn({4}), torch::Tensor(), torch::randn({5}), 0.1), InvariantError);
@@ -370,7 +385,8 @@ TEST(Fused, LanesBmmSameBitsAsMatmulOnOneBlasThread) {
     const auto want = matmul_on_one_blas_thread(a, b, upstream);
     for (int n : {1, 2}) {
       LanesGuard lanes(n);
-      const torch::Tensor x = a.detach().clone().set_requires_grad(true), y = b.detach().clone().set_requires_grad(true);
+      const torch::Tensor x = a.detach().clone().set_requires_grad(true),
+                          y = b.detach().clone().set_requires_grad(true);
       const torch::Tensor xs = c.transposed_a ? x.transpose(-2, -1).contiguous().transpose(-2, -1) : x;
       ASSERT_TRUE(lanes_bmm_applies(xs, y));
       torch::Tensor out = lanes_bmm(xs, y);
@@ -451,8 +467,8 @@ TEST(Lanes, EachLaneRunsOnceAndExceptionsReachTheCaller) {
   EXPECT_NE(who[1], std::this_thread::get_id());
   for (int failing : {0, 1}) {
     EXPECT_THROW(run_lanes([&](int lane) {
-      if (lane == failing) throw std::runtime_error("lane failed");
-    }),
+                   if (lane == failing) throw std::runtime_error("lane failed");
+                 }),
                  std::runtime_error);
   }
   // Grad mode travels to the helper lane.

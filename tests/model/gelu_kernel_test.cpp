@@ -105,7 +105,8 @@ TEST(GeluKernel, VectorAndBaselineLoopsAgreeBitwise) {
   // that leaves a scalar tail, forward and backward with varied upstream gradients.
   std::vector<float> xs, dy;
   for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 251) xs.push_back(from_bits(static_cast<uint32_t>(b)));
-  for (size_t i = 0; i < xs.size(); ++i) dy.push_back(from_bits(0x3f800000u ^ static_cast<uint32_t>(i * 2654435761u) >> 9));
+  for (size_t i = 0; i < xs.size(); ++i)
+    dy.push_back(from_bits(0x3f800000u ^ static_cast<uint32_t>(i * 2654435761u) >> 9));
   xs.push_back(1.0f), xs.push_back(-2.5f), dy.push_back(0.25f), dy.push_back(-3.0f);
   const int64_t n = static_cast<int64_t>(xs.size());
   std::vector<float> y1(n), y2(n), d1(n), d2(n);

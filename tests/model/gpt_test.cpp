@@ -399,10 +399,12 @@ TEST(AttentionInPlace, BlockSameBitsAsOutOfPlaceResiduals) {
       for (const auto& w : block->parameters()) grads[side].push_back(w.grad().clone());
     }
     ASSERT_TRUE(same_bits(outs[0], outs[1])) << "block output differs, dropout " << p << ", bf16 autocast " << amp;
-    EXPECT_TRUE(same_bits(input_grads[0], input_grads[1])) << "input gradient differs, dropout " << p << ", bf16 autocast " << amp;
+    EXPECT_TRUE(same_bits(input_grads[0], input_grads[1]))
+        << "input gradient differs, dropout " << p << ", bf16 autocast " << amp;
     ASSERT_EQ(grads[0].size(), grads[1].size());
     for (size_t i = 0; i < grads[0].size(); ++i)
-      EXPECT_TRUE(same_bits(grads[0][i], grads[1][i])) << "parameter gradient " << i << " differs, dropout " << p << ", bf16 autocast " << amp;
+      EXPECT_TRUE(same_bits(grads[0][i], grads[1][i]))
+          << "parameter gradient " << i << " differs, dropout " << p << ", bf16 autocast " << amp;
   }
 }
 

@@ -42,7 +42,6 @@ std::string setting(const std::string& key) {
   return "<missing>";
 }
 
-
 // A scripted module with parameter w = ones(4) and the given methods.
 std::string save_module(const retrace::testing::TempDir& dir, const std::string& name, const std::string& code,
                         bool with_parameter = true) {
@@ -59,8 +58,10 @@ TEST(TorchScript, ParametersAndBuffersAreTheScriptsTensorsUnderTheScriptsNames) 
   auto impl = impl_of(h);
   std::map<std::string, torch::Tensor> script;
   for (const auto& p : impl->script().named_parameters()) script[p.name] = p.value;
-  const std::map<std::string, std::vector<int64_t>> expected = {
-      {"fc1.weight", {64, 784}}, {"fc1.bias", {64}}, {"fc2.weight", {10, 64}}, {"fc2.bias", {10}}};
+  const std::map<std::string, std::vector<int64_t>> expected = {{"fc1.weight", {64, 784}},
+                                                                {"fc1.bias", {64}},
+                                                                {"fc2.weight", {10, 64}},
+                                                                {"fc2.bias", {10}}};
   ASSERT_EQ(script.size(), expected.size());
   auto named = h.module->named_parameters();
   ASSERT_EQ(named.size(), expected.size());
@@ -121,8 +122,8 @@ TEST(TorchScript, TrainAndEvalSwitchTheScriptedDropout) {
   EXPECT_TRUE(torch::equal(e1, e2));
   // Eval is the network without dropout, computed here with ATen.
   auto p = impl->named_parameters();
-  const auto manual = torch::linear(torch::gelu(torch::linear(x, p["fc1.weight"], p["fc1.bias"])),
-                                    p["fc2.weight"], p["fc2.bias"]);
+  const auto manual = torch::linear(torch::gelu(torch::linear(x, p["fc1.weight"], p["fc1.bias"])), p["fc2.weight"],
+                                    p["fc2.bias"]);
   EXPECT_TRUE(torch::allclose(e1, manual, 1e-5, 1e-6));
 
   h.module->train();
@@ -237,7 +238,8 @@ def forward(self, x, scale: float = 2.0):
   const std::string no_params = save_module(dir, "no_params.pt", R"(
 def forward(self, x):
     return x * 2
-)", /*with_parameter=*/false);
+)",
+                                            /*with_parameter=*/false);
   EXPECT_NE(testing::error_of<ConfigError>([&] { load_torchscript(no_params); }).find("has no parameters"),
             std::string::npos);
 }

@@ -46,11 +46,9 @@ int main(int argc, char** argv) {
     const double f = static_cast<double>(s) / static_cast<double>(n);
     const bool after = s > at(120);
     evals_a.push_back({s, 0, 10000, 0.6 - 0.1 * f, 0.78 + 0.08 * f});
-    evals_b.push_back(
-        {s, 0, 10000, 0.6 - 0.1 * f + (after ? 0.01 : 0), 0.78 + 0.08 * f - (after ? 0.004 : 0)});
+    evals_b.push_back({s, 0, 10000, 0.6 - 0.1 * f + (after ? 0.01 : 0), 0.78 + 0.08 * f - (after ? 0.004 : 0)});
   }
-  testing::write_trace((out / "a.rtrace").string(), ha, steps_a, evals_a,
-                       {{at(100), "resume", "from checkpoint"}});
+  testing::write_trace((out / "a.rtrace").string(), ha, steps_a, evals_a, {{at(100), "resume", "from checkpoint"}});
   testing::write_trace((out / "b.rtrace").string(), hb, steps_b, evals_b,
                        {{at(90), "rollback", "loss spike, back to the previous checkpoint"},
                         {at(100), "resume", "from checkpoint"},

@@ -111,7 +111,8 @@ TEST(Diff, WhereNamesThePhaseAndTheFirstDifferingModule) {
   EXPECT_EQ(r.where->modules, 3u);
   const std::string text = render_text(r);
   EXPECT_NE(text.find("step 9, phase optimizer, module blocks.1.attn (param; 2 of 3 modules differ)"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_EQ(to_json(r)["where"]["module"], "blocks.1.attn");
   // The loss differs first: phase forward; gradients: backward; the batch: data.
   auto loss = base;
@@ -210,8 +211,11 @@ TEST(Diff, NumericsFieldsAreTheOnlyOnesThatCount) {
   EXPECT_FALSE(is_numerics_key("cuda_device_count"));
   EXPECT_FALSE(is_numerics_key("env.OPENBLAS_CORETYPE"));
 
-  const std::vector<records::KeyValue> a = {{"numerics", "portable"}, {"blas_core", "Haswell"}, {"blas_threads", "2"},
-                                          {"info.env.OPENBLAS_L2_SIZE", ""}, {"info.host", "a"}};
+  const std::vector<records::KeyValue> a = {{"numerics", "portable"},
+                                            {"blas_core", "Haswell"},
+                                            {"blas_threads", "2"},
+                                            {"info.env.OPENBLAS_L2_SIZE", ""},
+                                            {"info.host", "a"}};
   std::vector<records::KeyValue> b = a;
   b[3].value = "256";  // information only
   b[4].value = "b";
@@ -233,8 +237,8 @@ TEST(Compare, CrossNumericsRuleIsTightEarlyLooserLateAndExactOnTheSchedule) {
   EXPECT_EQ(rule.allowed(21, 0.001), 1e-4);  // never tighter than abs
   auto a = demo_steps(40);
   auto b = a;
-  b[9].loss += 5e-5;   // step 10: within 1e-4
-  b[29].loss += 1e-2;  // step 30: beyond 1e-4, but within 2 %
+  b[9].loss += 5e-5;                          // step 10: within 1e-4
+  b[29].loss += 1e-2;                         // step 30: beyond 1e-4, but within 2 %
   for (auto& r : b) r.param_digest = {1, 2};  // digests are not compared across numerics
   CompareReport ok = compare_steps(a, b, CompareMode::kTolerance, rule);
   EXPECT_TRUE(ok.equal()) << ok.first_diff->field << " at " << ok.first_diff->step;
@@ -256,8 +260,7 @@ TEST(Diff, DifferentModelsAreStillDiffable) {
   Pair p;
   auto hb = demo_header();
   hb.model_description = "mlp 784-256-10";
-  hb.params = {
-      {"fc1.weight", {256, 784}, "float32"}, {"fc1.bias", {256}, "float32"}, {"fc2.bias", {10}, "float32"}};
+  hb.params = {{"fc1.weight", {256, 784}, "float32"}, {"fc1.bias", {256}, "float32"}, {"fc2.bias", {10}, "float32"}};
   hb.data_files[0].sha256 = "bb22";
   hb.faults = {{"nan-loss", 3, ""}};
   write_trace(p.a, demo_header(), demo_steps(5));
@@ -387,8 +390,7 @@ TEST(Diff, HtmlEscapesConfigValues) {
   ASSERT_TRUE(has_key(r.header.config, "data.name"));
   const std::string html = render_html(r, ra, rb, "<a>", "b&b");
   EXPECT_EQ(html.find("<script"), std::string::npos);
-  EXPECT_NE(html.find("&lt;script&gt;alert(&#39;x&#39;) &amp; \\&quot;y\\&quot;&lt;/script&gt;"),
-            std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(&#39;x&#39;) &amp; \\&quot;y\\&quot;&lt;/script&gt;"), std::string::npos);
   EXPECT_EQ(html.find("<a>"), std::string::npos);
   EXPECT_NE(html.find("&lt;a&gt;"), std::string::npos);
   EXPECT_NE(html.find("b&amp;b"), std::string::npos);

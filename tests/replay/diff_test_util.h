@@ -16,8 +16,7 @@ namespace retrace::replay::testing {
 inline records::TraceHeader demo_header() {
   records::TraceHeader h;
   h.retrace_version = "0.1.0";
-  h.config_toml =
-      "[run]\nseed = 7\nsteps = 200\n\n[optim]\nname = \"adamw\"\nlr = 0.001\n\n[model]\nhidden = [128]\n";
+  h.config_toml = "[run]\nseed = 7\nsteps = 200\n\n[optim]\nname = \"adamw\"\nlr = 0.001\n\n[model]\nhidden = [128]\n";
   h.config_hash = "00";
   h.seed = 7;
   h.fingerprint = {{"libtorch", "2.3.0"}, {"blas", "openblas"}, {"threads", "1"}, {"info.host", "box-1"}};
@@ -67,8 +66,7 @@ inline void make_skip(records::StepRecord& r, const std::string& reason) {
 }
 
 // Writes a trace with the given header, steps, evals and events (steps are appended in order).
-inline void write_trace(const std::string& path, const records::TraceHeader& h,
-                        std::vector<records::StepRecord> steps,
+inline void write_trace(const std::string& path, const records::TraceHeader& h, std::vector<records::StepRecord> steps,
                         const std::vector<records::EvalRecord>& evals = {},
                         const std::vector<records::EventRecord>& events = {}) {
   auto w = trace::TraceWriter::create(path, h, 3);

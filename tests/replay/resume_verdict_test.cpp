@@ -42,7 +42,8 @@ TEST(ResumeVerdict, EqualNumericsVerifyOnlyEqualBits) {
 
 TEST(ResumeVerdict, OtherNumericsVerifyWithinTheToleranceAndSaySo) {
   testing::TempDir tmp;
-  const auto a = write(tmp.file("a.rtrace"), [](records::TraceHeader&) {}, [](records::StepRecord&) {});
+  const auto a = write(
+      tmp.file("a.rtrace"), [](records::TraceHeader&) {}, [](records::StepRecord&) {});
   auto other_blas = [](records::TraceHeader& h) { h.fingerprint[1].value = "blis"; };
   const auto b = write(tmp.file("b.rtrace"), other_blas, [](records::StepRecord& r) {
     r.param_digest.lo ^= 1;

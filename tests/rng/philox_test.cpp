@@ -85,8 +85,8 @@ TEST(Philox, EveryBuildOfTheMaskLoopGivesTheSpecifiedWords) {
     ++builds;
     for (const int64_t first : {int64_t{0}, int64_t{4}, int64_t{4} * 37, (int64_t{1} << 34) - 4 * 21,
                                 (int64_t{1} << 34) - 4 * 3, (int64_t{5} << 34) - 4 * 100}) {
-      for (const int64_t n : {int64_t{0}, int64_t{3}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{95},
-                              int64_t{96}, int64_t{128}, int64_t{129}, int64_t{1000}, int64_t{4099}}) {
+      for (const int64_t n : {int64_t{0}, int64_t{3}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{95}, int64_t{96},
+                              int64_t{128}, int64_t{129}, int64_t{1000}, int64_t{4099}}) {
         std::vector<float> out(static_cast<size_t>(n), -1.0f);
         dropout_mask_range(key, threshold, keep, out.data(), first, first + n, build);
         int64_t mismatches = 0;
@@ -124,7 +124,8 @@ TEST(Philox, DropoutMaskRangesJoinToTheWholeMask) {
       std::fill(parts.begin(), parts.end(), -1.0f);
       dropout_mask_range(key, threshold, 1.25f, parts.data(), 0, cut);
       dropout_mask_range(key, threshold, 1.25f, parts.data() + cut, cut, n);
-      EXPECT_EQ(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)), 0) << "n " << n << " cut " << cut;
+      EXPECT_EQ(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)), 0)
+          << "n " << n << " cut " << cut;
     }
   }
   std::vector<float> out(8);

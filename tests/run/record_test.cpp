@@ -118,7 +118,9 @@ TEST(Record, AnotherLibTorchThanTheTraceHeadersIsRefusedUnlessAccepted) {
     FAIL() << "no error";
   } catch (const IoError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("recorded with LibTorch 0.9.1 and this retrace is built against LibTorch " + ours), std::string::npos) << m;
+    EXPECT_NE(m.find("recorded with LibTorch 0.9.1 and this retrace is built against LibTorch " + ours),
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("--accept-other-torch"), std::string::npos) << m;
   }
   EXPECT_NO_THROW(check_same_libtorch(other, "RUN/trace.rtrace", "replay", true));

@@ -29,12 +29,14 @@ class FakeWorld {
   // to[r] goes to rank r; returns what every rank q sent this one, in rank order.
   std::vector<torch::Tensor> exchange(int rank, const std::vector<torch::Tensor>& to) {
     std::vector<torch::Tensor> out;
-    meet([&] {
-      for (int r = 0; r < world_; ++r)
-        tensors_[static_cast<size_t>(rank * world_ + r)] = to[static_cast<size_t>(r)].reshape({-1}).clone();
-    }, [&](const std::vector<torch::Tensor>& all, const std::vector<std::string>&) {
-      for (int q = 0; q < world_; ++q) out.push_back(all[static_cast<size_t>(q * world_ + rank)]);
-    });
+    meet(
+        [&] {
+          for (int r = 0; r < world_; ++r)
+            tensors_[static_cast<size_t>(rank * world_ + r)] = to[static_cast<size_t>(r)].reshape({-1}).clone();
+        },
+        [&](const std::vector<torch::Tensor>& all, const std::vector<std::string>&) {
+          for (int q = 0; q < world_; ++q) out.push_back(all[static_cast<size_t>(q * world_ + rank)]);
+        });
     return out;
   }
   std::vector<std::string> allgather(int rank, const std::string& mine) {

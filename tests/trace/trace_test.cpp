@@ -160,8 +160,7 @@ TEST(TraceTest, CreateRefusesExistingFileAndMissingDirectory) {
   std::string before = read_bytes(path);
   EXPECT_THROW(TraceWriter::create(path, sample_header(), kLevel), IoError);
   EXPECT_EQ(read_bytes(path), before);
-  EXPECT_THROW(TraceWriter::create(dir.file("no/such/dir/t.rtrace"), sample_header(), kLevel),
-               IoError);
+  EXPECT_THROW(TraceWriter::create(dir.file("no/such/dir/t.rtrace"), sample_header(), kLevel), IoError);
 }
 
 // Format 2 step frames are compressed with the header's step dictionary and flagged so; format 1
@@ -317,8 +316,7 @@ TEST(TraceTest, ResumeMovesLaterFramesToSideFileAndContinuesChain) {
   }
   std::string bytes = read_bytes(path);
   {
-    TraceWriter w = TraceWriter::resume(path, bytes.size(), main.steps().back().chain_digest, 9,
-                                        side, kLevel);
+    TraceWriter w = TraceWriter::resume(path, bytes.size(), main.steps().back().chain_digest, 9, side, kLevel);
     records::StepRecord r = sample_step(10);
     w.append_step(r);
   }
@@ -342,8 +340,7 @@ TEST(TraceTest, ResumeRejectsPositionBeyondEnd) {
   std::string path = dir.file("trace.rtrace");
   write_trace(path, 3);
   uint64_t size = std::filesystem::file_size(path);
-  EXPECT_THROW(TraceWriter::resume(path, size + 1, {}, 3, dir.file("side"), kLevel),
-               IntegrityError);
+  EXPECT_THROW(TraceWriter::resume(path, size + 1, {}, 3, dir.file("side"), kLevel), IntegrityError);
   EXPECT_THROW(TraceWriter::resume(path, 20, {}, 3, dir.file("side"), kLevel), IntegrityError);
   EXPECT_EQ(std::filesystem::file_size(path), size);
 }
@@ -372,11 +369,9 @@ TEST(TraceTest, TruncatedAtAnyOffsetYieldsTheCompleteFrames) {
     bool mid_frame = ends[complete - 1] != cut;
     EXPECT_EQ(reader.tail_warning().has_value(), mid_frame) << "cut at " << cut;
     if (mid_frame) {
-      EXPECT_NE(reader.tail_warning()->find("offset " + std::to_string(ends[complete - 1])),
-                std::string::npos)
+      EXPECT_NE(reader.tail_warning()->find("offset " + std::to_string(ends[complete - 1])), std::string::npos)
           << *reader.tail_warning();
-      EXPECT_NE(reader.tail_warning()->find(std::to_string(cut - ends[complete - 1]) + " bytes"),
-                std::string::npos);
+      EXPECT_NE(reader.tail_warning()->find(std::to_string(cut - ends[complete - 1]) + " bytes"), std::string::npos);
     }
     std::vector<records::StepRecord> steps = reader.steps();
     size_t expected_steps = 0;
@@ -391,8 +386,7 @@ TEST(TraceTest, TruncatedAtAnyOffsetYieldsTheCompleteFrames) {
     EXPECT_THROW(TraceReader::open(cut_path), FormatError) << "cut at " << cut;
   }
   write_bytes(cut_path, bytes.substr(0, kFileHeaderSize));
-  EXPECT_NE(error_message([&] { TraceReader::open(cut_path); }).find("trace has no header frame"),
-            std::string::npos);
+  EXPECT_NE(error_message([&] { TraceReader::open(cut_path); }).find("trace has no header frame"), std::string::npos);
 }
 
 // A header frame of a few dozen bytes whose fingerprint list declares `elements` empty elements
@@ -406,8 +400,8 @@ std::string amplification_trace(uint32_t elements) {
   // the tag: `elements` structs of 0 data words and 0 pointers
   seg[15] = uint64_t(elements) << 2;
   std::string raw(8, '\0');
-  put_u32(reinterpret_cast<uint8_t*>(raw.data()), 0);        // one segment
-  put_u32(reinterpret_cast<uint8_t*>(raw.data()) + 4, 16);   // of 16 words
+  put_u32(reinterpret_cast<uint8_t*>(raw.data()), 0);       // one segment
+  put_u32(reinterpret_cast<uint8_t*>(raw.data()) + 4, 16);  // of 16 words
   for (uint64_t w : seg) {
     uint8_t b[8];
     put_u64(b, w);
@@ -424,8 +418,7 @@ long child_peak_kib(const std::string& path) {
   if (pid == 0) {
     try {
       TraceReader::open(path);
-    } catch (...) {
-    }
+    } catch (...) {}
     _exit(0);
   }
   int status = 0;
@@ -513,8 +506,7 @@ TEST(TraceTest, FlippedByteIsReportedWithTheFrameOffset) {
         } catch (const IntegrityError& err) {
           message = err.what();
         }
-        EXPECT_NE(message.find(needle), std::string::npos)
-            << "flip at " << pos << " gave: " << message;
+        EXPECT_NE(message.find(needle), std::string::npos) << "flip at " << pos << " gave: " << message;
       }
     }
     // The magic is not checksummed: a damaged magic is a format error that names the offset.
@@ -566,8 +558,8 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
     }
     return std::string("(opened)");
   };
-  EXPECT_NE(chain_error(edited_path).find("trace chain broken at step 5: step frame at offset " +
-                                          std::to_string(start5)),
+  EXPECT_NE(chain_error(edited_path)
+                .find("trace chain broken at step 5: step frame at offset " + std::to_string(start5)),
             std::string::npos)
       << chain_error(edited_path);
   EXPECT_NE(chain_error(edited_path).find("edited"), std::string::npos);
@@ -578,8 +570,8 @@ TEST(TraceTest, EditedOrReorderedStepsBreakTheChain) {
   ASSERT_EQ(f4, f3 + 1);
   uint64_t s3 = reader.index()[f3].offset;
   uint64_t s4 = reader.index()[f4].offset;
-  std::string swapped = bytes.substr(0, s3) + bytes.substr(s4, ends[f4] - s4) +
-                        bytes.substr(s3, s4 - s3) + bytes.substr(ends[f4]);
+  std::string swapped = bytes.substr(0, s3) + bytes.substr(s4, ends[f4] - s4) + bytes.substr(s3, s4 - s3) +
+                        bytes.substr(ends[f4]);
   std::string swapped_path = dir.file("swapped.rtrace");
   write_bytes(swapped_path, swapped);
   EXPECT_NE(chain_error(swapped_path).find("trace chain broken at step 7"), std::string::npos)
@@ -619,8 +611,8 @@ TEST(TraceTest, StepSeeksAndPrefersTheLaterFrame) {
 
   // A rollback re-runs steps 38..40 in the same trace.
   {
-    TraceWriter w = TraceWriter::resume(path, std::filesystem::file_size(path),
-                                        written.back().chain_digest, 40, dir.file("side"), kLevel);
+    TraceWriter w = TraceWriter::resume(path, std::filesystem::file_size(path), written.back().chain_digest, 40,
+                                        dir.file("side"), kLevel);
     w.append_event(records::EventRecord{40, "rollback", "loss spike; back to step 37"});
     for (uint64_t n = 38; n <= 40; ++n) {
       records::StepRecord r = sample_step(n);
@@ -764,9 +756,9 @@ TEST(TraceTest, InspectViews) {
   std::ostringstream table;
   print_inspect(reader, InspectFormat::kTable, 0, UINT64_MAX, table);
   std::string t = table.str();
-  for (const char* expected : {"schema       retrace.trace.v1", "config hash  ab12cd34",
-                               "blas=openblas", "3 tensors, 101760 numbers", "nan-loss at step 5",
-                               "SKIP:non_finite_loss", "STEP", "grad_post", "loss spike"}) {
+  for (const char* expected :
+       {"schema       retrace.trace.v1", "config hash  ab12cd34", "blas=openblas", "3 tensors, 101760 numbers",
+        "nan-loss at step 5", "SKIP:non_finite_loss", "STEP", "grad_post", "loss spike"}) {
     EXPECT_NE(t.find(expected), std::string::npos) << expected << "\n" << t;
   }
 }
@@ -788,8 +780,7 @@ TEST(TraceTest, AppendCostAndSize) {
   auto t1 = std::chrono::steady_clock::now();
   double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kSteps;
   double bytes = static_cast<double>(w.bytes_written() - start_bytes) / kSteps;
-  std::printf("append_step: %.2f us per step, %.1f bytes per step on disk (%zu raw)\n", us, bytes,
-              raw.size());
+  std::printf("append_step: %.2f us per step, %.1f bytes per step on disk (%zu raw)\n", us, bytes, raw.size());
   // Generous bound so a loaded CI machine does not flake; the target is well under 100 us.
   EXPECT_LT(us, 1000.0);
   EXPECT_EQ(TraceReader::open(path).steps().size(), size_t(kSteps));

@@ -40,7 +40,8 @@ inline records::TraceHeader sample_header() {
   h.seed = 7;
   h.fingerprint = {{"libtorch", "2.3.0"}, {"blas", "openblas"}, {"threads", "1"}};
   h.model_description = "mlp 784-128-10";
-  h.params = {{"fc1.weight", {128, 784}, "float32"}, {"fc1.bias", {128}, "float32"},
+  h.params = {{"fc1.weight", {128, 784}, "float32"},
+              {"fc1.bias", {128}, "float32"},
               {"fc2.weight", {10, 128}, "float32"}};
   h.data_files = {{"data/train-images-idx3-ubyte", 47040016, "00ff"}};
   h.faults = {{"nan-loss", 5, ""}, {"spike", 9, "100"}};
@@ -80,13 +81,14 @@ inline records::StepRecord sample_step(uint64_t n) {
   return r;
 }
 
-
 inline bool steps_equal(const records::StepRecord& a, const records::StepRecord& b) {
   return retrace::testing::differing_fields(a, b).empty();
 }
 
 inline bool headers_equal(const records::TraceHeader& a, const records::TraceHeader& b) {
-  auto kv_eq = [](const records::KeyValue& x, const records::KeyValue& y) { return x.key == y.key && x.value == y.value; };
+  auto kv_eq = [](const records::KeyValue& x, const records::KeyValue& y) {
+    return x.key == y.key && x.value == y.value;
+  };
   auto p_eq = [](const records::ParamInfo& x, const records::ParamInfo& y) {
     return x.name == y.name && x.shape == y.shape && x.dtype == y.dtype;
   };
@@ -96,18 +98,16 @@ inline bool headers_equal(const records::TraceHeader& a, const records::TraceHea
   auto fault_eq = [](const records::Fault& x, const records::Fault& y) {
     return x.kind == y.kind && x.step == y.step && x.arg == y.arg;
   };
-  return a.schema == b.schema && a.retrace_version == b.retrace_version &&
-         a.config_toml == b.config_toml && a.config_hash == b.config_hash && a.seed == b.seed &&
-         a.fingerprint.size() == b.fingerprint.size() &&
+  return a.schema == b.schema && a.retrace_version == b.retrace_version && a.config_toml == b.config_toml &&
+         a.config_hash == b.config_hash && a.seed == b.seed && a.fingerprint.size() == b.fingerprint.size() &&
          std::equal(a.fingerprint.begin(), a.fingerprint.end(), b.fingerprint.begin(), kv_eq) &&
          a.model_description == b.model_description && a.params.size() == b.params.size() &&
          std::equal(a.params.begin(), a.params.end(), b.params.begin(), p_eq) &&
          a.data_files.size() == b.data_files.size() &&
          std::equal(a.data_files.begin(), a.data_files.end(), b.data_files.begin(), f_eq) &&
          a.faults.size() == b.faults.size() &&
-         std::equal(a.faults.begin(), a.faults.end(), b.faults.begin(), fault_eq) &&
-         a.total_steps == b.total_steps && a.world_size == b.world_size &&
-         a.created_utc == b.created_utc;
+         std::equal(a.faults.begin(), a.faults.end(), b.faults.begin(), fault_eq) && a.total_steps == b.total_steps &&
+         a.world_size == b.world_size && a.created_utc == b.created_utc;
 }
 
 }  // namespace retrace::trace::testing

@@ -60,8 +60,7 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   Config again = parse_config(now, "resolved", {}, ConfigSource::kRecorded);
   EXPECT_EQ(to_toml(again), now);
   // An explicit value in a recorded config wins over the legacy one.
-  Config explicit_philox =
-      parse_config(old_text, "old run", {"model.dropout_impl=philox"}, ConfigSource::kRecorded);
+  Config explicit_philox = parse_config(old_text, "old run", {"model.dropout_impl=philox"}, ConfigSource::kRecorded);
   EXPECT_EQ(explicit_philox.model.dropout_impl, model::DropoutImpl::kPhilox);
   EXPECT_EQ(parse_config(old_text, "old run", {"model.gelu_impl=retrace"}, ConfigSource::kRecorded).model.gelu_impl,
             model::GeluImpl::kRetrace);
@@ -83,7 +82,8 @@ TEST(Config, EvalSectionReplacesTheOldEvalKeysWhichStillRead) {
   EXPECT_TRUE(recorded.eval.each_epoch);
   EXPECT_EQ(recorded.data.order, data::Order::kShuffle);
   EXPECT_EQ(to_toml(recorded), old_text);
-  EXPECT_EQ(to_toml(recorded, TomlForm::kComplete).find("\n[eval]\nevery_steps = 0\nmax_batches = 0\n") != std::string::npos,
+  EXPECT_EQ(to_toml(recorded, TomlForm::kComplete).find("\n[eval]\nevery_steps = 0\nmax_batches = 0\n") !=
+                std::string::npos,
             true)
       << to_toml(recorded, TomlForm::kComplete);
   Config complete = parse_config(to_toml(recorded, TomlForm::kComplete), "complete", {}, ConfigSource::kRecorded);
@@ -168,7 +168,6 @@ TEST(Config, EntriesTrackSections) {
   EXPECT_EQ(m.at("a.x"), "\"v = w\"");
   EXPECT_EQ(m.at("a.b.y"), "2");
 }
-
 
 }  // namespace retrace::train
 

@@ -12,8 +12,9 @@ namespace {
 
 TEST(Invariance, AccumulationGridIsBitwiseWithDropoutOnTheMlp) {
   testing::TempDir tmp;
-  const train::Config c = train::parse_config(
-      "", "test", {"train.steps=6", "train.eval_each_epoch=false", "model.dropout=0.2", "runtime.invariance=batch"});
+  const train::Config c = train::parse_config("", "test",
+                                              {"train.steps=6", "train.eval_each_epoch=false", "model.dropout=0.2",
+                                               "runtime.invariance=batch"});
   const auto rows = replay::accum_grid(c, {1, 2, 4, 8, 16}, tmp.file("grid"));
   ASSERT_EQ(rows.size(), 5u);
   for (const auto& r : rows) {

@@ -68,7 +68,8 @@ TEST(Numerics, ConfigDefaultsToPortableAndRecordedConfigsWithoutTheKeyAreNative)
 }
 
 TEST(Numerics, PortablePlanSetsEveryPinInAFreshEnvironment) {
-  EnvScope env{{"OPENBLAS_CORETYPE", std::nullopt}, {"ATEN_CPU_CAPABILITY", std::nullopt},
+  EnvScope env{{"OPENBLAS_CORETYPE", std::nullopt},
+               {"ATEN_CPU_CAPABILITY", std::nullopt},
                {kPinnedVariable, std::nullopt}};
   EnvPlan plan = plan_environment(Numerics::kPortable);
   EXPECT_FALSE(plan.ready());
@@ -94,7 +95,8 @@ TEST(Numerics, AVariableTheUserSetIsKeptAndReportedNeverOverridden) {
 }
 
 TEST(Numerics, PinsRetraceSetAreRenewedForPortableAndDroppedForNative) {
-  EnvScope env{{"OPENBLAS_CORETYPE", "Haswell"}, {"ATEN_CPU_CAPABILITY", "avx512"},
+  EnvScope env{{"OPENBLAS_CORETYPE", "Haswell"},
+               {"ATEN_CPU_CAPABILITY", "avx512"},
                {kPinnedVariable, "OPENBLAS_CORETYPE,ATEN_CPU_CAPABILITY"}};
   EnvPlan portable = plan_environment(Numerics::kPortable);
   // Ours and right: kept; ours and wrong: set again (never "respected": it was not the user's).

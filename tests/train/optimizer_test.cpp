@@ -50,10 +50,10 @@ int64_t differing(const torch::Tensor& a, const torch::Tensor& b) {
   return ((x.view(torch::kInt64) != y.view(torch::kInt64)) & ~both_nan).sum().item<int64_t>();
 }
 
-void expect_same_state(torch::optim::Optimizer& a, Params& ma, torch::optim::Optimizer& b, Params& mb,
-                       int step) {
+void expect_same_state(torch::optim::Optimizer& a, Params& ma, torch::optim::Optimizer& b, Params& mb, int step) {
   const auto pa = ma.parameters(), pb = mb.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(differing(pa[i], pb[i]), 0) << "parameter " << i << " at step " << step;
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_EQ(differing(pa[i], pb[i]), 0) << "parameter " << i << " at step " << step;
   const auto sa = optimizer_state(a, ma, OptimizerKind::kAdamW), sb = optimizer_state(b, mb, OptimizerKind::kAdamW);
   ASSERT_EQ(sa.size(), sb.size()) << "at step " << step;
   for (size_t i = 0; i < sa.size(); ++i) {
@@ -119,7 +119,8 @@ void run_side_by_side(const std::vector<int64_t>& sizes, torch::Dtype dtype, dou
     plain->step();
     expect_same_state(*fused, ma, *plain, mb, step);
     for (size_t k = 0; clip > 0 && k < pa.size(); ++k)
-      if (pa[k].grad().defined()) EXPECT_EQ(differing(pa[k].grad(), pb[k].grad()), 0) << "gradient " << k << " at step " << step;
+      if (pa[k].grad().defined())
+        EXPECT_EQ(differing(pa[k].grad(), pb[k].grad()), 0) << "gradient " << k << " at step " << step;
     if (::testing::Test::HasFailure()) return;
   }
   // The comparison means something only if the fused loop really ran (float32) or really did not.
@@ -198,9 +199,7 @@ TEST(FusedAdamW, FallsBackWhereNotMatched) {
   EXPECT_EQ(fused_adamw_steps(*opt), compat::kFusedAdamWMatchesLibTorch ? 1 : -1) << compat::libtorch_version();
 }
 
-TEST(FusedAdamW, FallsBackToLibTorchForFloat64) {
-  run_side_by_side({515, 9}, torch::kFloat64, 0.01, 10, false);
-}
+TEST(FusedAdamW, FallsBackToLibTorchForFloat64) { run_side_by_side({515, 9}, torch::kFloat64, 0.01, 10, false); }
 
 TEST(FusedAdamW, VectorAndBaselineLoopsAgreeBitwise) {
   torch::manual_seed(3);
@@ -210,8 +209,7 @@ TEST(FusedAdamW, VectorAndBaselineLoopsAgreeBitwise) {
   for (int step = 1; step <= 3; ++step) {
     const auto c = adamw_coefficients(1e-3, 0.9, 0.999, 1e-8, 0.01, step);
     adamw_update(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, c, true);
-    adamw_update(p2.data_ptr<float>(), g.data_ptr<float>(), m2.data_ptr<float>(), v2.data_ptr<float>(), n, c,
-                 false);
+    adamw_update(p2.data_ptr<float>(), g.data_ptr<float>(), m2.data_ptr<float>(), v2.data_ptr<float>(), n, c, false);
   }
   EXPECT_EQ(differing(p, p2), 0) << "kernel " << adamw_kernel_isa();
   EXPECT_EQ(differing(m, m2), 0);
@@ -329,7 +327,8 @@ TEST(OptimizerState, EveryEntryIsCheckedBeforeAnyIsInstalled) {
   EXPECT_EQ(refused(with("p0/step", torch::zeros({2}, torch::kInt64)), "a step count is one number"), "");
   EXPECT_EQ(refused(with("p0/step", torch::tensor(1.0, torch::kFloat64)), "a step count is Long"), "");
   EXPECT_EQ(refused(with("p0/step", torch::tensor(int64_t{-3})), "not negative"), "");
-  EXPECT_EQ(refused(with("p0/exp_avg", torch::zeros({6}, torch::kInt32)), "the state of a parameter has its dtype"), "");
+  EXPECT_EQ(refused(with("p0/exp_avg", torch::zeros({6}, torch::kInt32)), "the state of a parameter has its dtype"),
+            "");
   EXPECT_EQ(refused(with("p0/exp_avg", torch::zeros({3})), "has shape [3]"), "");
   EXPECT_EQ(refused(with("p0/momentum_buffer", torch::zeros({6})), "is not a field of a parameter"), "");
   EXPECT_EQ(refused(with("p9/exp_avg", torch::zeros({6})), "is not a field of a parameter"), "");
@@ -338,12 +337,15 @@ TEST(OptimizerState, EveryEntryIsCheckedBeforeAnyIsInstalled) {
     if (n != "p1/exp_avg_sq") missing.emplace_back(n, t);
   EXPECT_EQ(refused(missing, "has a step count but no exp_avg_sq"), "");
   // Loading goes through the same check: nothing installed from a bad entry.
-  EXPECT_THROW(load_optimizer_state(*opt, m, OptimizerKind::kAdamW, with("p0/exp_avg", torch::zeros({6}, torch::kInt32))),
+  EXPECT_THROW(load_optimizer_state(*opt, m, OptimizerKind::kAdamW,
+                                    with("p0/exp_avg", torch::zeros({6}, torch::kInt32))),
                FormatError);
   // A ZeRO rank's own part of a parameter, and nothing of one it does not own.
   const std::function<int64_t(size_t)> part = [](size_t i) { return i == 0 ? int64_t{2} : int64_t{0}; };
-  NamedTensors sliced = {{"p0/step", torch::tensor(int64_t{1})}, {"p0/exp_avg", torch::zeros({2})},
-                         {"p0/exp_avg_sq", torch::zeros({2})}, {"p1/step", torch::zeros({0}, torch::kInt64)}};
+  NamedTensors sliced = {{"p0/step", torch::tensor(int64_t{1})},
+                         {"p0/exp_avg", torch::zeros({2})},
+                         {"p0/exp_avg_sq", torch::zeros({2})},
+                         {"p1/step", torch::zeros({0}, torch::kInt64)}};
   EXPECT_NO_THROW(check_optimizer_state(sliced, m, OptimizerKind::kAdamW, "here", &part));
   sliced[1].second = torch::zeros({3});
   EXPECT_THROW(check_optimizer_state(sliced, m, OptimizerKind::kAdamW, "here", &part), FormatError);

@@ -27,8 +27,9 @@ std::vector<records::StepRecord> steps_of(const std::string& run_dir) {
 
 TEST(RobustStep, SpikeRollbackRestoresTheExactPreSpikeState) {
   testing::TempDir tmp;
-  train::Config c = train::parse_config("", "test", {"train.steps=45", "checkpoint.every_steps=25",
-                                                     "train.eval_each_epoch=false", "faults.inject=\"spike@40\""});
+  train::Config c = train::parse_config("", "test",
+                                        {"train.steps=45", "checkpoint.every_steps=25", "train.eval_each_epoch=false",
+                                         "faults.inject=\"spike@40\""});
   run::RecordOptions o;
   o.out_dir = tmp.file("r");
   run::record(c, o, {});
@@ -62,7 +63,9 @@ TEST(RobustStep, InjectedCrashThenResumeEqualsTheUninterruptedRun) {
   EXPECT_EQ(run_binary("record --out " + tmp.file("c") + common + "--inject crash@17"), 128 + SIGKILL);
   ASSERT_EQ(run_binary("resume " + tmp.file("c") + " --plain"), 0);
   auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("c")), replay::CompareMode::kBitwise);
-  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step) : "");
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff
+                                   ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                   : "");
   EXPECT_EQ(rep.compared, 30u);
   // Frames the dead process wrote after its checkpoint (steps 11..17) were set aside, not dropped.
   EXPECT_EQ(trace::TraceReader::open(tmp.file("c/trace.set-aside.rtrace")).steps().size(), 7u);
@@ -95,15 +98,18 @@ TEST(RobustStep, ResumeSkipsACheckpointWhoseShardIsDamagedAndContinuesFromTheOne
   EXPECT_NE(out.find("sha256 mismatch on rank 0"), std::string::npos) << out;
   EXPECT_NE(out.find("step-00000010"), std::string::npos) << out;
   auto rep = replay::compare_steps(steps_of(tmp.file("ref")), steps_of(tmp.file("c")), replay::CompareMode::kBitwise);
-  EXPECT_TRUE(rep.equal()) << (rep.first_diff ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step) : "");
+  EXPECT_TRUE(rep.equal()) << (rep.first_diff
+                                   ? rep.first_diff->field + " at step " + std::to_string(rep.first_diff->step)
+                                   : "");
   EXPECT_EQ(rep.compared, 30u);
 }
 
 TEST(RobustStep, ScalerScheduleAndSamplerContinueExactlyAfterResume) {
   testing::TempDir tmp;
-  train::Config c = train::parse_config("", "test", {"train.steps=24", "amp.mode=\"bf16\"", "amp.scaler=\"on\"",
-                                                     "amp.growth_interval=3", "schedule.warmup_steps=5",
-                                                     "faults.inject=\"inf-grad@12\"", "train.eval_each_epoch=false"});
+  train::Config c = train::parse_config("", "test",
+                                        {"train.steps=24", "amp.mode=\"bf16\"", "amp.scaler=\"on\"",
+                                         "amp.growth_interval=3", "schedule.warmup_steps=5",
+                                         "faults.inject=\"inf-grad@12\"", "train.eval_each_epoch=false"});
   replay::ResumeCheck r = replay::check_resume(c, tmp.path(), 10, {});
   EXPECT_TRUE(r.verified);
   EXPECT_FALSE(r.bitwise.first_diff.has_value());
@@ -118,11 +124,12 @@ TEST(RobustStep, CheckpointPoliciesDoNotChangeAGptRun) {
   testing::TempDir tmp;
   std::vector<std::vector<records::StepRecord>> runs;
   for (const char* policy : {"none", "full", "sqrt", "selective"}) {
-    train::Config c = train::parse_config(
-        "", "test",
-        {"model.kind=\"gpt\"", "data.dir=\"/usr/share/common-licenses\"", "model.d_model=32", "model.n_layers=3",
-         "model.n_heads=2", "data.context=16", "data.batch_size=4", "train.steps=4", "train.eval_each_epoch=false",
-         "model.checkpoint_every=2", std::string("model.checkpoint=\"") + policy + "\""});
+    train::Config c = train::parse_config("", "test",
+                                          {"model.kind=\"gpt\"", "data.dir=\"/usr/share/common-licenses\"",
+                                           "model.d_model=32", "model.n_layers=3", "model.n_heads=2", "data.context=16",
+                                           "data.batch_size=4", "train.steps=4", "train.eval_each_epoch=false",
+                                           "model.checkpoint_every=2",
+                                           std::string("model.checkpoint=\"") + policy + "\""});
     run::RecordOptions o;
     o.out_dir = tmp.file(policy);
     run::record(c, o, {});

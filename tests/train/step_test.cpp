@@ -100,12 +100,11 @@ TEST(LossScaler, FollowsGradScalerRuleForAScriptedSequence) {
   // Expected values written out by hand from GradScaler's rule (growth 2, backoff 0.5, interval 3):
   // found_inf halves and resets the tracker; the third consecutive good step doubles and resets it.
   const std::vector<std::pair<bool, std::pair<float, int64_t>>> script = {
-      {false, {65536.0f, 1}},  {false, {65536.0f, 2}},  {false, {131072.0f, 0}},  // growth
-      {false, {131072.0f, 1}}, {true, {65536.0f, 0}},                             // backoff resets tracker
-      {false, {65536.0f, 1}},  {false, {65536.0f, 2}},  {true, {32768.0f, 0}},    // interrupted run
-      {true, {16384.0f, 0}},   {false, {16384.0f, 1}},  {false, {16384.0f, 2}},
-      {false, {32768.0f, 0}},  {false, {32768.0f, 1}},  {false, {32768.0f, 2}},
-      {false, {65536.0f, 0}},
+      {false, {65536.0f, 1}},  {false, {65536.0f, 2}}, {false, {131072.0f, 0}},  // growth
+      {false, {131072.0f, 1}}, {true, {65536.0f, 0}},                            // backoff resets tracker
+      {false, {65536.0f, 1}},  {false, {65536.0f, 2}}, {true, {32768.0f, 0}},    // interrupted run
+      {true, {16384.0f, 0}},   {false, {16384.0f, 1}}, {false, {16384.0f, 2}},  {false, {32768.0f, 0}},
+      {false, {32768.0f, 1}},  {false, {32768.0f, 2}}, {false, {65536.0f, 0}},
   };
   for (size_t i = 0; i < script.size(); ++i) {
     s.update(/*found_inf=*/script[i].first);
@@ -208,8 +207,9 @@ TEST(TrainStep, ClipsTheUnscaledGradients) {
   // Reference by hand from the same weights: plain backward of the batch mean, then clip, then SGD.
   Fixture ref = make_fixture(8);
   const auto p0 = clone_params(*ref.model);
-  torch::Tensor loss = torch::nn::functional::cross_entropy(
-      ref.model->forward(ref.x), ref.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  torch::Tensor loss = torch::nn::functional::cross_entropy(ref.model->forward(ref.x), ref.y,
+                                                            torch::nn::functional::CrossEntropyFuncOptions().reduction(
+                                                                torch::kSum));
   (loss / 8.0).backward();
   const auto g = clone_grads(*ref.model);
   double sq = 0;
@@ -260,7 +260,8 @@ TEST(LossScaler, DisabledScalerIsTheIdentityAndNeverMoves) {
   }
   StepFaults faults;
   faults.inf_grad = "layers.1.bias";
-  EXPECT_EQ(train_step(*f.model, f.forward(), opt, split(f, {6}), policy, faults).skip_reason, records::SkipReason::kNonFiniteGrad);
+  EXPECT_EQ(train_step(*f.model, f.forward(), opt, split(f, {6}), policy, faults).skip_reason,
+            records::SkipReason::kNonFiniteGrad);
   EXPECT_EQ(scaler.state(), initial);
   EXPECT_EQ(scaler.scale(), 1.0);
 
@@ -317,7 +318,7 @@ TEST(Clipping, NormAndClipOnTwoLanesGiveTheBitsOfOneThread) {
   }
   params.push_back(torch::zeros({64, 48}));
   params.back().mutable_grad() = torch::randn({48, 64}).t();  // not contiguous
-  params.push_back(torch::zeros({5}));                         // no gradient
+  params.push_back(torch::zeros({5}));                        // no gradient
   std::vector<torch::Tensor> norms;
   for (const auto& p : params)
     if (p.grad().defined()) norms.push_back(p.grad().norm(2));

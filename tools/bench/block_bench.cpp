@@ -66,8 +66,9 @@ int main(int argc, char** argv) try {
     else if (a == "--iters" && i + 1 < argc) iters = std::stoll(argv[++i]);
     else if (a == "--set" && i + 1 < argc) sets.emplace_back(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: block_bench [--rounds R] [--iters N] [--set key=value]...\n"
-                           "(run from the repository root: the shapes are configs/char-gpt.toml's)\n");
+      std::fprintf(stderr,
+                   "usage: block_bench [--rounds R] [--iters N] [--set key=value]...\n"
+                   "(run from the repository root: the shapes are configs/char-gpt.toml's)\n");
       return 2;
     }
   }
@@ -79,14 +80,14 @@ int main(int argc, char** argv) try {
   const auto& m = c.model;
   torch::manual_seed(c.seed);
   std::vector<model::Block> blocks;
-  for (int64_t i = 0; i < m.n_layers; ++i) blocks.emplace_back(m.d_model, m.n_heads, m.dropout, m.dropout_impl, m.gelu_impl, m.attention_matmul);
+  for (int64_t i = 0; i < m.n_layers; ++i)
+    blocks.emplace_back(m.d_model, m.n_heads, m.dropout, m.dropout_impl, m.gelu_impl, m.attention_matmul);
   torch::Tensor x = torch::randn({c.data.batch_size, c.data.context, m.d_model});
   torch::Tensor upstream = torch::randn_like(x);
   std::printf("== block_bench: %lld blocks of d_model %lld, %lld heads, dropout %g; input [%lld, %lld, %lld]; %s\n",
-              static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model),
-              static_cast<long long>(m.n_heads), m.dropout, static_cast<long long>(c.data.batch_size),
-              static_cast<long long>(c.data.context), static_cast<long long>(m.d_model),
-              train::numerics_summary(c.runtime).c_str());
+              static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
+              m.dropout, static_cast<long long>(c.data.batch_size), static_cast<long long>(c.data.context),
+              static_cast<long long>(m.d_model), train::numerics_summary(c.runtime).c_str());
 
   // Path k: 0 plain out of place, 1 training path at one lane, 2 at two lanes.
   auto run_path = [&](int k) {
@@ -110,8 +111,10 @@ int main(int argc, char** argv) try {
     ba.push_back(ms[1] / ms[0]);
     ca.push_back(ms[2] / ms[0]);
     cb.push_back(ms[2] / ms[1]);
-    std::printf("   round %lld: A plain %8.2f ms  B fused, 1 lane %8.2f ms  C fused, 2 lanes %8.2f ms  B/A %.3f  C/A %.3f  C/B %.3f\n",
-                static_cast<long long>(r + 1), ms[0], ms[1], ms[2], ba.back(), ca.back(), cb.back());
+    std::printf(
+        "   round %lld: A plain %8.2f ms  B fused, 1 lane %8.2f ms  C fused, 2 lanes %8.2f ms  B/A %.3f  C/A %.3f  C/B "
+        "%.3f\n",
+        static_cast<long long>(r + 1), ms[0], ms[1], ms[2], ba.back(), ca.back(), cb.back());
   }
   for (auto [name, v] : {std::pair<const char*, std::vector<double>*>{"B/A (fused 1 lane / plain)", &ba},
                          {"C/A (fused 2 lanes / plain)", &ca},

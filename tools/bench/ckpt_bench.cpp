@@ -144,7 +144,10 @@ int main(int argc, char** argv) {
     fill_random(small_b, 8);
     std::vector<TensorView> views;
     for (size_t i = 0; i < parts.size(); ++i)
-      views.push_back({"layer" + std::to_string(i) + ".weight", "F32", {int64_t(parts[i].size() / 4)}, parts[i].data(),
+      views.push_back({"layer" + std::to_string(i) + ".weight",
+                       "F32",
+                       {int64_t(parts[i].size() / 4)},
+                       parts[i].data(),
                        parts[i].size()});
     views.push_back({"bias", "F32", {1024}, small_a.data(), 4096});
     views.push_back({"step", "I64", {64}, small_b.data(), 512});
@@ -204,7 +207,10 @@ int main(int argc, char** argv) {
         std::vector<TensorView> quarter;
         for (const TensorView& tv : views) {
           const int64_t n = tv.shape[0] / 4;
-          quarter.push_back({tv.name, tv.dtype, {n}, static_cast<const uint8_t*>(tv.data) + rank * (tv.nbytes / 4),
+          quarter.push_back({tv.name,
+                             tv.dtype,
+                             {n},
+                             static_cast<const uint8_t*>(tv.data) + rank * (tv.nbytes / 4),
                              uint64_t(n) * (tv.nbytes / uint64_t(tv.shape[0]))});
         }
         ShardFileInfo qi = write_shard(mdir + "/" + shard_file_name(rank), shard_metadata(step, rank, 4), quarter);
@@ -296,7 +302,8 @@ int main(int argc, char** argv) {
     ratio("  load cold / min(read cold, sha256)", r_cold);
     ratio("  4-rank verify / sha256 (one thread)", r_multi);
     ratio("  save / min(write + fsync, sha256)", r_save);
-    std::printf("4-rank checkpoint with a table, %.1f MB of shards, read cold by rank 0:\n", double(sharded_bytes) / 1e6);
+    std::printf("4-rank checkpoint with a table, %.1f MB of shards, read cold by rank 0:\n",
+                double(sharded_bytes) / 1e6);
     std::printf("  everything, other shards by range + xxh3 (ckpt.v3):  %8.1f MB/s, %.1f MB read\n",
                 double(ranged_bytes) / 1e6 / median(ranged), double(ranged_bytes) / 1e6);
     std::printf("  everything, every shard whole + sha256 (ckpt.v2):    %8.1f MB/s, %.1f MB read\n",

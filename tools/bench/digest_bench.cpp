@@ -62,11 +62,12 @@ void kernel_rates(int64_t rounds) {
   const double elems = static_cast<double>(n);
   auto row = [&](const char* what, const std::vector<double>& ms) {
     const Spread s = spread(ms);
-    std::printf("  %-44s %6.2f ns/element [%.2f, %.2f]  %5.2f GB/s\n", what, s.median * 1e6 / elems,
-                s.lo * 1e6 / elems, s.hi * 1e6 / elems, 4 * elems / (s.median * 1e6));
+    std::printf("  %-44s %6.2f ns/element [%.2f, %.2f]  %5.2f GB/s\n", what, s.median * 1e6 / elems, s.lo * 1e6 / elems,
+                s.hi * 1e6 / elems, 4 * elems / (s.median * 1e6));
   };
-  std::printf("digest kernels on %lld floats (median [min, max] over %zu rounds, A B C D E, A B C D E; checksum %llx):\n",
-              static_cast<long long>(n), lanes.size(), static_cast<unsigned long long>(sink));
+  std::printf(
+      "digest kernels on %lld floats (median [min, max] over %zu rounds, A B C D E, A B C D E; checksum %llx):\n",
+      static_cast<long long>(n), lanes.size(), static_cast<unsigned long long>(sink));
   row("lane_sums (trace.digest_version 2)", lanes);
   // From the L1 cache, as the fused AdamW's pass sums its 1024-float chunks: one chunk, again and again.
   std::vector<double> hot3, hot4;
@@ -91,7 +92,8 @@ void kernel_rates(int64_t rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::prepare_process(train::Numerics::kPortable, argv);  // the default profile (--set may change it: the bench then measures native)
+  train::prepare_process(train::Numerics::kPortable,
+                         argv);  // the default profile (--set may change it: the bench then measures native)
   int64_t rounds = 9, steps = 40;
   std::vector<std::string> sets;
   bool kernels_only = false;

@@ -210,7 +210,8 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
   sets.push_back("train.steps=100000");
   sets.push_back("trace.digests=false");
   const std::string config_path = label == "gpt" ? "configs/char-gpt.toml" : "";
-  train::Config c = config_path.empty() ? train::parse_config("", "limit_bench", sets) : train::load_config(config_path, sets);
+  train::Config c = config_path.empty() ? train::parse_config("", "limit_bench", sets)
+                                        : train::load_config(config_path, sets);
   train::resolve_threads(c.runtime);
   train::apply_environment(c.runtime);
   const train::Registry& registry = train::builtin_registry();
@@ -295,13 +296,14 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
               sf.hi, fm.median, fm.lo, fm.hi, f.median, f.lo, f.hi);
   std::printf("   %-10s %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f]\n", "backward", sb.median, sb.lo,
               sb.hi, bm.median, bm.lo, bm.hi, b.median, b.lo, b.hi);
-  std::printf("   %-10s %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f]\n", "whole", sm.median, sm.lo, sm.hi,
-              gm.median, gm.lo, gm.hi, a.median, a.lo, a.hi);
+  std::printf("   %-10s %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f] %10.2f [%.2f, %.2f]\n", "whole", sm.median, sm.lo,
+              sm.hi, gm.median, gm.lo, gm.hi, a.median, a.lo, a.hi);
   // The step's other phases, which run no GEMM: what the whole step adds to forward and backward.
   const Spread dm = spread(data_ms), om = spread(opt_ms), tm = spread(trace_ms), xm = spread(other_ms);
-  std::printf("   the rest of the step (ms): data %.2f [%.2f, %.2f], clipping + optimizer %.2f [%.2f, %.2f], trace %.2f "
-              "[%.2f, %.2f], between phases %.2f [%.2f, %.2f]\n",
-              dm.median, dm.lo, dm.hi, om.median, om.lo, om.hi, tm.median, tm.lo, tm.hi, xm.median, xm.lo, xm.hi);
+  std::printf(
+      "   the rest of the step (ms): data %.2f [%.2f, %.2f], clipping + optimizer %.2f [%.2f, %.2f], trace %.2f "
+      "[%.2f, %.2f], between phases %.2f [%.2f, %.2f]\n",
+      dm.median, dm.lo, dm.hi, om.median, om.lo, om.hi, tm.median, tm.lo, tm.hi, xm.median, xm.lo, xm.hi);
   if (!ops) return;
   // Where the rest goes: a few more steps under timing callbacks.
   OpTimes times;
@@ -319,8 +321,9 @@ void measure(const std::string& label, std::vector<std::string> sets, int64_t ro
   const double n = static_cast<double>(steps);
   // The same GEMMs timed inside the steps: more than the rounds above measured when they run cold
   // (inputs out of cache, BLAS workers asleep) between the elementwise work.
-  std::printf("   GEMMs as they ran inside these steps (ms per step): forward %.2f, backward %.2f (alone: %.2f, %.2f)\n",
-              times.gemm_fw / n, times.gemm_bw / n, spread(fw_ms).median, spread(bw_ms).median);
+  std::printf(
+      "   GEMMs as they ran inside these steps (ms per step): forward %.2f, backward %.2f (alone: %.2f, %.2f)\n",
+      times.gemm_fw / n, times.gemm_bw / n, spread(fw_ms).median, spread(bw_ms).median);
   print_top("forward", times.forward, n, fw / n);
   print_top("backward", times.backward, n, bw / n);
 }
@@ -341,8 +344,9 @@ int main(int argc, char** argv) {
     else if (a == "--set" && i + 1 < argc) sets.push_back(argv[++i]);
     else if (a == "--ops") ops = true;
     else {
-      std::fprintf(stderr, "usage: limit_bench [--rounds R] [--steps N] [--model mlp|gpt|both] [--ops] [--set key=value]...\n"
-                           "(run from the repository root: the GPT is configs/char-gpt.toml)\n");
+      std::fprintf(stderr,
+                   "usage: limit_bench [--rounds R] [--steps N] [--model mlp|gpt|both] [--ops] [--set key=value]...\n"
+                   "(run from the repository root: the GPT is configs/char-gpt.toml)\n");
       return 2;
     }
   }

@@ -66,15 +66,15 @@ int main(int argc, char** argv) {
       bytes_per_step = static_cast<double>(b.trace_bytes) / static_cast<double>(b.steps);
       trace_ms += b.trace_ms / static_cast<double>(b.steps);
       step_ms += 1000.0 / b.steps_per_second;
-      std::printf("round %lld: untraced %.1f steps/s, traced %.1f steps/s, ratio %.3f\n",
-                  static_cast<long long>(r + 1), a.steps_per_second, b.steps_per_second, ratios.back());
+      std::printf("round %lld: untraced %.1f steps/s, traced %.1f steps/s, ratio %.3f\n", static_cast<long long>(r + 1),
+                  a.steps_per_second, b.steps_per_second, ratios.back());
     }
     std::printf("\nsteps per run %lld, rounds %lld (A = trace off, B = trace + digests on)\n",
                 static_cast<long long>(steps), static_cast<long long>(rounds));
     std::printf("median steps/s: untraced %.1f, traced %.1f\n", median(off), median(on));
-    std::printf("traced/untraced speed ratio: median %.3f, min %.3f, max %.3f  (trace cost %.1f %%)\n",
-                median(ratios), *std::min_element(ratios.begin(), ratios.end()),
-                *std::max_element(ratios.begin(), ratios.end()), 100.0 * (1.0 - median(ratios)));
+    std::printf("traced/untraced speed ratio: median %.3f, min %.3f, max %.3f  (trace cost %.1f %%)\n", median(ratios),
+                *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
+                100.0 * (1.0 - median(ratios)));
     std::printf("in-step recording time (digests + frame write): %.3f ms of %.3f ms per step (%.1f %%)\n",
                 trace_ms / rounds, step_ms / rounds, 100.0 * trace_ms / step_ms);
     std::printf("trace bytes per step: %.0f\n", bytes_per_step);

@@ -59,8 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const retrace::train::Config again = retrace::train::parse_config(text, "fuzz (canonical)", {},
                                                                         retrace::train::ConfigSource::kRecorded);
       if (retrace::train::to_toml(again) != text) std::abort();
-    } catch (const retrace::Error&) {
-    }
+    } catch (const retrace::Error&) {}
   }
   return 0;
 }

@@ -28,10 +28,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto batches = retrace::train::parse_set_aside(get("data.set_aside"));
     std::string again;
-    for (const auto& [e, b] : batches) again += (again.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(b);
+    for (const auto& [e, b] : batches)
+      again += (again.empty() ? "" : ",") + std::to_string(e) + ":" + std::to_string(b);
     if (retrace::train::parse_set_aside(again) != batches) std::abort();
-  } catch (const retrace::Error&) {
-  }
+  } catch (const retrace::Error&) {}
   for (const auto& item : retrace::split_list(get("faults.fired")))
     if (item.empty() || item.find(',') != std::string::npos) std::abort();
   // Each guard loads the metadata; what it loaded must write and read back the same.
@@ -40,8 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       loaded.load_state(meta);
       back.load_state(loaded.state());
       if (back.state() != loaded.state()) std::abort();
-    } catch (const retrace::Error&) {
-    }
+    } catch (const retrace::Error&) {}
   };
   round_trip(retrace::train::SkipRateGuard(64, 0.5), retrace::train::SkipRateGuard(64, 0.5));
   round_trip(retrace::train::SpikeGuard(3.0, 16), retrace::train::SpikeGuard(3.0, 16));

@@ -22,7 +22,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: t::parse_eval(words.data(), words.size(), "fuzz"); break;
       default: t::parse_event(words.data(), words.size(), "fuzz"); break;
     }
-  } catch (const retrace::Error&) {
-  }
+  } catch (const retrace::Error&) {}
   return 0;
 }

@@ -9,7 +9,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    retrace::ckpt::ShardData d = retrace::ckpt::parse_shard(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+    retrace::ckpt::ShardData d = retrace::ckpt::parse_shard(std::string(reinterpret_cast<const char*>(data), size),
+                                                            "fuzz");
     uint64_t total = 0;
     uint8_t sum = 0;
     for (const auto& e : d.tensors) {
@@ -19,7 +20,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (d.data_start + total != d.bytes.size()) std::abort();
     if (sum == 0xff && d.tensors.empty()) std::abort();  // unreachable; keeps `sum` alive
-  } catch (const retrace::Error&) {
-  }
+  } catch (const retrace::Error&) {}
   return 0;
 }

@@ -23,7 +23,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       top = t > top ? t : top;
     }
     if (h.width == 2 && top > 0xffff) std::abort();
-  } catch (const retrace::Error&) {
-  }
+  } catch (const retrace::Error&) {}
   return 0;
 }

@@ -26,7 +26,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     r.evals();
     r.events();
     if (steps == 0 && r.header().schema.empty()) std::abort();  // a header always has its schema
-  } catch (const retrace::Error&) {
-  }
+  } catch (const retrace::Error&) {}
   return 0;
 }

@@ -76,7 +76,8 @@ void for_each_command(CliArgs& a, F&& fn) {
 int run_cli(int argc, char** argv, const train::Registry& registry) {
   CLI::App app{"retrace: deterministic, recorded, replayable training on LibTorch"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", [] { return train::build_description(); }, "the version, its LibTorch and BLAS");
+  app.set_version_flag(
+      "--version", [] { return train::build_description(); }, "the version, its LibTorch and BLAS");
   app.footer(
       "Example:\n  retrace record --steps 20\n  retrace inspect run/trace.rtrace --steps 1:5\n"
       "Exit codes: 0 ok, 1 verification failed or divergence, 2 usage or config error,\n"

@@ -127,9 +127,9 @@ struct ExportArgs {
   std::string run;
   bool jsonl = false;
   bool csv = false;
-  std::string out;    // default: standard output
-  std::string steps;  // A:B
-  bool evals = true;  // jsonl: evaluation and event rows too
+  std::string out;          // default: standard output
+  std::string steps;        // A:B
+  bool evals = true;        // jsonl: evaluation and event rows too
   std::string tensorboard;  // event files into this directory
   bool force = false;
 };
@@ -141,8 +141,8 @@ struct Context {
   const std::vector<std::string>& argv;
 };
 
-#define RETRACE_COMMAND(name, Args)                          \
-  void add_##name(CLI::App& app, Args& args);                \
+#define RETRACE_COMMAND(name, Args)                                 \
+  void add_##name(CLI::App& app, Args& args);                       \
   std::optional<train::Numerics> numerics_##name(const Args& args); \
   int run_##name(const Args& args, const Context& ctx)
 

@@ -25,10 +25,11 @@ void add_bisect(CLI::App& app, BisectArgs& args) {
   bis->add_flag("--json", args.json, "JSON output");
   bis->add_option("--html", args.html,
                   "also write the divergence report (retrace diff --html) with the bisect result in it");
-  bis->footer("Exit 0 when the runs do not diverge, 1 with the first divergence.\nExample:\n"
-              "  retrace record --steps 80 --out a && retrace record --steps 80 --out b --inject perturb-param@57:layers.0.weight\n"
-              "  retrace bisect a b");
-
+  bis->footer(
+      "Exit 0 when the runs do not diverge, 1 with the first divergence.\nExample:\n"
+      "  retrace record --steps 80 --out a && retrace record --steps 80 --out b --inject "
+      "perturb-param@57:layers.0.weight\n"
+      "  retrace bisect a b");
 }
 
 std::optional<train::Numerics> numerics_bisect(const BisectArgs& args) {
@@ -53,11 +54,21 @@ int run_bisect(const BisectArgs& a, const Context& ctx) {
   replay::BisectReport r = replay::bisect_runs(a.a, a.b, cb, ctx.registry);
   progress->clear();
   if (a.json) {
-    nlohmann::json j = {{"diverged", r.diverged}, {"common_steps", r.common_steps}, {"search_probes", r.search_probes},
-                        {"step", r.step}, {"rank", r.rank ? static_cast<int64_t>(*r.rank) : -1}, {"module", r.module},
-                        {"module_type", r.module_type}, {"phase", r.phase}, {"what", r.what}, {"op", r.op},
-                        {"detail", r.detail}, {"replay_start_a", r.replay_start_a}, {"replay_start_b", r.replay_start_b},
-                        {"notes", r.notes}, {"summary", r.summary()}};
+    nlohmann::json j = {{"diverged", r.diverged},
+                        {"common_steps", r.common_steps},
+                        {"search_probes", r.search_probes},
+                        {"step", r.step},
+                        {"rank", r.rank ? static_cast<int64_t>(*r.rank) : -1},
+                        {"module", r.module},
+                        {"module_type", r.module_type},
+                        {"phase", r.phase},
+                        {"what", r.what},
+                        {"op", r.op},
+                        {"detail", r.detail},
+                        {"replay_start_a", r.replay_start_a},
+                        {"replay_start_b", r.replay_start_b},
+                        {"notes", r.notes},
+                        {"summary", r.summary()}};
     std::cout << ckpt::json_text(j, 2) << "\n";
   } else {
     for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());

@@ -20,7 +20,6 @@ void add_diff(CLI::App& app, DiffArgs& args) {
   dif->add_option("--html", args.html, "also write a self-contained HTML report with loss and grad-norm curves");
   dif->add_flag("--json", args.json, "JSON output");
   dif->footer("Exit 0 when identical, 1 when they differ.\nExample:\n  retrace diff runA runB --html report.html");
-
 }
 
 std::optional<train::Numerics> numerics_diff(const DiffArgs& args) {

@@ -28,11 +28,12 @@ void add_export(CLI::App& app, ExportArgs& args) {
   ex->add_flag("--force", args.force, "with --tensorboard: replace the event files in a non-empty directory");
   ex->add_option("--out", args.out, "write to this file (atomically) instead of standard output");
   ex->add_option("--steps", args.steps, "step range A:B (inclusive)");
-  ex->footer("Exit 0; 2 for bad usage (also a non-empty --tensorboard directory without --force); 3 for a "
-             "damaged trace; 4 for a missing one.\nExamples:\n  retrace export run --jsonl --out run/metrics.jsonl\n"
-             "  retrace export run --tensorboard tb && tensorboard --logdir tb\n"
-             "  retrace export run --csv > steps.csv\n"
-             "  python3 -c \"import pandas; print(pandas.read_json('run/metrics.jsonl', lines=True))\"");
+  ex->footer(
+      "Exit 0; 2 for bad usage (also a non-empty --tensorboard directory without --force); 3 for a "
+      "damaged trace; 4 for a missing one.\nExamples:\n  retrace export run --jsonl --out run/metrics.jsonl\n"
+      "  retrace export run --tensorboard tb && tensorboard --logdir tb\n"
+      "  retrace export run --csv > steps.csv\n"
+      "  python3 -c \"import pandas; print(pandas.read_json('run/metrics.jsonl', lines=True))\"");
 }
 
 std::optional<train::Numerics> numerics_export(const ExportArgs&) { return std::nullopt; }

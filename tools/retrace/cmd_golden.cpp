@@ -47,8 +47,7 @@ int run_golden_check(const GoldenArgs& a, const Context& ctx) {
       printed_numerics = r.numerics;
     }
     char mode[128];
-    if (r.mode == replay::CompareMode::kBitwise)
-      std::snprintf(mode, sizeof mode, "bitwise");
+    if (r.mode == replay::CompareMode::kBitwise) std::snprintf(mode, sizeof mode, "bitwise");
     else
       std::snprintf(mode, sizeof mode, "tolerance %g for %llu steps, then %g %%", r.tolerance.abs,
                     static_cast<ull>(r.tolerance.horizon), r.tolerance.late_rel * 100);
@@ -63,11 +62,12 @@ int run_golden_check(const GoldenArgs& a, const Context& ctx) {
     if (!r.passed) {
       ++failed;
       if (rep.first_diff)
-        std::printf("  first divergent step %llu, field %s: golden %s, now %s\n", static_cast<ull>(rep.first_diff->step),
-                    rep.first_diff->field.c_str(), rep.first_diff->a.c_str(), rep.first_diff->b.c_str());
+        std::printf("  first divergent step %llu, field %s: golden %s, now %s\n",
+                    static_cast<ull>(rep.first_diff->step), rep.first_diff->field.c_str(), rep.first_diff->a.c_str(),
+                    rep.first_diff->b.c_str());
       if (rep.only_in_a || rep.only_in_b)
-        std::printf("  %llu steps only in the golden trace, %llu only in the new run\n", static_cast<ull>(rep.only_in_a),
-                    static_cast<ull>(rep.only_in_b));
+        std::printf("  %llu steps only in the golden trace, %llu only in the new run\n",
+                    static_cast<ull>(rep.only_in_a), static_cast<ull>(rep.only_in_b));
       std::printf("  new run kept in %s; if the change is intended: retrace golden update %s --reason \"...\"\n",
                   r.scratch_dir.c_str(), n.c_str());
     }
@@ -95,7 +95,9 @@ void add_golden(CLI::App& app, GoldenArgs& args) {
   gc->add_option("--set", g.sets, "change the re-run (to see the check fail), e.g. --set optim.lr=0.002");
   gc->add_option("--inject", g.inject, "inject faults into the re-run, e.g. perturb-param@57:layers.0.weight");
   gc->add_option("--scratch", g.scratch, "where the re-runs go (default: a temporary directory)");
-  gc->footer("Example:\n  retrace golden check\n  retrace golden check fashion-mlp-100 --inject perturb-param@57:layers.0.weight");
+  gc->footer(
+      "Example:\n  retrace golden check\n  retrace golden check fashion-mlp-100 --inject "
+      "perturb-param@57:layers.0.weight");
   auto* gu = gold->add_subcommand("update", "regenerate one golden trace and record why");
   gu->callback([&g] { g.update = true; });
   gu->add_option("names", g.names, "golden name")->required();
@@ -116,7 +118,7 @@ std::optional<train::Numerics> numerics_golden(const GoldenArgs& args) {
     if (g.names.size() != 1) return std::nullopt;
     const stdfs::path cfg = run::config_path((stdfs::path(g.dir) / g.names[0]).string());
     return train_numerics(stdfs::exists(cfg) ? train::load_config(cfg.string(), sets, train::ConfigSource::kRecorded)
-                                          : train::parse_config("", "built-in default", sets));
+                                             : train::parse_config("", "built-in default", sets));
   }
   std::optional<train::Numerics> n;
   std::string first;
@@ -128,8 +130,8 @@ std::optional<train::Numerics> numerics_golden(const GoldenArgs& args) {
     const train::Numerics here = train_numerics(train::load_config(cfg.string(), sets, train::ConfigSource::kRecorded));
     RETRACE_CHECK(!n || *n == here, ConfigError, "golden ", first, " runs with runtime.numerics = \"",
                   train::numerics_name(*n), "\" and golden ", name, " with \"", train::numerics_name(here),
-                  "\"; one process runs one profile: check them in separate commands (retrace golden check ",
-                  first, ", then retrace golden check ", name, ")");
+                  "\"; one process runs one profile: check them in separate commands (retrace golden check ", first,
+                  ", then retrace golden check ", name, ")");
     if (!n) first = name;
     n = here;
   }

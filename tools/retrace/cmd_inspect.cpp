@@ -20,9 +20,9 @@ void add_inspect(CLI::App& app, InspectArgs& args) {
   ins->add_flag("--config", args.config,
                 "print only the config the trace header records, as the run began (e.g. to write back a lost "
                 "RUN/config.toml)");
-  ins->footer("Examples:\n  retrace inspect run --steps 1:20\n  retrace inspect run/trace.rtrace --csv > steps.csv\n"
-              "  retrace inspect run --config > run/config.toml");
-
+  ins->footer(
+      "Examples:\n  retrace inspect run --steps 1:20\n  retrace inspect run/trace.rtrace --csv > steps.csv\n"
+      "  retrace inspect run --config > run/config.toml");
 }
 
 std::optional<train::Numerics> numerics_inspect(const InspectArgs& args) {
@@ -43,8 +43,7 @@ int run_inspect(const InspectArgs& a, const Context&) {
     // A run being written ends inside the frame its writer is appending: not damage.
     if (auto who = run::RunLock::holder(std::filesystem::path(path).parent_path().string()))
       std::cerr << "note: the run is being written (" << *who << "); its last frame is not complete yet\n";
-    else
-      std::cerr << "warning: " << *w << "\n";
+    else std::cerr << "warning: " << *w << "\n";
   }
   trace::InspectFormat fmt = a.json  ? trace::InspectFormat::kJson
                              : a.csv ? trace::InspectFormat::kCsv

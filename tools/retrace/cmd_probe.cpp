@@ -28,8 +28,8 @@ std::optional<train::Numerics> numerics_probe(const ProbeArgs& args) {
 int run_probe(const ProbeArgs& a, const Context& ctx) {
   const trace::TraceReader r = trace::TraceReader::open(run::trace_of(a.run));
   const records::TraceHeader& h = r.header();
-  const train::Config config =
-      train::parse_config(h.config_toml, a.run + " (header)", {}, train::ConfigSource::kRecorded);
+  const train::Config config = train::parse_config(h.config_toml, a.run + " (header)", {},
+                                                   train::ConfigSource::kRecorded);
   std::unique_ptr<distributed::ProcessGroup> pg = join_ranks(config, h.world_size);
   if (!pg && h.world_size > 1) return distributed::launch_local(h.world_size, ctx.argv);
   replay::write_probe_of_rank(a.run, static_cast<uint64_t>(a.step), *numerics_probe(a), ctx.registry, pg.get(), a.out);

@@ -26,14 +26,14 @@ void print_resume_check(const replay::ResumeCheck& r) {
   std::printf("max loss difference: %.3g (step %llu); final loss difference %.3g\n", rep.max_loss_diff,
               static_cast<ull>(rep.max_loss_diff_step), rep.final_loss_diff);
   if (r.resharded && r.invariant && !rep.first_diff)
-    std::printf("bitwise: yes (resharded: every layout-free field and digest equal: losses, norms, parameters, "
-                "optimizer, RNG and state; batch sizes, sample digests and per-rank digests follow the layout)\n");
+    std::printf(
+        "bitwise: yes (resharded: every layout-free field and digest equal: losses, norms, parameters, "
+        "optimizer, RNG and state; batch sizes, sample digests and per-rank digests follow the layout)\n");
   else if (rep.first_diff)
     std::printf("bitwise: no; first difference at step %llu, field %s: %s vs %s\n",
                 static_cast<ull>(rep.first_diff->step), rep.first_diff->field.c_str(), rep.first_diff->a.c_str(),
                 rep.first_diff->b.c_str());
-  else
-    std::printf("bitwise: yes (every field and digest equal, including the hash chain)\n");
+  else std::printf("bitwise: yes (every field and digest equal, including the hash chain)\n");
   std::printf("evaluations: %s\n", r.evals_diff ? ("differ: " + *r.evals_diff).c_str() : "equal");
   std::printf("training events: %s\n", r.events_diff ? ("differ: " + *r.events_diff).c_str() : "equal");
   std::string fields;
@@ -44,8 +44,8 @@ void print_resume_check(const replay::ResumeCheck& r) {
   else if (r.numerics_diffs.empty())
     std::printf("%s\n", r.verified ? "RESUME VERIFIED" : "RESUME FAILED (equal numerics: only equal bits verify)");
   else
-    std::printf("%s within %g, not bitwise: numerics fields differ: %s\n", r.verified ? "RESUME VERIFIED" : "RESUME FAILED",
-                r.tolerance, fields.c_str());
+    std::printf("%s within %g, not bitwise: numerics fields differ: %s\n",
+                r.verified ? "RESUME VERIFIED" : "RESUME FAILED", r.tolerance, fields.c_str());
 }
 
 // --world-size N --verify-resume: three launches (uninterrupted, interrupted, resumed), then compare.
@@ -64,7 +64,8 @@ int verify_resume_launched(const RecordArgs& a, const std::vector<std::string>& 
     }
   std::printf("== uninterrupted %u-rank run -> %s\n", static_cast<unsigned>(a.world_size), un.c_str());
   if (int rc = distributed::launch_local(static_cast<uint32_t>(a.world_size), first)) return rc;
-  std::vector<std::string> second = with_flag(with_flag(base, "--out", re), "--interrupt-at", std::to_string(interrupt_at));
+  std::vector<std::string> second = with_flag(with_flag(base, "--out", re), "--interrupt-at",
+                                              std::to_string(interrupt_at));
   std::printf("== %u-rank run interrupted after step %llu -> %s\n", static_cast<unsigned>(a.world_size),
               static_cast<ull>(interrupt_at), re.c_str());
   if (int rc = distributed::launch_local(static_cast<uint32_t>(a.world_size), second)) return rc;
@@ -88,8 +89,7 @@ void add_record(CLI::App& app, RecordArgs& args) {
                   "TOML config (default: the built-in fashion-mlp config, same as configs/fashion-mlp.toml)");
   rec->add_option("--set", r.sets, "override a config key, e.g. --set optim.lr=0.01 (repeatable)");
   rec->add_option("--out", r.out, "run directory (default: run)");
-  rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)")
-      ->check(step_range());
+  rec->add_option("--steps,--total-steps", r.steps, "optimizer steps to train (sets train.steps)")->check(step_range());
   rec->add_flag("--force", r.force, "replace an existing run directory");
   rec->add_flag("--scratch", r.scratch,
                 "the run directory is a scratch directory: replace it only if retrace made it as one (it holds "
@@ -126,15 +126,15 @@ void add_record(CLI::App& app, RecordArgs& args) {
   rec->add_flag("--verify-resume", r.verify_resume,
                 "with --interrupt-at: run uninterrupted (OUT/uninterrupted) and interrupted then resumed "
                 "(OUT/resumed), compare, print RESUME VERIFIED");
-  rec->footer("Examples:\n  retrace record --steps 20\n"
-              "  retrace record --config configs/fashion-mlp.toml --set optim.name=sgd --set optim.lr=0.05 --out run-sgd\n"
-              "  retrace record --total-steps 24 --interrupt-at 10 --out run24 && retrace resume run24\n"
-              "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n"
-              "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n"
-              "  retrace record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out dp4\n"
-              "  retrace record --accum-grid 1,2,4,8,16 --steps 200 --out grid\n\nConfig keys:\n" +
-              train::describe_keys());
-
+  rec->footer(
+      "Examples:\n  retrace record --steps 20\n"
+      "  retrace record --config configs/fashion-mlp.toml --set optim.name=sgd --set optim.lr=0.05 --out run-sgd\n"
+      "  retrace record --total-steps 24 --interrupt-at 10 --out run24 && retrace resume run24\n"
+      "  retrace record --total-steps 24 --interrupt-at 10 --verify-resume --out check24\n"
+      "  retrace record --steps 20 --inject nan-loss@5,inf-grad@9 --set amp.mode=bf16 --set amp.scaler=on\n"
+      "  retrace record --world-size 4 --total-steps 20 --checkpoint-at 10 --verify-resume --out dp4\n"
+      "  retrace record --accum-grid 1,2,4,8,16 --steps 200 --out grid\n\nConfig keys:\n" +
+      train::describe_keys());
 }
 
 std::optional<train::Numerics> numerics_record(const RecordArgs& args) {
@@ -183,10 +183,11 @@ int run_record(const RecordArgs& a, const Context& ctx) {
       return all ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
     }
     if (config.model.dropout > 0)
-      std::printf("note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
-                  "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone, "
-                  "--set runtime.invariance=batch gives the same bits\n",
-                  config.model.dropout);
+      std::printf(
+          "note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
+          "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone, "
+          "--set runtime.invariance=batch gives the same bits\n",
+          config.model.dropout);
     return 0;
   }
   uint64_t interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
@@ -220,7 +221,8 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   }
   if (a.verify_resume) {
     RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
-    replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer), a.force, ctx.registry);
+    replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer), a.force,
+                                                 ctx.registry);
     printer->clear();
     print_resume_check(r);
     return r.verified ? 0 : static_cast<int>(ExitCode::kVerificationFailed);

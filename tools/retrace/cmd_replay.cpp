@@ -33,7 +33,8 @@ void add_replay(CLI::App& app, ReplayArgs& args) {
   rep->add_option("--tolerance", rp.tolerance, "compare losses within this tolerance instead of bitwise")
       ->check(finite_at_least(0));
   rep->add_flag("--bitwise", rp.bitwise, "compare bitwise even when the environments differ");
-  rep->add_option("--out", rp.out, "scratch run directory for the replay (default RUN/replay); replaced only if "
+  rep->add_option("--out", rp.out,
+                  "scratch run directory for the replay (default RUN/replay); replaced only if "
                   "retrace made it, or with --force");
   rep->add_flag("--force", rp.force, "replace --out even if retrace did not make it");
   rep->add_flag("--plain", rp.plain, "print one row per step even on a terminal");
@@ -43,9 +44,9 @@ void add_replay(CLI::App& app, ReplayArgs& args) {
                 "replay although this retrace is built against another LibTorch than the trace header records "
                 "(the comparison is then within a tolerance)");
   rep->add_flag("--quiet", rp.quiet, "print only the verdict");
-  rep->footer("Exit 0 with REPLAY VERIFIED, 1 with the first step and field that differ.\nExamples:\n"
-              "  retrace replay run\n  retrace replay run --from-checkpoint 200 --steps 201:300\n");
-
+  rep->footer(
+      "Exit 0 with REPLAY VERIFIED, 1 with the first step and field that differ.\nExamples:\n"
+      "  retrace replay run\n  retrace replay run --from-checkpoint 200 --steps 201:300\n");
 }
 
 std::optional<train::Numerics> numerics_replay(const ReplayArgs& args) {

@@ -21,7 +21,8 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
                 "resume although this retrace is built against another LibTorch than the trace header records; "
                 "a warning event says so, and later steps compare with other runs within a tolerance only");
   res->add_option("--interrupt-at", args.interrupt_at, "stop after this step and its checkpoint")->check(step_range());
-  res->add_option("--world-size", args.world_size, "data parallelism: ranks to resume on (as recorded, or any with --reshard)")
+  res->add_option("--world-size", args.world_size,
+                  "data parallelism: ranks to resume on (as recorded, or any with --reshard)")
       ->check(world_range());
   res->add_flag("--reshard", args.reshard,
                 "resume on another world size than the checkpoint's: the global batch stays (data.batch_size becomes "
@@ -34,10 +35,10 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
   res->add_option("--tensorboard", args.tensorboard,
                   "live TensorBoard view: also write every record, as it is appended, to a new event file in this "
                   "directory (next to the files of the run's earlier processes)");
-  res->footer("Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24\n"
-              "  retrace record --world-size 4 --set runtime.invariance=batch --total-steps 20 --interrupt-at 10 --out dp4\n"
-              "  retrace resume dp4 --world-size 2 --reshard");
-
+  res->footer(
+      "Example:\n  retrace record --total-steps 24 --interrupt-at 10 --out run24\n  retrace resume run24\n"
+      "  retrace record --world-size 4 --set runtime.invariance=batch --total-steps 20 --interrupt-at 10 --out dp4\n"
+      "  retrace resume dp4 --world-size 2 --reshard");
 }
 
 std::optional<train::Numerics> numerics_resume(const ResumeArgs& args) {
@@ -51,8 +52,9 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   // The ranks meet with the run's own timeout and device (its recorded config), when it has one;
   // resume itself reports a run directory without a config.
   const std::string cfg = run::config_path(a.run);
-  const train::Config config = std::filesystem::exists(cfg) ? train::load_config(cfg, {}, train::ConfigSource::kRecorded)
-                                                             : train::Config{};
+  const train::Config config = std::filesystem::exists(cfg)
+                                   ? train::load_config(cfg, {}, train::ConfigSource::kRecorded)
+                                   : train::Config{};
   std::unique_ptr<distributed::ProcessGroup> pg = join_ranks(config, a.world_size);
   if (!pg && a.world_size > 1) return distributed::launch_local(static_cast<uint32_t>(a.world_size), argv);
   const bool quiet = pg && pg->rank() != 0;
@@ -67,7 +69,7 @@ int run_resume(const ResumeArgs& a, const Context& ctx) {
   control.tensorboard_dir = a.tensorboard;
   if (!quiet && !a.tensorboard.empty()) trace::check_tensorboard_dir(a.tensorboard, false, false);
   run::RunSummary s = run::resume(a.run, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
-                                ctx.registry);
+                                  ctx.registry);
   printer->clear();
   if (!quiet) print_summary(s);
   return 0;

@@ -15,7 +15,6 @@ void add_verify(CLI::App& app, VerifyArgs& args) {
   ver->add_flag("--json", args.json, "JSON report (exit 3 when not ok)");
   ver->add_option("--world-size", args.world_size, "expected world size")->check(world_range());
   ver->footer("Example:\n  retrace verify run/checkpoints/step-00000010 --json");
-
 }
 
 std::optional<train::Numerics> numerics_verify(const VerifyArgs& args) {
@@ -32,7 +31,7 @@ int run_verify(const VerifyArgs& a, const Context&) {
     return j.value("ok", false) ? 0 : static_cast<int>(ExitCode::kCorrupt);
   }
   ckpt::Manifest m = ckpt::verify_checkpoint(a.dir, world);  // throws with the exact phrase
-  ckpt::check_table(a.dir, m);                                  // and what every rank's load will look for
+  ckpt::check_table(a.dir, m);                               // and what every rank's load will look for
   std::printf("checkpoint %s: step %llu, world size %u, schema %s, %zu shard(s), sha256 and table verified\n",
               a.dir.c_str(), static_cast<ull>(m.step), m.world_size, m.schema.c_str(), m.shards.size());
   for (const auto& s : m.shards)

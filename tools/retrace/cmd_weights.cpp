@@ -42,7 +42,8 @@ void read_model(const std::string& dir, Model& out) {
     out.shard.emplace(ckpt::load_shard(dir, out.manifest, 0, /*check_digest=*/true));
     out.source = out.shard->source;
     for (const auto& e : out.shard->tensors)
-      if (is_model(e.name)) out.views.push_back({e.name.substr(prefix), e.dtype, e.shape, out.shard->data(e), e.nbytes});
+      if (is_model(e.name))
+        out.views.push_back({e.name.substr(prefix), e.dtype, e.shape, out.shard->data(e), e.nbytes});
   } else {
     out.manifest = ckpt::verify_checkpoint(dir, std::nullopt, ckpt::kEveryShard);
     out.gathered = ckpt::gather_pieces(dir, out.manifest, [](const ckpt::TensorLayout& t) { return is_model(t.name); });
@@ -63,9 +64,11 @@ void pick_and_read(const std::string& path, Model& model) {
   RETRACE_CHECK(sfs::is_directory(path, ec), IoError, "retrace weights: ", path,
                 " is not a directory; name a checkpoint (run/checkpoints/step-00000010), a run directory or its "
                 "checkpoints directory");
-  if (sfs::exists(sfs::path(path) / ckpt::kManifestFile, ec) || ckpt::parse_step_dir_name(sfs::path(path).filename().string()))
+  if (sfs::exists(sfs::path(path) / ckpt::kManifestFile, ec) ||
+      ckpt::parse_step_dir_name(sfs::path(path).filename().string()))
     return read_model(path, model);
-  const sfs::path root = sfs::is_directory(sfs::path(path) / "checkpoints", ec) ? sfs::path(path) / "checkpoints" : sfs::path(path);
+  const sfs::path root = sfs::is_directory(sfs::path(path) / "checkpoints", ec) ? sfs::path(path) / "checkpoints"
+                                                                                : sfs::path(path);
   std::vector<std::pair<std::string, std::string>> skipped;
   auto pick = ckpt::newest_step_dir_that(
       root.string(), [&model](const std::string& dir) { return read_model(dir, model), true; }, skipped);
@@ -123,7 +126,8 @@ int run_weights(const WeightsArgs& a, const Context&) {
   std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                  {"retrace.step", std::to_string(manifest.step)},
                                                  {"retrace.config_hash", manifest.config_hash}};
-  if (auto it = manifest.versions.find("libtorch"); it != manifest.versions.end()) metadata["retrace.libtorch"] = it->second;
+  if (auto it = manifest.versions.find("libtorch"); it != manifest.versions.end())
+    metadata["retrace.libtorch"] = it->second;
   const safetensors::ShardFileInfo info = safetensors::write_shard(a.out, metadata, views);
   std::printf("wrote %s: %zu tensors, %llu elements, %llu bytes of tensor data (file %llu bytes, sha256 %s)\n",
               a.out.c_str(), views.size(), static_cast<ull>(elements), static_cast<ull>(bytes),

@@ -73,12 +73,10 @@ void print_summary(const run::RunSummary& s) {
               s.resumed_from.empty() ? "recorded" : "resumed and recorded", static_cast<ull>(s.steps),
               static_cast<ull>(s.first_step), static_cast<ull>(s.last_step), static_cast<ull>(s.total_steps),
               static_cast<ull>(s.skipped), s.wall_seconds, s.steps_per_second, s.final_loss);
-  if (s.eval_perplexity > 0)
-    std::printf("; val loss %.6f, perplexity %.4f", s.eval_loss, s.eval_perplexity);
-  else if (s.test_accuracy >= 0)
-    std::printf("; test accuracy %.4f", s.test_accuracy);
-  std::printf("\nrun directory: %s  (trace %llu bytes, %.0f bytes/step, %llu checkpoints written)\n",
-              s.run_dir.c_str(), static_cast<ull>(s.trace_bytes),
+  if (s.eval_perplexity > 0) std::printf("; val loss %.6f, perplexity %.4f", s.eval_loss, s.eval_perplexity);
+  else if (s.test_accuracy >= 0) std::printf("; test accuracy %.4f", s.test_accuracy);
+  std::printf("\nrun directory: %s  (trace %llu bytes, %.0f bytes/step, %llu checkpoints written)\n", s.run_dir.c_str(),
+              static_cast<ull>(s.trace_bytes),
               s.last_step ? static_cast<double>(s.trace_bytes) / static_cast<double>(s.last_step) : 0.0,
               static_cast<ull>(s.checkpoints));
   if (s.interrupted)
@@ -105,13 +103,9 @@ std::vector<std::string> without_flag(std::vector<std::string> argv, const std::
   return out;
 }
 
-CLI::Validator step_range() {
-  return CLI::Range(int64_t{1}, kMaxSteps, "STEP in [1, 10^12]");
-}
+CLI::Validator step_range() { return CLI::Range(int64_t{1}, kMaxSteps, "STEP in [1, 10^12]"); }
 
-CLI::Validator world_range() {
-  return CLI::Range(int64_t{1}, int64_t{1} << 16, "RANKS in [1, 65536]");
-}
+CLI::Validator world_range() { return CLI::Range(int64_t{1}, int64_t{1} << 16, "RANKS in [1, 65536]"); }
 
 CLI::Validator finite_at_least(double lo) {
   return CLI::Validator(
@@ -157,7 +151,8 @@ run::Sabotage sabotage_from_env() {
   const std::string s = v;
   if (s == "rollback-newest-checkpoint") return run::Sabotage::kRollbackNewestCheckpoint;
   if (s == "rank1-rng-restore") return run::Sabotage::kRank1RngRestore;
-  RETRACE_FAIL(ConfigError, "RETRACE_TEST_SABOTAGE=", s, " names no sabotage (rollback-newest-checkpoint, "
+  RETRACE_FAIL(ConfigError, "RETRACE_TEST_SABOTAGE=", s,
+               " names no sabotage (rollback-newest-checkpoint, "
                "rank1-rng-restore); it is for retrace's own edge tests: unset it");
 }
 

@@ -74,8 +74,8 @@ class StepPrinter {
     const bool skip = r.outcome == records::Outcome::kSkip;
     std::printf("%s  step %6llu  epoch %llu  batch %5llu  loss %.6f  grad %.4f -> %.4f  lr %.3e  scale %g%s%s\n",
                 skip ? "SKIP" : "STEP", static_cast<ull>(r.step), static_cast<ull>(r.epoch),
-                static_cast<ull>(r.batch_in_epoch), r.loss, r.grad_norm_pre, r.grad_norm_post, r.lr,
-                r.loss_scale, skip ? "  reason " : "", skip ? r.skip_reason.c_str() : "");
+                static_cast<ull>(r.batch_in_epoch), r.loss, r.grad_norm_pre, r.grad_norm_post, r.lr, r.loss_scale,
+                skip ? "  reason " : "", skip ? r.skip_reason.c_str() : "");
     std::fflush(stdout);
   }
   bool live_;
