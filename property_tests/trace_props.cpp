@@ -104,7 +104,8 @@ void truncation() {
   write_steps(path, sample_header(), steps);
   std::string bytes = read_bytes(path);
   std::vector<uint64_t> ends;
-  for (const FrameIndexEntry& e : TraceReader::open(path).index()) {
+  const TraceReader whole = TraceReader::open(path);  // it must outlive the loop over its index
+  for (const FrameIndexEntry& e : whole.index()) {
     ends.push_back(e.offset + kFrameHeaderSize + e.compressed_len);
   }
   uint64_t cut = *rc::gen::inRange<uint64_t>(ends.front(), bytes.size() + 1);

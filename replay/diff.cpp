@@ -19,14 +19,6 @@ using records::EvalRecord;
 using records::EventRecord;
 using records::StepRecord;
 
-std::string trim(const std::string& s) {
-  const char* ws = " \t\r\n";
-  auto b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  auto e = s.find_last_not_of(ws);
-  return s.substr(b, e - b + 1);
-}
-
 std::string fmt(double v, const char* spec = "%.6g") {
   char buf[64];
   std::snprintf(buf, sizeof buf, spec, v);

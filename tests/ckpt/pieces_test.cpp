@@ -190,7 +190,9 @@ TEST(Pieces, AnotherRanksShardIsReadByRangeOnlyWhereWanted) {
   // Rank 0's shard whole, and of the others exactly the model's pieces.
   EXPECT_EQ(read, own + wanted) << "pieces elsewhere " << pieces_elsewhere;
   for (size_t i = 0; i < m.tensors.size(); ++i)
-    if (is_model(m.tensors[i])) EXPECT_EQ(out[i], w.values[i]) << m.tensors[i].name;
+    if (is_model(m.tensors[i])) {
+      EXPECT_EQ(out[i], w.values[i]) << m.tensors[i].name;
+    }
 
   // Damage in rank 2's shard outside what is wanted: not read, so not seen; inside: an
   // IntegrityError naming the file, the tensor, its elements and bytes.

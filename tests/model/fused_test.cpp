@@ -95,7 +95,9 @@ TEST(Fused, AttentionWeightsSameBitsAsThePlainOps) {
         a.backward(upstream);
         ref.backward(upstream);
         EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where;
-        if (t > 1) EXPECT_GT(a_in.grad().nan_to_num(0.0, 0.0, 0.0).abs().sum().item<double>(), 0.0) << where;
+        if (t > 1) {
+          EXPECT_GT(a_in.grad().nan_to_num(0.0, 0.0, 0.0).abs().sum().item<double>(), 0.0) << where;
+        }
       }
     }
   }
@@ -148,7 +150,9 @@ TEST(Fused, RetraceGeluSameBitsAsItsKernelOnTheLanes) {
       y.backward(upstream);
       EXPECT_TRUE(same_bits(in.grad(), want_grad)) << "gradient differs, n " << n << ", lanes " << lanes_n;
       // Not LibTorch's bits (else the key would choose nothing), yet the same function.
-      if (n >= 17) EXPECT_FALSE(same_bits(y, torch::gelu(x))) << n;
+      if (n >= 17) {
+        EXPECT_FALSE(same_bits(y, torch::gelu(x))) << n;
+      }
       EXPECT_TRUE(torch::allclose(y, torch::gelu(x), 1e-5, 1e-6)) << n;
     }
   }
@@ -236,8 +240,9 @@ TEST(Fused, SplitAndMergeHeadsSameBitsAsTheViews) {
         const std::string which = std::string(k_only ? ", k only" : "") + (with_bias ? ", bias" : "");
         EXPECT_TRUE(same_bits(a_in.grad(), b_in.grad())) << "gradient differs, " << where << which;
         EXPECT_GT(a_in.grad().abs().sum().item<double>(), 0.0) << where;
-        if (with_bias)
+        if (with_bias) {
           EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where << which;
+        }
       }
       torch::Tensor y = torch::randn({b, h, t, dh});
       torch::Tensor upstream = torch::randn({b, t, d});
@@ -286,9 +291,12 @@ TEST(Fused, DropoutResidualSameBitsAsThePlainOps) {
       ref.backward(upstream);
       EXPECT_TRUE(same_bits(a_branch.grad(), b_branch.grad())) << "branch gradient differs, " << where;
       EXPECT_TRUE(same_bits(a_x.grad(), b_x.grad())) << "residual gradient differs, " << where;
-      if (with_bias) EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where;
-      if (branch.numel() > 100)
+      if (with_bias) {
+        EXPECT_TRUE(same_bits(a_bias.grad(), b_bias.grad())) << "bias gradient differs, " << where;
+      }
+      if (branch.numel() > 100) {
         EXPECT_GT((a_branch.grad() == 0).sum().item<int64_t>(), 0) << "nothing dropped, " << where;
+      }
     }
   }
   EXPECT_THROW(dropout_residual(torch::randn({4}), torch::Tensor(), torch::randn({5}), 0.1), InvariantError);

@@ -119,8 +119,9 @@ void run_side_by_side(const std::vector<int64_t>& sizes, torch::Dtype dtype, dou
     plain->step();
     expect_same_state(*fused, ma, *plain, mb, step);
     for (size_t k = 0; clip > 0 && k < pa.size(); ++k)
-      if (pa[k].grad().defined())
+      if (pa[k].grad().defined()) {
         EXPECT_EQ(differing(pa[k].grad(), pb[k].grad()), 0) << "gradient " << k << " at step " << step;
+      }
     if (::testing::Test::HasFailure()) return;
   }
   // The comparison means something only if the fused loop really ran (float32) or really did not.
@@ -261,7 +262,9 @@ void check_kept_sums(int lanes, KeptSums kind, bool scale) {
   for (int step = 1; step <= 3; ++step) {
     torch::manual_seed(50 + step);
     for (auto& p : m.parameters()) p.mutable_grad() = torch::randn_like(p);
-    if (scale) ASSERT_TRUE(defer_grad_scale(*opt, m.parameters(), 0.37));
+    if (scale) {
+      ASSERT_TRUE(defer_grad_scale(*opt, m.parameters(), 0.37));
+    }
     opt->step();
     check_all(true, "after a fused step");
   }
