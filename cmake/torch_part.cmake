@@ -31,6 +31,7 @@ add_library(retrace_train STATIC
   src/train/config_toml.cpp
   src/train/config_validate.cpp
   src/train/config_reference.cpp
+  src/train/resolved_config.cpp
   src/train/numerics.cpp
   src/train/faults.cpp
   src/train/guards.cpp

@@ -10,6 +10,7 @@
 #include "replay/compare.h"
 #include "trace/trace_reader.h"
 #include "run/run.h"
+#include "train/environment.h"
 
 namespace retrace::replay {
 
@@ -47,7 +48,7 @@ std::vector<AccumGridRow> accum_grid(const train::Config& config, const std::vec
           o.out_dir = row.run_dir;
           o.scratch = true;
           o.registry = &registry;
-          run::record(c, o, {});
+          run::record(train::resolve_here(c), o, {});
           return peak_rss_mib();
         },
         "the accumulation grid's run with train.accum_steps = " + std::to_string(a));

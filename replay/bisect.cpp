@@ -45,13 +45,15 @@ std::string run_dir_of(const std::string& p) {
 Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uint64_t s, const std::string& label,
                   train::Numerics numerics, const train::Registry& registry, distributed::ProcessGroup* pg = nullptr,
                   const run::RunCallbacks* cb = nullptr) {
-  train::Config cfg = train::parse_config(h.config_toml, label + " trace header", {}, train::ConfigSource::kRecorded);
-  cfg.runtime.numerics = numerics;
-  train::resolve_threads(cfg.runtime);
+  train::Config parsed = train::parse_config(h.config_toml, label + " trace header", {},
+                                             train::ConfigSource::kRecorded);
+  parsed.runtime.numerics = numerics;
+  const train::ResolvedConfig resolved = train::resolve_here(std::move(parsed));
+  const train::Config& cfg = resolved.config;
   train::apply_environment(cfg.runtime);
   registry.check(cfg);
   data::Dataset data = registry.load_data(cfg);
-  train::Trainer t(cfg, data, registry, pg);
+  train::Trainer t(resolved, data, registry, pg);
   Probed out;
   for (const auto& [step, dir] : ckpt::list_step_dirs(run::checkpoint_root(run_dir))) {
     if (step >= s) continue;

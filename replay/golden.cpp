@@ -11,6 +11,7 @@
 #include "replay/replay.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
+#include "train/environment.h"
 
 namespace retrace::replay {
 namespace stdfs = std::filesystem;
@@ -62,7 +63,7 @@ void run_into(const train::Config& config, int64_t interrupt_at, const std::stri
   o.out_dir = out;
   o.scratch = true;
   o.control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, interrupt_at));
-  run::record(config, o, cb);
+  run::record(train::resolve_here(config), o, cb);
   if (interrupt_at > 0) run::resume(out, {}, cb, nullptr, registry);
 }
 

@@ -13,6 +13,7 @@
 #include "trace/framing.h"
 #include "trace/trace_reader.h"
 #include "train/config.h"
+#include "train/environment.h"
 #include "train/faults.h"
 
 namespace retrace::replay {
@@ -74,7 +75,7 @@ ReplayResult replay_run(const std::string& run_or_trace, const ReplayOptions& op
     ro.registry = options.registry;
     ro.expected_inputs = &h.data_files;
     ro.inputs_what = "cannot replay " + res.recorded_trace;
-    res.input_changes = run::record(config, ro, cb).input_changes;
+    res.input_changes = run::record(train::resolve_here(config), ro, cb).input_changes;
   } else {
     // Lay out a run directory that `resume` continues: the config, the chosen checkpoint, and the
     // recorded trace cut at the checkpoint's position (so the hash chain continues).

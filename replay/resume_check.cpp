@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "trace/trace_reader.h"
+#include "train/environment.h"
 
 namespace retrace::replay {
 namespace {
@@ -30,13 +31,14 @@ ResumeCheck check_resume(const train::Config& config, const std::string& out_dir
   a.scratch = true;
   a.force = force;
   say("== uninterrupted run -> " + r.uninterrupted_dir);
-  run::record(config, with_registry(a, registry), cb);
+  const train::ResolvedConfig resolved = train::resolve_here(config);
+  run::record(resolved, with_registry(a, registry), cb);
 
   run::RecordOptions b = a;
   b.out_dir = r.resumed_dir;
   b.control.interrupt_at = interrupt_at;
   say("== run interrupted after step " + std::to_string(interrupt_at) + " -> " + r.resumed_dir);
-  run::RunSummary first = run::record(config, with_registry(b, registry), cb);
+  run::RunSummary first = run::record(resolved, with_registry(b, registry), cb);
   RETRACE_CHECK(first.interrupted, ConfigError, "--interrupt-at ", interrupt_at, " is not before the last step ",
                 first.last_step, ": nothing to resume");
   say("== resume " + r.resumed_dir);

@@ -317,7 +317,7 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   impl->seed = o.seed;
   impl->keep_last = o.keep_last;
   impl->settings = o;
-  impl->config_hash = ckpt::config_hash(config_text);
+  impl->config_hash = train::config_hash(config_text);
   impl->params = h.params;
   impl->modules = index_modules(h.params);
   h.config_toml = config_text;

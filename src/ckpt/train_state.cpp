@@ -110,8 +110,6 @@ std::vector<TensorLayout> sliced_layouts(const std::vector<SlicePart>& mine, uin
 
 }  // namespace
 
-std::string config_hash(const std::string& config_toml) { return sha256_hex(config_toml.data(), config_toml.size()); }
-
 std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
                           uint32_t keep_last, train::Collective* sync, RotationReport* rotation,
                           const StateSnapshot* anchor) {
@@ -297,7 +295,7 @@ StateSnapshot snapshot_of(train::Trainer& trainer, bool copy) {
     for (auto& [name, t] : snap.optim) t = t.detach().clone();
   }
   snap.rng = trainer.rng_state().serialize();
-  snap.config_hash = config_hash(train::to_toml(trainer.config()));
+  snap.config_hash = trainer.config_hash();
   snap.metadata["epoch"] = std::to_string(trainer.cursor().epoch);
   snap.metadata["batch_in_epoch"] = std::to_string(trainer.cursor().batch_in_epoch);
   snap.metadata["samples_seen"] = std::to_string(trainer.samples_seen());
@@ -563,7 +561,7 @@ void check_snapshot_values(train::Trainer& trainer, const LoadedSnapshot& snap) 
 RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap, bool values_checked,
                       const Reshard* reshard = nullptr) {
   // The config is checked before any tensor is applied: the manifest holds its hash.
-  const std::string cfg_hash = reshard ? reshard->config_hash : config_hash(train::to_toml(trainer.config()));
+  const std::string cfg_hash = reshard ? reshard->config_hash : trainer.config_hash();
   const Manifest& m = snap.manifest;
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
                 " was made with another config (config hash ", m.config_hash.substr(0, 12), ", this run's is ",

@@ -163,6 +163,4 @@ std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, con
 // The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);
 
-std::string config_hash(const std::string& config_toml);
-
 }  // namespace retrace::ckpt

@@ -63,7 +63,7 @@ struct TraceHeader {
   std::string schema = kTraceSchema;
   std::string retrace_version;
   std::string config_toml;  // the resolved config, exactly as written to run/config.toml
-  std::string config_hash;  // sha256 hex of config_toml
+  std::string config_hash;  // sha256 hex of the config's canonical text (train/resolved_config.h), not of config_toml
   uint64_t seed = 0;
   std::vector<KeyValue> fingerprint;  // environment: libtorch version, BLAS, threads, ...
   std::string model_description;

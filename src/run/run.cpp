@@ -250,16 +250,26 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
 }
 }  // namespace
 
+namespace {
+// A resume onto another layout: the config to continue under, the checkpoint's layout, and the note
+// for the trace ("" when nothing changes).
+struct ReshardPlan {
+  ResolvedConfig next;
+  ckpt::Reshard from;
+  std::string note;
+};
+
 // `resume --reshard` onto `world` ranks: the checkpoint's world size (its newest manifest), the
 // config it was written under (the run's config.toml is at the checkpoint's layout, or at this
-// layout when an earlier reshard onto `world` stopped before its first checkpoint), and `config`
-// changed in place to the same global batch on `world` ranks.
-namespace {
+// layout when an earlier reshard onto `world` stopped before its first checkpoint), and the next
+// config: the recorded one at the same global batch on `world` ranks.
 // `zero_stage` (resume --zero-stage): the ZeRO stage to continue at, and the candidates include
 // the other stage (the run's config.toml is at the checkpoint's, or at this one's when an earlier
 // switch stopped before its first checkpoint).
-ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t world, std::string& note,
-                           std::optional<int64_t> zero_stage = std::nullopt, bool allow_reshard = true) {
+ReshardPlan plan_reshard(const ResolvedConfig& recorded, const std::string& root, uint32_t world,
+                         std::optional<int64_t> zero_stage = std::nullopt, bool allow_reshard = true) {
+  Config config = recorded.config;  // becomes the plan's next config
+  std::string note;
   const std::optional<ckpt::Manifest> newest = ckpt::newest_checkpoint_manifest(root);
   RETRACE_CHECK(newest.has_value(), IntegrityError, "resume --reshard: no checkpoint with a readable manifest in ",
                 root);
@@ -278,7 +288,7 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
       Config c = config;
       c.data.batch_size = scaled / static_cast<int64_t>(n);
       c.runtime.zero_stage = stage;
-      if (newest->config_hash == ckpt::config_hash(to_toml(c))) {
+      if (newest->config_hash == config_hash(to_toml(c))) {
         source = c;
         found = true;
         break;
@@ -334,7 +344,7 @@ ckpt::Reshard plan_reshard(Config& config, const std::string& root, uint32_t wor
     note += std::string(note.empty() ? "" : "; ") + "runtime.zero_stage " + std::to_string(source.runtime.zero_stage) +
             " -> " + std::to_string(config.runtime.zero_stage) +
             ": the same bits (only where the optimizer state lives changes)";
-  return ckpt::Reshard{n, ckpt::config_hash(to_toml(source))};
+  return ReshardPlan{resolved(std::move(config)), ckpt::Reshard{n, config_hash(to_toml(source))}, std::move(note)};
 }
 }  // namespace
 
@@ -392,15 +402,15 @@ std::vector<records::KeyValue> run_fingerprint(const Config& config, const model
   return f;
 }
 
-RunSummary record(Config config, const RecordOptions& options, const RunCallbacks& cb) {
-  resolve_threads(config.runtime);
+RunSummary record(const ResolvedConfig& resolved_config, const RecordOptions& options, const RunCallbacks& cb) {
+  const Config& config = resolved_config.config;
   apply_environment(config.runtime);
   const bool lead = !options.process_group || options.process_group->rank() == 0;
   if (lead) RunLock::refuse_if_held(options.out_dir, options.scratch ? "scratch run" : "record");
   if (cb.on_message && lead) cb.on_message(numerics_summary(config.runtime));
   // config.toml and the header hold every key (legacy-valued ones too, so that `record --config
   // RUN/config.toml` reproduces the run); the hash is of the canonical text (train/config.h).
-  const std::string config_text = to_toml(config, TomlForm::kComplete);
+  const std::string& config_text = resolved_config.complete_toml;
 
   // Everything that can fail on bad input happens before the run directory is touched.
   const Registry& registry = options.registry ? *options.registry : builtin_registry();
@@ -412,7 +422,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   check_memory_fits(config, data.vocab_size);
   distributed::ProcessGroup* pg = options.process_group;
   const uint32_t rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
-  Trainer trainer(config, data, registry, pg);
+  Trainer trainer(resolved_config, data, registry, pg);
   // Rank 0 holds the run directory's lock until the run ends: the one writer (run_lock.h).
   RunLock lock;
   if (rank == 0) lock = create_run_dir(options.out_dir, options.force, options.scratch, config_text);
@@ -426,7 +436,7 @@ RunSummary record(Config config, const RecordOptions& options, const RunCallback
   std::optional<trace::TraceWriter> writer;
   if (config.trace.enabled && rank == 0) {
     HeaderParts parts{config_text,
-                      ckpt::config_hash(to_toml(config)),
+                      resolved_config.hash,
                       static_cast<uint64_t>(config.seed),
                       run_fingerprint(config, trainer.model(), world, pg),
                       trainer.model().description,
@@ -452,7 +462,7 @@ namespace {
 // asked), the trace as it is on disk, and the data set, checked against the trace's inputs.
 struct ResumeInputs {
   uint32_t rank = 0, world = 1;
-  Config config;
+  ResolvedConfig resolved;  // the run's config.toml resolved here (resharded when asked)
   // The trace as it is on disk, opened once: its header, and (rank 0, which writes it) the intact
   // frames that a checkpoint must continue.
   std::optional<trace::TraceReader> before;
@@ -460,7 +470,8 @@ struct ResumeInputs {
   std::string reshard_note;
   std::vector<InputChange> changes;  // inputs accepted although changed
   data::Dataset data;
-  bool writes_trace() const { return config.trace.enabled && rank == 0; }
+  const Config& config() const { return resolved.config; }
+  bool writes_trace() const { return config().trace.enabled && rank == 0; }
 };
 
 ResumeInputs check_resume_inputs(const std::string& run_dir, const LoopControl& control, const RunCallbacks& cb,
@@ -468,9 +479,8 @@ ResumeInputs check_resume_inputs(const std::string& run_dir, const LoopControl& 
   ResumeInputs in;
   in.rank = pg ? pg->rank() : 0;
   in.world = pg ? pg->world_size() : 1;
-  in.config = load_config(config_path(run_dir), {}, ConfigSource::kRecorded);
-  Config& config = in.config;
-  resolve_threads(config.runtime);
+  in.resolved = resolve_here(load_config(config_path(run_dir), {}, ConfigSource::kRecorded));
+  const Config& config = in.resolved.config;  // the member: still it after a reshard plan replaces the value
   apply_environment(config.runtime);
   const bool speaks = cb.on_message && in.rank == 0;
   if (speaks) cb.on_message(numerics_summary(config.runtime));
@@ -484,8 +494,11 @@ ResumeInputs check_resume_inputs(const std::string& run_dir, const LoopControl& 
     recorded_inputs = in.before->header().data_files;
   }
   if (control.reshard || control.zero_stage) {
-    in.reshard = plan_reshard(config, checkpoint_root(run_dir), in.world, in.reshard_note, control.zero_stage,
-                              control.reshard);
+    ReshardPlan plan = plan_reshard(in.resolved, checkpoint_root(run_dir), in.world, control.zero_stage,
+                                    control.reshard);
+    in.resolved = std::move(plan.next);
+    in.reshard = std::move(plan.from);
+    in.reshard_note = std::move(plan.note);
     if (speaks && !in.reshard_note.empty()) cb.on_message(in.reshard_note);
     if (control.reshard && config.runtime.invariance != Invariance::kBatch && speaks)
       cb.on_message(
@@ -524,7 +537,7 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
   // read of its bytes); every rank passes the check when the trace is on, for the ranks' round.
   const bool writes_trace = in.writes_trace();
   ckpt::ManifestCheck continues_trace;
-  if (in.config.trace.enabled)
+  if (in.config().trace.enabled)
     continues_trace = [&before = in.before, writes_trace](const ckpt::Manifest& m) {
       if (writes_trace && before)
         before->check_continues(m.trace_position,
@@ -554,9 +567,9 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
                   " but rank 0 picked ", picks[0], "; are the ranks looking at the same run directory?");
   }
   if (in.rank == 1 && control.sabotage == Sabotage::kRank1RngRestore)
-    rng::restore_torch(fresh, cuda_index(in.config.runtime));
+    rng::restore_torch(fresh, cuda_index(in.config().runtime));
   // The run directory's config is the resharded one from now on (its checkpoints will be).
-  if (in.reshard && in.rank == 0) fs::write_file_atomic(config_path(run_dir), to_toml(in.config, TomlForm::kComplete));
+  if (in.reshard && in.rank == 0) fs::write_file_atomic(config_path(run_dir), in.resolved.complete_toml);
   return chosen;
 }
 
@@ -579,7 +592,7 @@ std::optional<trace::TraceWriter> reopen_trace(const std::string& run_dir, Resum
   const uint64_t intact = in.before->valid_bytes(), on_disk = stdfs::file_size(path);
   in.before.reset();
   writer.emplace(trace::TraceWriter::resume(path, restored.position.bytes, restored.position.chain, trainer.step(),
-                                            side, static_cast<int>(in.config.trace.zstd_level)));
+                                            side, static_cast<int>(in.config().trace.zstd_level)));
   attach_tensorboard(*writer, control, header, false, false);
   std::string msg = "resumed from " + restored.dir + " at step " + std::to_string(trainer.step());
   if (intact > restored.position.bytes)
@@ -604,7 +617,7 @@ std::optional<trace::TraceWriter> reopen_trace(const std::string& run_dir, Resum
   }
   // The header's fingerprint is the first process's; a resume under other numerics (another
   // machine in native mode, another kernel set in the environment) is said and recorded.
-  const auto now = run_fingerprint(in.config, trainer.model(), in.world, pg);
+  const auto now = run_fingerprint(in.config(), trainer.model(), in.world, pg);
   if (const auto keys = records::numerics_differences(recorded, now); !keys.empty()) {
     std::string what;
     for (const auto& k : keys) {
@@ -637,7 +650,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   if (rank == 0 && !control.run_locked) lock = RunLock::acquire(run_dir, "resume");
   check_config_present(run_dir, "resume");
   ResumeInputs in = check_resume_inputs(run_dir, control, cb, pg, registry);
-  Trainer trainer(in.config, in.data, registry, pg);
+  Trainer trainer(in.resolved, in.data, registry, pg);
   ChosenCheckpoint chosen = choose_checkpoint(run_dir, in, trainer, control, cb, pg);
   load_fired(run_dir, trainer);
 
@@ -648,7 +661,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   for (const auto& c : in.changes) summary.input_changes.push_back(c.path);
   std::optional<trace::TraceWriter> writer = reopen_trace(run_dir, in, chosen, trainer, control, cb, pg);
   const bool redo_evaluation = chosen.restored.extra.count(kEvalDueKey) > 0;
-  run_loop(trainer, in.config, writer ? &*writer : nullptr, run_dir, control, cb, summary, pg,
+  run_loop(trainer, in.config(), writer ? &*writer : nullptr, run_dir, control, cb, summary, pg,
            std::move(chosen.restored.anchor), redo_evaluation);
   return summary;
 }

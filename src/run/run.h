@@ -15,6 +15,7 @@
 #include "run/run_dir.h"
 #include "records/records.h"
 #include "train/config.h"
+#include "train/resolved_config.h"
 #include "train/registry.h"
 
 namespace retrace::distributed {
@@ -120,10 +121,11 @@ struct RunSummary {
   void add(const records::StepRecord& step);
 };
 
-// Trains `config` into options.out_dir. Validates everything (config, data set, output
-// directory) before creating anything, so a failure never leaves a half-written run. An existing
-// non-empty directory is refused (ConfigError) unless options.force.
-RunSummary record(train::Config config, const RecordOptions& options, const RunCallbacks& callbacks);
+// Trains `config` (resolved on this machine: train::resolve_here) into options.out_dir. Validates
+// everything (config, data set, output directory) before creating anything, so a failure never
+// leaves a half-written run. An existing non-empty directory is refused (ConfigError) unless
+// options.force.
+RunSummary record(const train::ResolvedConfig& config, const RecordOptions& options, const RunCallbacks& callbacks);
 
 // Continues the run in run_dir from its newest checkpoint that verifies (falling back past torn or
 // corrupt ones, each reported through on_message), truncating the trace to the checkpoint's

@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "core/parse_number.h"
@@ -175,6 +176,11 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime) {
   if (runtime.blas_threads == 0)
     runtime.blas_threads = n == Numerics::kPortable ? kPortableBlasThreads : std::min<int64_t>(cores, 8);
   return {runtime.threads, runtime.blas_threads, runtime.interop_threads};
+}
+
+ResolvedConfig resolve_here(Config parsed) {
+  resolve_threads(parsed.runtime);
+  return resolved(std::move(parsed));
 }
 
 namespace {

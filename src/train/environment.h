@@ -9,6 +9,7 @@
 
 #include "records/records.h"
 #include "train/config.h"
+#include "train/resolved_config.h"
 
 namespace retrace::train {
 
@@ -23,6 +24,10 @@ struct ThreadLayout {
 // gives other bits) or the core count capped at 8 under native. Writes the resolved numbers back
 // into the config so they are recorded and replayed.
 ThreadLayout resolve_threads(RuntimeConfig& runtime);
+
+// A parsed config as this process runs it: its thread counts resolved here (resolve_threads), then
+// its texts and hash (resolved_config.h). Once per command; the value is passed on by const&.
+ResolvedConfig resolve_here(Config parsed);
 
 // runtime.elementwise_threads resolved: the lanes of model/lanes.h, 1 or 2 (never changes bits).
 int elementwise_threads(const RuntimeConfig& runtime);

@@ -41,17 +41,22 @@ uint64_t rank_seed(uint64_t seed, uint32_t rank) {
 }
 
 Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry& registry, Collective* ranks)
-    : config_(config),
+    : Trainer(resolved(config), data, registry, ranks) {}
+
+Trainer::Trainer(const ResolvedConfig& resolved_config, const data::Dataset& data, const Registry& registry,
+                 Collective* ranks)
+    : config_(resolved_config),
       data_(data),
       ranks_(ranks),
       rank_(ranks ? ranks->rank() : 0),
       world_size_(ranks ? ranks->world_size() : 1),
-      sampler_(static_cast<uint64_t>(config.seed), static_cast<uint64_t>(data.train.size()),
-               static_cast<uint64_t>(config.data.batch_size * config.train.accum_steps), config.data.last_batch, rank_,
-               world_size_, config.data.order),
-      total_steps_(total_steps_for(config, sampler_.batches_per_epoch())),
-      policies_(make_policies(config, registry, total_steps_)),
-      state_(initial_state(config, data, registry)) {
+      sampler_(static_cast<uint64_t>(config_.config.seed), static_cast<uint64_t>(data.train.size()),
+               static_cast<uint64_t>(config_.config.data.batch_size * config_.config.train.accum_steps),
+               config_.config.data.last_batch, rank_, world_size_, config_.config.data.order),
+      total_steps_(total_steps_for(config_.config, sampler_.batches_per_epoch())),
+      policies_(make_policies(config_.config, registry, total_steps_)),
+      state_(initial_state(config_.config, data, registry)) {
+  const Config& config = config_.config;
   check_model_fits(config, state_.model, policies_.loss, data);
   if (rank_ > 0)
     rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
@@ -87,7 +92,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
 
 torch::Device Trainer::device() const {
   // One device per rank: LOCAL_RANK is rank within the host; world size 1 uses device 0.
-  const int index = cuda_index(config_.runtime);
+  const int index = cuda_index(config_.config.runtime);
   return index < 0 ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
@@ -134,7 +139,7 @@ records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_
   for (auto& p : state_.model.module->parameters()) p.mutable_grad() = torch::Tensor();
   state_.model.module->eval();
   const data::Split& test = data_.test;
-  const EvalPlan plan = eval_plan(config_, test.size());
+  const EvalPlan plan = eval_plan(config_.config, test.size());
   double loss_sum = 0;
   int64_t correct = 0, items = 0;
   bool classification = true;
@@ -145,7 +150,7 @@ records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_
     torch::Tensor y = batch.targets.to(device());
     // Accuracy where it has a meaning: class indices against one score per class. Runs recorded
     // before [eval] existed also counted a language model's next-token hits, and replay so.
-    classification = !c10::isFloatingType(y.scalar_type()) && (y.dim() == 1 || config_.eval.legacy_keys);
+    classification = !c10::isFloatingType(y.scalar_type()) && (y.dim() == 1 || config_.config.eval.legacy_keys);
     torch::Tensor outputs = state_.model.forward(x);
     loss_sum += policies_.loss(outputs, y).item<double>();
     if (classification) {
@@ -173,10 +178,10 @@ records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_
 
 NamedTensors Trainer::optimizer_state(std::vector<SliceOf>* slices) {
   if (slices) slices->clear();
-  if (!state_.zero) return train::optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name);
+  if (!state_.zero) return train::optimizer_state(*state_.optimizer, *state_.model.module, config_.config.optim.name);
   std::vector<SliceOf> mine;
-  NamedTensors out = zero_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.optim.name,
-                                          mine);
+  NamedTensors out = zero_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module,
+                                          config_.config.optim.name, mine);
   if (slices) *slices = std::move(mine);
   return out;
 }
@@ -191,20 +196,22 @@ void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t
                 "the checkpoint's data cursor (epoch ", rng.cursor.epoch, ", batch ", rng.cursor.batch_in_epoch,
                 ") is past the end of an epoch of ", sampler_.batches_per_epoch(),
                 " batches: was it made with another batch size?");
-  const uint64_t per_step = static_cast<uint64_t>(config_.data.batch_size * config_.train.accum_steps) * world_size_;
+  const uint64_t per_step = static_cast<uint64_t>(config_.config.data.batch_size * config_.config.train.accum_steps) *
+                            world_size_;
   RETRACE_CHECK(step <= (uint64_t(1) << 40) && samples_seen <= step * per_step, FormatError, "the checkpoint of step ",
                 step, " says ", samples_seen, " samples were seen, more than ", step, " steps of ", per_step,
                 " can see; its state was edited or belongs to another config");
   state_.step = step;
   state_.samples_seen = samples_seen;
   state_.cursor = rng.cursor;
-  rng::restore_torch(rng, cuda_index(config_.runtime));
+  rng::restore_torch(rng, cuda_index(config_.config.runtime));
 }
 
 void Trainer::load_optimizer_state(const NamedTensors& state) {
   if (state_.zero)
-    return zero_load_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.optim.name, state);
-  train::load_optimizer_state(*state_.optimizer, *state_.model.module, config_.optim.name, state);
+    return zero_load_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.config.optim.name,
+                                     state);
+  train::load_optimizer_state(*state_.optimizer, *state_.model.module, config_.config.optim.name, state);
 }
 
 }  // namespace retrace::train

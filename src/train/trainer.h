@@ -24,6 +24,7 @@
 #include "rng/rng_state.h"
 #include "train/collective.h"
 #include "train/config.h"
+#include "train/resolved_config.h"
 #include "train/policies.h"
 #include "train/probe.h"
 #include "train/registry.h"
@@ -44,6 +45,9 @@ class Trainer {
   // rank_seed(seed, rank): every rank starts from the same parameters and draws its own dropout
   // masks. `data` and `ranks` (the other ranks of a data-parallel run, nullptr for one process)
   // must outlive the trainer; the registry need not.
+  Trainer(const ResolvedConfig& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
+          Collective* ranks = nullptr);
+  // A config whose thread counts are resolved (tests, benchmarks): its texts and hash are made here.
   Trainer(const Config& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
           Collective* ranks = nullptr);
 
@@ -66,7 +70,9 @@ class Trainer {
   uint64_t total_steps() const { return total_steps_; }
   const data::Cursor& cursor() const { return state_.cursor; }
   uint64_t batches_per_epoch() const { return sampler_.batches_per_epoch(); }
-  const Config& config() const { return config_; }
+  const Config& config() const { return config_.config; }
+  // The config's hash (resolved_config.h): what checkpoints hold and a resume compares.
+  const std::string& config_hash() const { return config_.hash; }
   torch::nn::Module& module() { return *state_.model.module; }
   const model::ModelHandle& model() const { return state_.model; }
   torch::optim::Optimizer& optimizer() { return *state_.optimizer; }
@@ -125,7 +131,7 @@ class Trainer {
   void fold_chunks_by_rank_sums() { policies_.chunk_rank_sums = true; }
 
  private:
-  Config config_;
+  ResolvedConfig config_;
   const data::Dataset& data_;
   Collective* ranks_;
   uint32_t rank_, world_size_;

@@ -10,6 +10,7 @@
 #include "trace/trace_writer.h"
 #include "train/config.h"
 #include "run/run.h"
+#include "train/environment.h"
 
 namespace retrace::replay {
 namespace {
@@ -18,7 +19,7 @@ void record_into(const std::string& dir, std::vector<std::string> sets) {
   sets.push_back("train.eval_each_epoch=false");
   run::RecordOptions o;
   o.out_dir = dir;
-  run::record(train::parse_config("", "test", sets), o, {});
+  run::record(train::resolve_here(train::parse_config("", "test", sets)), o, {});
 }
 
 // Writes header(a) + steps(b) to `out`.

@@ -11,6 +11,7 @@
 #include "trace/trace_reader.h"
 #include "train/config.h"
 #include "run/run.h"
+#include "train/environment.h"
 
 namespace retrace::run {
 namespace {
@@ -21,7 +22,7 @@ RunSummary record_into(const std::string& dir, std::vector<std::string> sets) {
   Config c = parse_config("", "test", sets);
   RecordOptions o;
   o.out_dir = dir;
-  return record(c, o, {});
+  return record(train::resolve_here(c), o, {});
 }
 
 void expect_same_records(const records::StepRecord& a, const records::StepRecord& b) {

@@ -15,6 +15,7 @@
 #include "trace/trace_reader.h"
 #include "train/config.h"
 #include "run/run.h"
+#include "train/environment.h"
 
 namespace retrace {
 namespace {
@@ -32,7 +33,7 @@ TEST(RobustStep, SpikeRollbackRestoresTheExactPreSpikeState) {
                                          "faults.inject=\"spike@40\""});
   run::RecordOptions o;
   o.out_dir = tmp.file("r");
-  run::record(c, o, {});
+  run::record(train::resolve_here(c), o, {});
   auto reader = trace::TraceReader::open(run::trace_path(tmp.file("r")));
   // Steps 26..40 appear twice: before the spike and after the rollback to step 25.
   std::map<uint64_t, std::vector<records::StepRecord>> by_step;
@@ -132,7 +133,7 @@ TEST(RobustStep, CheckpointPoliciesDoNotChangeAGptRun) {
                                            std::string("model.checkpoint=\"") + policy + "\""});
     run::RecordOptions o;
     o.out_dir = tmp.file(policy);
-    run::record(c, o, {});
+    run::record(train::resolve_here(c), o, {});
     runs.push_back(steps_of(tmp.file(policy)));
     auto h = trace::TraceReader::open(run::trace_path(tmp.file(policy))).header();
     EXPECT_NE(h.config_toml.find(std::string("checkpoint = '") + policy + "'"), std::string::npos);

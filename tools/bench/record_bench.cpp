@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "train/config.h"
 #include "run/run.h"
+#include "train/environment.h"
 
 using namespace retrace;
 
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
       run::RecordOptions o;
       o.out_dir = dir;
       o.force = true;
-      *out = run::record(c, o, {});
+      *out = run::record(train::resolve_here(c), o, {});
     };
     run::RunSummary warm;
     run_once(false, &warm);  // warm-up: page in the data set, BLAS thread pool

@@ -14,6 +14,7 @@
 #include "replay/resume_check.h"
 #include "trace/tensorboard.h"
 #include "trace/trace_reader.h"
+#include "train/environment.h"
 #include "train/registry.h"
 
 namespace retrace::cli {
@@ -241,7 +242,8 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   }
   opts.process_group = pg.get();
   opts.registry = &ctx.registry;
-  run::RunSummary s = run::record(config, opts, quiet ? run::RunCallbacks{} : callbacks_for(printer));
+  run::RunSummary s = run::record(train::resolve_here(std::move(config)), opts,
+                                  quiet ? run::RunCallbacks{} : callbacks_for(printer));
   printer->clear();
   if (!quiet) print_summary(s);
   return 0;
