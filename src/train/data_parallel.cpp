@@ -43,61 +43,48 @@ std::vector<Digest128> gather_digests(Collective& ranks, const Digest128& mine) 
   return out;
 }
 
-StepHooks rank_hooks(RankWork& work, TrainState& s, const Policies& p) {
-  StepHooks h;
+void reduce_gradients(RankWork& work, torch::nn::Module& module, const Policies& p, const ZeroShard* zero) {
   Collective& ranks = work.ranks;
-  torch::nn::Module& module = *s.model.module;
-  if (const ZeroShard* zero = s.zero.get()) {
-    // ZeRO: each rank updated its range; one all-gather gives every rank all the parameters, and the
-    // digests' sums of the ranks' ranges are added in one more.
-    h.after_optimizer_step = [&work, zero] {
-      zero->all_gather([&work](const torch::Tensor& mine) { return work.ranks.allgather_tensor(mine, work.stats); });
-    };
-    h.sum_over_ranks = [&work](const std::vector<uint64_t>& mine) {
-      // Every rank sums the same tensors; added modulo 2^64.
-      std::vector<uint64_t> total(mine.size(), 0);
-      for (const auto& theirs : allgather_words(work.ranks, mine, work.stats))
-        for (size_t i = 0; i < total.size(); ++i) total[i] += theirs[i];
-      return total;
-    };
-  }
-  const uint32_t rank = ranks.rank(), world = ranks.world_size();
   if (p.invariance_chunk > 0) {
     const Exchange exchange = [&work](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {
       return work.ranks.alltoall(to, n, work.stats);
     };
-    h.after_chunk_backward = [&work, &module] { work.chunks.take(module.parameters()); };
-    h.fold_losses = [world, exchange](const std::vector<float>& mine) {
-      return fold_chunk_losses(mine, world, exchange);
-    };
     const ChunkOrder order = p.chunk_rank_sums ? ChunkOrder::kRankSums : ChunkOrder::kGlobalFold;
-    h.after_last_backward = [&work, &module, rank, world, exchange, order] {
-      torch::Tensor local;
-      work.chunks.reduce_into(module.parameters(), rank, world, exchange, order, &local);
-      work.rank_grad_digests = gather_digests(work.ranks, digest_named({{"chunk_grads", local}}));
-    };
-    return h;
+    torch::Tensor local;
+    work.chunks.reduce_into(module.parameters(), ranks.rank(), ranks.world_size(), exchange, order, &local);
+    work.rank_grad_digests = gather_digests(ranks, digest_named({{"chunk_grads", local}}));
+    return;
   }
-  const ZeroShard* zero = s.zero.get();
-  const bool reduce_scatter = zero && p.zero_reduce_scatter;
-  const uint64_t bucket_bytes = p.bucket_bytes;
-  h.after_last_backward = [&work, &module, bucket_bytes, zero, reduce_scatter] {
-    NamedTensors grads;
-    for (const auto& item : module.named_parameters()) grads.emplace_back(item.key(), item.value().grad());
-    work.rank_grad_digests = gather_digests(work.ranks, digest_named(grads));
-    if (reduce_scatter)
-      zero->reduce_scatter([&work](const torch::Tensor& rows) { return work.ranks.alltoall_rows(rows, work.stats); });
-    else work.ranks.allreduce_grads(module.parameters(), bucket_bytes, work.stats);
+  NamedTensors grads;
+  for (const auto& item : module.named_parameters()) grads.emplace_back(item.key(), item.value().grad());
+  work.rank_grad_digests = gather_digests(ranks, digest_named(grads));
+  if (zero && p.zero_reduce_scatter)
+    zero->reduce_scatter([&work](const torch::Tensor& rows) { return work.ranks.alltoall_rows(rows, work.stats); });
+  else ranks.allreduce_grads(module.parameters(), p.bucket_bytes, work.stats);
+}
+
+float fold_losses_over_ranks(RankWork& work, const std::vector<float>& mine) {
+  const Exchange exchange = [&work](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {
+    return work.ranks.alltoall(to, n, work.stats);
   };
-  if (reduce_scatter) {
-    // Each rank's squared norms of its parts, one all-gather of 8 bytes per parameter (every rank
-    // has the same parameters), added in rank order on every rank: the same norm everywhere.
-    h.grad_norm = [&work, zero] {
-      return zero_grad_norm(allgather_words(work.ranks, zero->grad_square_norms(), work.stats));
-    };
-  }
-  h.reduce_loss = [&work](float v) { return work.ranks.allreduce_sum(v, work.stats); };
-  return h;
+  return fold_chunk_losses(mine, work.ranks.world_size(), exchange);
+}
+
+double zero_grad_norm_over_ranks(RankWork& work, const ZeroShard& zero) {
+  // One all-gather of 8 bytes per parameter (every rank has the same parameters).
+  return zero_grad_norm(allgather_words(work.ranks, zero.grad_square_norms(), work.stats));
+}
+
+void all_gather_parameters(RankWork& work, const ZeroShard& zero) {
+  zero.all_gather([&work](const torch::Tensor& mine) { return work.ranks.allgather_tensor(mine, work.stats); });
+}
+
+std::vector<uint64_t> sum_over_ranks(RankWork& work, const std::vector<uint64_t>& mine) {
+  // Every rank sums the same tensors; added modulo 2^64.
+  std::vector<uint64_t> total(mine.size(), 0);
+  for (const auto& theirs : allgather_words(work.ranks, mine, work.stats))
+    for (size_t i = 0; i < total.size(); ++i) total[i] += theirs[i];
+  return total;
 }
 
 }  // namespace retrace::train

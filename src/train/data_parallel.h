@@ -8,11 +8,13 @@
 // rank's chunk gradients). Under ZeRO the parameters are all-gathered after an applied step and the
 // digests' sums added over the ranks.
 //
-// The step (step_state.h) makes a RankWork for itself and wires it in; nothing outside train sees
-// these hooks. The collectives run in the same order on every rank (c10d matches them by order).
+// The step (step_state.cpp) makes a RankWork for itself and calls these from its StepCalls
+// (step.h); nothing outside train sees them. The collectives run in the same order on every rank
+// (c10d matches them by order).
 #pragma once
 
-#include <functional>
+#include <torch/nn/module.h>
+
 #include <vector>
 
 #include "core/digest.h"
@@ -23,18 +25,7 @@
 
 namespace retrace::train {
 
-class StepProbe;
-
-// What the step calls out to (the step's internal wiring; see step_state.cpp).
-struct StepHooks {
-  std::function<void()> after_last_backward;
-  std::function<float(float)> reduce_loss;
-  std::function<void()> after_chunk_backward;
-  std::function<float(const std::vector<float>&)> fold_losses;
-  std::function<void()> after_optimizer_step;
-  std::function<std::vector<uint64_t>(const std::vector<uint64_t>&)> sum_over_ranks;
-  std::function<double()> grad_norm;
-};
+class ZeroShard;
 
 // One step of one rank among others: its collectives' counts and its local gradient digests,
 // which the step writes into its record.
@@ -46,8 +37,25 @@ struct RankWork {
   std::vector<Digest128> rank_grad_digests;  // every rank's, in rank order
 };
 
-// The hooks of a step of `s` among `work.ranks` (world size > 1). `work` and `s` outlive the step.
-StepHooks rank_hooks(RankWork& work, TrainState& s, const Policies& p);
+// After the last micro-batch's backward: this rank's local gradient digest gathered from every
+// rank, then the gradients summed over the ranks: in buckets, or by ZeRO's reduce-scatter (`zero`
+// and p.zero_reduce_scatter), or under batch invariance every chunk's gradients folded in global
+// chunk order (the local digest then of this rank's chunk gradients).
+void reduce_gradients(RankWork& work, torch::nn::Module& module, const Policies& p, const ZeroShard* zero);
+
+// Batch invariance: the step's loss from every rank's chunk losses, folded in global chunk order.
+float fold_losses_over_ranks(RankWork& work, const std::vector<float>& mine);
+
+// ZeRO's reduce-scatter: the global gradient norm from the ranks' squared norms of their parts,
+// added in rank order on every rank (the same norm everywhere).
+double zero_grad_norm_over_ranks(RankWork& work, const ZeroShard& zero);
+
+// ZeRO after an applied step: each rank updated its range; one all-gather gives every rank all
+// the parameters.
+void all_gather_parameters(RankWork& work, const ZeroShard& zero);
+
+// ZeRO's digests: this rank's sums of its ranges added over the ranks, modulo 2^64.
+std::vector<uint64_t> sum_over_ranks(RankWork& work, const std::vector<uint64_t>& mine);
 
 // Every rank's `mine`, in rank order (one all-gather, not counted in the step's collectives).
 std::vector<Digest128> gather_digests(Collective& ranks, const Digest128& mine);

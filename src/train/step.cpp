@@ -60,6 +60,8 @@ void for_each_item(const std::vector<torch::Tensor>& tensors, size_t n, const st
 }
 }  // namespace
 
+float StepCalls::fold_losses(const std::vector<float>& mine) { return fold_chunk_losses(mine, 1, {}); }
+
 double global_grad_norm(const std::vector<torch::Tensor>& params) {
   // Each gradient's norm is the one ATen call it always was, now on one of the two lanes; the
   // norms are stacked in parameter order, so the result has the same bits.
@@ -99,6 +101,8 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
                       const StepFaults& faults) {
   RETRACE_CHECK(!micro_batches.empty(), InvariantError, "train_step needs at least one micro-batch");
   adopt_thread_settings();
+  StepCalls one_process;
+  StepCalls& calls = policy.calls ? *policy.calls : one_process;
   StepResult r;
   const std::vector<torch::Tensor> params = model.parameters();
   for (const auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
@@ -110,14 +114,10 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   const double inv_count = 1.0 / static_cast<double>(count);
 
   // Data parallelism decides on non-finite losses with the global loss, after the last forward.
-  const bool collective_loss = static_cast<bool>(policy.reduce_loss) || static_cast<bool>(policy.after_chunk_backward);
+  const bool collective_loss = calls.loss_over_ranks();
   torch::Tensor total = torch::zeros({}, torch::kFloat32);
   std::vector<float> chunk_losses;
   uint64_t next_chunk = policy.first_chunk;
-  // The step's loss from this rank's chunk losses: over all ranks (fold_losses), or this rank's.
-  const auto fold = [&policy](const std::vector<float>& mine) {
-    return policy.fold_losses ? policy.fold_losses(mine) : fold_chunk_losses(mine, 1, {});
-  };
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
     const bool last = i + 1 == micro_batches.size();
@@ -138,7 +138,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     float loss_value = 0;
     if (policy.probe) policy.probe->set_phase("forward");
     for (size_t j = 0; j < pieces.size(); ++j) {
-      if (policy.chunk > 0 && policy.before_chunk) policy.before_chunk(next_chunk++);
+      if (policy.chunk > 0) calls.before_chunk(next_chunk++);
       torch::Tensor loss;
       {
         compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
@@ -159,17 +159,16 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
                              static_cast<double>(mb.targets.numel()));
     r.forward_ms += ms_since(t);
     if (!collective_loss && !std::isfinite(loss_value)) {
-      r.loss = policy.chunk > 0 ? fold(chunk_losses) : total.item<float>();
+      r.loss = policy.chunk > 0 ? calls.fold_losses(chunk_losses) : total.item<float>();
       r.skipped = true;
       r.skip_reason = records::SkipReason::kNonFiniteLoss;  // the scaler is not updated on this path
       return r;
     }
     if (last) {
       if (policy.chunk > 0) {
-        r.loss = fold(chunk_losses);
+        r.loss = calls.fold_losses(chunk_losses);
       } else {
-        r.loss = total.item<float>();
-        if (policy.reduce_loss) r.loss = policy.reduce_loss(r.loss);
+        r.loss = calls.reduce_loss(total.item<float>());
       }
       if (!std::isfinite(r.loss)) {
         r.skipped = true;
@@ -187,9 +186,9 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     for (auto& loss : losses) {
       if (policy.scaler) policy.scaler->scale_loss(loss).backward();
       else loss.backward();
-      if (policy.after_chunk_backward) policy.after_chunk_backward();
+      calls.after_chunk_backward();
     }
-    if (last && policy.after_last_backward) policy.after_last_backward();
+    if (last) calls.after_last_backward();
     r.backward_ms += ms_since(t);
   }
   if (policy.probe) policy.probe->after_backward(model);
@@ -207,7 +206,8 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
   // makes the global norm non-finite on every rank, so all ranks skip together.
   const std::vector<torch::Tensor>& held = policy.grad_params.empty() ? params : policy.grad_params;
   const bool found_inf = policy.scaler && policy.scaler->enabled() ? policy.scaler->unscale_and_check(held) : false;
-  r.grad_norm_pre = policy.grad_norm ? policy.grad_norm() : global_grad_norm(params);
+  const std::optional<double> over_ranks = calls.grad_norm();
+  r.grad_norm_pre = over_ranks ? *over_ranks : global_grad_norm(params);
   if (found_inf || !std::isfinite(r.grad_norm_pre)) {
     if (policy.scaler) policy.scaler->update(/*found_inf=*/true);
     r.skipped = true;
@@ -217,7 +217,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     return r;
   }
   const double clip_coef = policy.max_norm / (r.grad_norm_pre + 1e-6);  // clip_grads' coefficient
-  if (policy.before_optimizer_step) policy.before_optimizer_step();
+  calls.before_optimizer_step();
   if (policy.max_norm > 0 && clip_coef < 1.0) {
     // The fused AdamW multiplies in its own pass, where the product costs almost nothing; any
     // other optimizer gets the gradients clipped here. The same bits either way.
@@ -230,7 +230,7 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     r.grad_norm_post = r.grad_norm_pre;
   }
   optimizer.step();
-  if (policy.after_optimizer_step) policy.after_optimizer_step();
+  calls.after_optimizer_step();
   if (policy.probe) policy.probe->after_optimizer(model);
   if (policy.scaler) policy.scaler->update(/*found_inf=*/false);
   r.optimizer_ms = ms_since(t);

@@ -8,7 +8,7 @@
 //      (`non_finite_loss`) BEFORE backward and the scaler is NOT updated; the spike guard judges
 //      the effective loss before the last backward (`loss_spike`, nothing applied)
 //   3. backward on the scaled loss; gradients add up in .grad; after the last micro-batch only,
-//      `after_last_backward` runs (the data-parallel all-reduce: one sync per effective step)
+//      StepCalls::after_last_backward runs (the data-parallel all-reduce: one sync per effective step)
 //   4. unscale the gradients and check them; non-finite: scaler.update(found_inf), skip
 //      (`non_finite_grad`)
 //   5. clip the global L2 norm, recording it before and after
@@ -36,6 +36,31 @@ struct MicroBatch {
   torch::Tensor targets;  // class indices; the loss is over targets.numel() items
 };
 
+// What a step calls out to between its phases, in this order, on every rank alike. This base class
+// is a step of one process with nothing to call; step_state.cpp's implementation brings in the other
+// ranks (data_parallel.h), ZeRO's shard and batch invariance's chunk keys. A virtual call each, in
+// place of the std::functions a step used to be wired with.
+class StepCalls {
+ public:
+  virtual ~StepCalls() = default;
+  // Batch invariance: before chunk `chunk` (its index in the global batch) is computed alone.
+  virtual void before_chunk(uint64_t /*chunk*/) {}
+  // True when the loss is decided with other ranks: a non-finite micro-batch loss then waits for
+  // the last forward, so that every rank takes the same decision.
+  virtual bool loss_over_ranks() const { return false; }
+  // The sum over ranks of this rank's effective-batch loss (each already divided by the global count).
+  virtual float reduce_loss(float mine) { return mine; }
+  // Batch invariance: the step's loss from this rank's chunk losses, in order.
+  virtual float fold_losses(const std::vector<float>& mine);
+  virtual void after_chunk_backward() {}  // batch invariance, after each chunk's backward
+  virtual void after_last_backward() {}
+  // The global gradient norm where the ranks hold parts of the gradients; nullopt: global_grad_norm.
+  virtual std::optional<double> grad_norm() { return std::nullopt; }
+  // Run only when the step is applied: before clipping and the optimizer, and after the optimizer.
+  virtual void before_optimizer_step() {}
+  virtual void after_optimizer_step() {}
+};
+
 struct StepPolicy {
   double max_norm = 1.0;
   c10::DeviceType device = c10::DeviceType::CPU;
@@ -44,36 +69,23 @@ struct StepPolicy {
   const SpikeGuard* spike = nullptr;
   // Total loss items (samples or tokens) of the effective batch over all ranks; 0: this rank's.
   int64_t global_count = 0;
-  std::function<void()> after_last_backward;
-  // Data parallelism: the sum over ranks of this rank's effective-batch loss (each already divided
-  // by the global count). When set, non-finite and spike checks use the global value, so that
-  // every rank takes the same decision.
-  std::function<float(float)> reduce_loss;
+  StepCalls* calls = nullptr;  // nullptr: a step of one process with nothing to call
   StepProbe* probe = nullptr;  // bisection only
   // outputs, targets -> the sum of the per-item losses (registry.h); empty: cross entropy.
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> loss;
   // Batch invariance (train/invariant.h): every micro-batch is computed as chunks of `chunk`
-  // samples (0: off), each alone: before_chunk(global chunk index) keys the generators, then
-  // forward and loss; backward runs chunk by chunk in order, after_chunk_backward (data
-  // parallelism: ChunkGrads::take) after each. The step's loss is fold_losses(this rank's chunk
-  // losses in order), or their fold on this rank alone when it is empty. first_chunk: the global
-  // index of this rank's first chunk.
+  // samples (0: off), each alone: calls->before_chunk(global chunk index) keys the generators, then
+  // forward and loss; backward runs chunk by chunk in order, calls->after_chunk_backward after each.
+  // The step's loss is calls->fold_losses(this rank's chunk losses in order). first_chunk: the
+  // global index of this rank's first chunk.
   int64_t chunk = 0;
   uint64_t first_chunk = 0;
-  std::function<void(uint64_t)> before_chunk;
-  std::function<void()> after_chunk_backward;
-  std::function<float(const std::vector<float>&)> fold_losses;
-  // ZeRO (train/zero.h): the tensors the optimizer steps (empty: the model's parameters), a hook
-  // before its step (their gradients bound) and one after it (the parameters all-gathered). Run
-  // only when the step is applied.
+  // ZeRO (train/zero.h): the tensors the optimizer steps (empty: the model's parameters).
   std::vector<torch::Tensor> optimizer_params;
-  std::function<void()> before_optimizer_step;
-  std::function<void()> after_optimizer_step;
   // ZeRO's reduce-scatter (runtime.zero_reduce): the tensors whose gradients this rank holds
   // reduced (the scaler unscales and checks them, clipping scales them; empty: the model's
-  // parameters), and the global gradient norm from the ranks' parts (unset: global_grad_norm).
+  // parameters); calls->grad_norm adds the ranks' parts of the norm.
   std::vector<torch::Tensor> grad_params;
-  std::function<double()> grad_norm;
 };
 
 struct StepFaults {

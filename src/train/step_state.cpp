@@ -70,16 +70,69 @@ StepFaults faults_for(TrainState& s, const Policies& p, uint64_t step, Events& e
   }
   return f;
 }
+
+// What the step of a TrainState calls out to (step.h's StepCalls): batch invariance's chunk keys,
+// ZeRO's shard, and among other ranks (world size > 1) their collectives (data_parallel.h).
+class StateStepCalls final : public StepCalls {
+ public:
+  StateStepCalls(TrainState& s, const Policies& p, Collective* ranks, uint64_t step, int cuda, bool mixed_digests)
+      : s_(s), p_(p), step_(step), cuda_(cuda), mixed_digests_(mixed_digests) {
+    if (ranks && ranks->world_size() > 1) work_.emplace(*ranks);
+  }
+
+  // This rank holds reduced gradients for its ZeRO range only (runtime.zero_reduce =
+  // "reduce_scatter" among ranks, batch invariance off): the scaler and clipping touch those, the
+  // norm adds the ranks' parts.
+  bool holds_range_grads() const { return s_.zero && work_ && p_.invariance_chunk == 0 && p_.zero_reduce_scatter; }
+  RankWork* work() { return work_ ? &*work_ : nullptr; }
+  // ZeRO under trace.digest_version 3: the fused AdamW's sums of this rank's range, taken before the
+  // all-gather (zero.h capture_sums), for the step's digests.
+  KnownSums& zero_known() { return zero_known_; }
+
+  void before_chunk(uint64_t chunk) override {
+    // Chunk k of the global batch holds its samples [k*c, (k+1)*c); keyed by (seed, step, k).
+    rng::seed_cpu_and_device(chunk_seed(p_.seed, step_, chunk), cuda_);
+  }
+  bool loss_over_ranks() const override { return work_.has_value(); }
+  float reduce_loss(float mine) override { return work_ ? work_->ranks.allreduce_sum(mine, work_->stats) : mine; }
+  float fold_losses(const std::vector<float>& mine) override {
+    return work_ ? fold_losses_over_ranks(*work_, mine) : StepCalls::fold_losses(mine);
+  }
+  void after_chunk_backward() override {
+    if (work_ && p_.invariance_chunk > 0) work_->chunks.take(s_.model.module->parameters());
+  }
+  void after_last_backward() override {
+    if (work_) reduce_gradients(*work_, *s_.model.module, p_, s_.zero.get());
+    if (holds_range_grads()) s_.zero->bind_grads();  // the views' gradients, for the optimizer too
+  }
+  std::optional<double> grad_norm() override {
+    if (holds_range_grads()) return zero_grad_norm_over_ranks(*work_, *s_.zero);
+    return std::nullopt;
+  }
+  void before_optimizer_step() override {
+    if (s_.zero && !holds_range_grads()) s_.zero->bind_grads();
+  }
+  void after_optimizer_step() override {
+    if (!s_.zero) return;
+    if (mixed_digests_) zero_known_ = capture_sums(*s_.optimizer, *s_.zero);
+    if (work_) all_gather_parameters(*work_, *s_.zero);
+  }
+
+ private:
+  TrainState& s_;
+  const Policies& p_;
+  const uint64_t step_;
+  const int cuda_;
+  const bool mixed_digests_;
+  std::optional<RankWork> work_;
+  KnownSums zero_known_;
+};
 }  // namespace
 
 StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Collective* ranks, StepProbe* probe,
                       bool with_digests) {
   StepOutput out;
   records::StepRecord& rec = out.record;
-  // Among other ranks, the step's collectives are wired in (data_parallel.h); one process meets none.
-  std::optional<RankWork> work;
-  StepHooks hooks;
-  if (ranks && ranks->world_size() > 1) hooks = rank_hooks(work.emplace(*ranks), s, p);
   // Split the rank's batch into accum_steps micro-batches, as evenly as possible (a kept last
   // batch can be ragged): piece j holds samples [j*n/a, (j+1)*n/a).
   std::vector<MicroBatch> micro;
@@ -102,58 +155,28 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
   apply_perturbation(s, p, rec.step, out.events);
   set_lr(*s.optimizer, rec.lr);
   s.model.module->train();
+  const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
+  // Among other ranks, the step meets them through `calls` (data_parallel.h); one process meets none.
+  StateStepCalls calls(s, p, ranks, rec.step, cuda, with_digests && p.digest_version >= 3);
   StepPolicy policy;
   policy.max_norm = p.max_norm;
   policy.device = p.device;
   policy.autocast_dtype = p.autocast;
   policy.scaler = &s.scaler;
   policy.spike = &s.spike_guard;
+  policy.calls = &calls;
   // Under data parallelism each rank divides by the loss items of the whole global batch, so the
   // summed gradients are the large-batch mean.
   if (batch.global_samples > 0) {
     const auto& y = batch.targets;
     policy.global_count = static_cast<int64_t>(batch.global_samples) * (y.numel() / std::max<int64_t>(1, y.size(0)));
   }
-  policy.reduce_loss = hooks.reduce_loss;
-  const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
   if (p.invariance_chunk > 0) {
-    // Chunk k of the global batch holds its samples [k*c, (k+1)*c); keyed by (seed, step, k).
     policy.chunk = p.invariance_chunk;
     policy.first_chunk = batch.global_offset / static_cast<uint64_t>(p.invariance_chunk);
-    const uint64_t seed = p.seed, step = rec.step;
-    policy.before_chunk = [seed, step, cuda](uint64_t chunk) {
-      rng::seed_cpu_and_device(chunk_seed(seed, step, chunk), cuda);
-    };
-    policy.after_chunk_backward = hooks.after_chunk_backward;
-    policy.fold_losses = hooks.fold_losses;
-    policy.reduce_loss = nullptr;
   }
-  policy.after_last_backward = hooks.after_last_backward;
-  // ZeRO under trace.digest_version 3: the fused AdamW's sums of this rank's range, taken before the
-  // all-gather (zero.h capture_sums), for the digests below.
-  KnownSums zero_known;
-  const bool mixed_digests = with_digests && p.digest_version >= 3;
-  if (s.zero) {
-    const ZeroShard* zero = s.zero.get();
-    policy.optimizer_params = zero->views();
-    if (hooks.grad_norm) {
-      // Only the range's gradients are reduced: the scaler and clipping touch those (the views'
-      // gradients, bound right after the reduce-scatter, for the optimizer too), the norm adds
-      // the ranks' parts.
-      policy.after_last_backward = [zero, reduce = hooks.after_last_backward] {
-        if (reduce) reduce();
-        zero->bind_grads();
-      };
-      policy.grad_params = zero->views();
-      policy.grad_norm = hooks.grad_norm;
-    } else {
-      policy.before_optimizer_step = [zero] { zero->bind_grads(); };
-    }
-    policy.after_optimizer_step = [&s, &zero_known, mixed_digests, after = hooks.after_optimizer_step] {
-      if (mixed_digests) zero_known = capture_sums(*s.optimizer, *s.zero);
-      if (after) after();
-    };
-  }
+  if (s.zero) policy.optimizer_params = s.zero->views();
+  if (calls.holds_range_grads()) policy.grad_params = s.zero->views();
   policy.probe = probe;
   policy.loss = p.loss;
   StepResult r = train_step(*s.model.module, s.model.forward, *s.optimizer, micro, policy,
@@ -191,9 +214,12 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
     if (s.zero) {
       // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3
       // or 4).
+      SumOverRanks sum;
+      if (RankWork* work = calls.work())
+        sum = [work](const std::vector<uint64_t>& mine) { return sum_over_ranks(*work, mine); };
+      const KnownSums& zero_known = calls.zero_known();
       const ZeroDigests d = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module, p.optimizer,
-                                         with_optimizer, hooks.sum_over_ranks, zero_known ? &zero_known : nullptr,
-                                         mix_of(kind));
+                                         with_optimizer, sum, zero_known ? &zero_known : nullptr, mix_of(kind));
       rec.param_digest = d.model;
       rec.grad_digest = d.grads;
       if (with_optimizer) rec.optim_digest = d.optim;
@@ -213,7 +239,7 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
     if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
     rec.timings.trace_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   }
-  if (work) {
+  if (const RankWork* work = calls.work()) {
     rec.rank_grad_digests = work->rank_grad_digests;
     rec.allreduce_calls = work->stats.calls;
     rec.allreduce_bytes = work->stats.bytes;
