@@ -500,21 +500,21 @@ int main() {
 
     train::Trainer a(config, data);
     for (int64_t i = 0; i < steps_run; ++i) a.run_step(false);
-    const std::string dir = ckpt::save_checkpoint(a, tmp.file("ckpt"), {}, 5, {});
+    const std::string dir = ckpt::save_checkpoint(a.state(), a.state_context(), tmp.file("ckpt"), {}, 5, {});
 
     train::Trainer b(config, data);
     // Before loading, the fresh trainer differs (so the comparisons below can fail).
-    RC_ASSERT(!named_difference(a.model_state(), b.model_state()).empty());
-    ckpt::load_checkpoint(b, dir);
+    RC_ASSERT(!named_difference(train::model_state(a.state()), train::model_state(b.state())).empty());
+    ckpt::load_checkpoint(b.state(), b.state_context(), dir);
     RC_ASSERT(b.step() == a.step());
     RC_ASSERT(b.samples_seen() == a.samples_seen());
     RC_ASSERT(b.cursor() == a.cursor());
-    const std::string dm = named_difference(a.model_state(), b.model_state());
+    const std::string dm = named_difference(train::model_state(a.state()), train::model_state(b.state()));
     RC_ASSERT(dm.empty());
     const std::string dopt = named_difference(a.optimizer_state(), b.optimizer_state());
     RC_ASSERT(dopt.empty());
     RC_ASSERT(a.rng_state().serialize() == b.rng_state().serialize());
-    RC_ASSERT(a.policy_state() == b.policy_state());
+    RC_ASSERT(train::policy_state(a.state()) == train::policy_state(b.state()));
 
     // Damage one byte of the shard: loading must refuse with an IntegrityError.
     const std::string shard = dir + "/" + ckpt::shard_file_name(0);
@@ -524,7 +524,7 @@ int main() {
     bytes[at] = static_cast<char>(bytes[at] ^ *rc::gen::inRange<int>(1, 256));
     write_file(shard, bytes);
     train::Trainer c(config, data);
-    RC_ASSERT_THROWS_AS(ckpt::load_checkpoint(c, dir), IntegrityError);
+    RC_ASSERT_THROWS_AS(ckpt::load_checkpoint(c.state(), c.state_context(), dir), IntegrityError);
   });
 
   // ---- 6 ----
@@ -611,11 +611,11 @@ int main() {
       RC_LOG() << d;
       RC_ASSERT(d.empty());
     }
-    const std::string dir = ckpt::save_checkpoint(first, tmp.file("ckpt"), {}, 5, {});
+    const std::string dir = ckpt::save_checkpoint(first.state(), first.state_context(), tmp.file("ckpt"), {}, 5, {});
     // Draw from torch's generator between save and load: the restore must undo it.
     torch::rand({17});
     train::Trainer resumed(config, data);
-    ckpt::load_checkpoint(resumed, dir);
+    ckpt::load_checkpoint(resumed.state(), resumed.state_context(), dir);
     for (int64_t i = cut; i < steps; ++i) {
       const std::string d = first_difference(resumed.run_step(true), expected[static_cast<size_t>(i)]);
       RC_LOG() << d;

@@ -58,7 +58,7 @@ Probed probe_step(const std::string& run_dir, const records::TraceHeader& h, uin
   for (const auto& [step, dir] : ckpt::list_step_dirs(run::checkpoint_root(run_dir))) {
     if (step >= s) continue;
     try {
-      ckpt::load_checkpoint(t, dir);
+      ckpt::load_checkpoint(t.state(), t.state_context(), dir);
       out.start = step;
       break;
     } catch (const Error& e) {

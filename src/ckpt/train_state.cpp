@@ -19,7 +19,7 @@
 #include "train/environment.h"
 #include "train/optimizer.h"
 #include "train/state.h"
-#include "train/trainer.h"
+#include "train/state_context.h"
 #include "train/zero.h"
 
 namespace retrace::ckpt {
@@ -282,43 +282,45 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   return committed;
 }
 
-StateSnapshot snapshot_of(train::Trainer& trainer, bool copy) {
+StateSnapshot snapshot_of(train::TrainState& state, const train::StateContext& context, bool copy) {
   StateSnapshot snap;
-  snap.step = trainer.step();
-  snap.rank = trainer.rank();
-  snap.world_size = trainer.world_size();
-  snap.model = trainer.model_state();
-  snap.optim = trainer.optimizer_state(&snap.optim_slices);
-  snap.optim_sliced = trainer.zero() != nullptr;
+  snap.step = state.step;
+  snap.rank = context.rank;
+  snap.world_size = context.world_size;
+  snap.model = train::model_state(state);
+  snap.optim = train::optimizer_state_of(state, context, &snap.optim_slices);
+  snap.optim_sliced = state.zero != nullptr;
   if (copy) {
     for (auto& [name, t] : snap.model) t = t.detach().clone();
     for (auto& [name, t] : snap.optim) t = t.detach().clone();
   }
-  snap.rng = trainer.rng_state().serialize();
-  snap.config_hash = trainer.config_hash();
-  snap.metadata["epoch"] = std::to_string(trainer.cursor().epoch);
-  snap.metadata["batch_in_epoch"] = std::to_string(trainer.cursor().batch_in_epoch);
-  snap.metadata["samples_seen"] = std::to_string(trainer.samples_seen());
-  snap.metadata["optim"] = train::optimizer_name(trainer.config().optim.name);
-  for (const auto& [k, v] : trainer.policy_state()) snap.metadata["x." + k] = v;
+  snap.rng = train::rng_state(state, context.seed).serialize();
+  snap.config_hash = context.config_hash;
+  snap.metadata["epoch"] = std::to_string(state.cursor.epoch);
+  snap.metadata["batch_in_epoch"] = std::to_string(state.cursor.batch_in_epoch);
+  snap.metadata["samples_seen"] = std::to_string(state.samples_seen);
+  snap.metadata["optim"] = train::optimizer_name(context.optimizer);
+  for (const auto& [k, v] : train::policy_state(state)) snap.metadata["x." + k] = v;
   return snap;
 }
 
-void apply_snapshot(train::Trainer& trainer, const StateSnapshot& snap, const std::string& where) {
-  trainer.load_model_state(snap.model);
-  trainer.load_optimizer_state(snap.optim);
+void apply_snapshot(train::TrainState& state, const train::StateContext& context, const StateSnapshot& snap,
+                    const std::string& where) {
+  train::load_model_state(state, snap.model);
+  train::load_optimizer_state_of(state, context, snap.optim);
   rng::RngState rng = rng::RngState::deserialize(snap.rng);
-  trainer.restore_position(snap.step, rng, parse_u64(snap.metadata, "samples_seen", where));
+  train::restore_position(state, context, snap.step, rng, parse_u64(snap.metadata, "samples_seen", where));
   std::map<std::string, std::string> extra;
   for (const auto& [k, v] : snap.metadata)
     if (k.rfind("x.", 0) == 0) extra[k.substr(2)] = v;
-  trainer.load_policy_state(extra);
+  train::load_policy_state(state, extra);
 }
 
-std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
-                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            train::Collective* sync, RotationReport* rotation, const StateSnapshot* anchor) {
-  StateSnapshot snap = snapshot_of(trainer, /*copy=*/false);
+std::string save_checkpoint(train::TrainState& state, const train::StateContext& context, const std::string& root,
+                            const TracePosition& pos, uint32_t keep_last,
+                            const std::map<std::string, std::string>& extra, train::Collective* sync,
+                            RotationReport* rotation, const StateSnapshot* anchor) {
+  StateSnapshot snap = snapshot_of(state, context, /*copy=*/false);
   for (const auto& [k, v] : extra) snap.metadata["x." + k] = v;
   return save_snapshot(snap, root, pos, keep_last, sync, rotation, anchor);
 }
@@ -513,63 +515,63 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
 namespace {
 
 // The validation layer: every value of one state a checkpoint holds (its own, or its rollback
-// anchor's) against what this trainer expects, before any of it is applied. Model tensors by
+// anchor's) against what this rank's state expects, before any of it is applied. Model tensors by
 // name, dtype and shape; the optimizer's (check_optimizer_state); the RNG state's format and the
 // exact sizes of torch's generator states; the counters; the policies' state (scaler, guards,
 // fired faults, batches set aside). FormatError naming the shard and the value.
-void check_state_values(train::Trainer& trainer, const NamedTensors& model, const NamedTensors& optim,
-                        const std::string& rng, const std::map<std::string, std::string>& metadata,
-                        const std::string& where) {
-  const NamedTensors expected = train::module_tensors(trainer.module());
+void check_state_values(const train::TrainState& state, const train::StateContext& context, const NamedTensors& model,
+                        const NamedTensors& optim, const std::string& rng,
+                        const std::map<std::string, std::string>& metadata, const std::string& where) {
+  const NamedTensors expected = train::module_tensors(*state.model.module);
   train::check_model_state(expected, model, where);
   std::set<std::string> known;
   for (const auto& [name, t] : expected) known.insert(name);
   for (const auto& [name, t] : model)
     RETRACE_CHECK(known.count(name), FormatError, where, ": model tensor ", name,
                   " is not a parameter or buffer of this model; the checkpoint belongs to another model");
-  const train::ZeroShard* zero = trainer.zero();
+  const train::ZeroShard* zero = state.zero.get();
   const std::function<int64_t(size_t)> part_length = zero ? train::zero_part_lengths(*zero) : nullptr;
-  train::check_optimizer_state(optim, trainer.module(), trainer.config().optim.name, where,
-                               zero ? &part_length : nullptr);
+  train::check_optimizer_state(optim, *state.model.module, context.optimizer, where, zero ? &part_length : nullptr);
   rng::RngState r;
   try {
     r = rng::RngState::deserialize(rng);
   } catch (const FormatError& e) {
     RETRACE_FAIL(FormatError, where, ": ", e.what());
   }
-  rng::check_restorable(r, train::cuda_index(trainer.config().runtime), where);
+  rng::check_restorable(r, context.cuda_device, where);
   parse_u64(metadata, "samples_seen", where);
   std::map<std::string, std::string> policy;
   for (const auto& [k, v] : metadata)
     if (k.rfind("x.", 0) == 0) policy[k.substr(2)] = v;
   try {
-    trainer.check_policy_state(policy);
+    train::check_policy_state(state, policy);
   } catch (const FormatError& e) {
     RETRACE_FAIL(FormatError, where, ": ", e.what());
   }
 }
 
-void check_snapshot_values(train::Trainer& trainer, const LoadedSnapshot& snap) {
-  check_state_values(trainer, snap.model, snap.optim, snap.rng, snap.metadata, snap.where);
+void check_snapshot_values(const train::TrainState& state, const train::StateContext& context,
+                           const LoadedSnapshot& snap) {
+  check_state_values(state, context, snap.model, snap.optim, snap.rng, snap.metadata, snap.where);
   if (snap.anchor && !snap.anchor_is_self) {
     const StateSnapshot& a = *snap.anchor;
-    check_state_values(trainer, a.model, a.optim, a.rng, a.metadata, snap.where + " (its rollback anchor)");
+    check_state_values(state, context, a.model, a.optim, a.rng, a.metadata, snap.where + " (its rollback anchor)");
   }
 }
 
 // values_checked: load_newest_snapshot's predicate already ran check_snapshot_values on it.
-RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSnapshot snap, bool values_checked,
-                      const Reshard* reshard = nullptr) {
+RestoredState restore(train::TrainState& state_to, const train::StateContext& context, const std::string& dir,
+                      LoadedSnapshot snap, bool values_checked, const Reshard* reshard = nullptr) {
   // The config is checked before any tensor is applied: the manifest holds its hash.
-  const std::string cfg_hash = reshard ? reshard->config_hash : trainer.config_hash();
+  const std::string cfg_hash = reshard ? reshard->config_hash : context.config_hash;
   const Manifest& m = snap.manifest;
   RETRACE_CHECK(m.config_hash == cfg_hash, ConfigError, "checkpoint ", dir,
                 " was made with another config (config hash ", m.config_hash.substr(0, 12), ", this run's is ",
                 cfg_hash.substr(0, 12), "); resume with the run directory's own config.toml");
   auto meta_it = snap.metadata.find("optim");
-  RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(trainer.config().optim.name),
+  RETRACE_CHECK(meta_it != snap.metadata.end() && meta_it->second == train::optimizer_name(context.optimizer),
                 FormatError, snap.where, ": optimizer in checkpoint does not match optim.name");
-  if (!values_checked) check_snapshot_values(trainer, snap);
+  if (!values_checked) check_snapshot_values(state_to, context, snap);
 
   StateSnapshot state;
   state.step = m.step;
@@ -577,15 +579,14 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
   state.optim = std::move(snap.optim);
   state.rng = snap.rng;
   state.metadata = snap.metadata;
-  apply_snapshot(trainer, state, snap.where);
-  if (reshard && reshard->from_world != trainer.world_size() && !trainer.invariant()) {
+  apply_snapshot(state_to, context, state, snap.where);
+  if (reshard && reshard->from_world != context.world_size && !context.invariant) {
     // Per-rank counts and streams: scaled, and re-keyed on the ranks the checkpoint did not have.
-    const uint64_t seen = metadata_u64(snap, "samples_seen") * reshard->from_world / trainer.world_size();
+    const uint64_t seen = metadata_u64(snap, "samples_seen") * reshard->from_world / context.world_size;
     rng::RngState rng = rng::RngState::deserialize(state.rng);
-    trainer.restore_position(m.step, rng, seen);
-    if (trainer.rank() >= reshard->from_world)
-      rng::seed_cpu_and_device(train::rank_seed(rng::mix_key(trainer.config().seed, m.step), trainer.rank()),
-                               train::cuda_index(trainer.config().runtime));
+    train::restore_position(state_to, context, m.step, rng, seen);
+    if (context.rank >= reshard->from_world)
+      rng::seed_cpu_and_device(train::rank_seed(rng::mix_key(context.seed, m.step), context.rank), context.cuda_device);
   }
 
   RestoredState out;
@@ -595,7 +596,7 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
   out.position = snap.position;
   for (const auto& [k, v] : snap.metadata)
     if (k.rfind("x.", 0) == 0) out.extra[k.substr(2)] = v;
-  if (snap.anchor_is_self) out.anchor = snapshot_of(trainer, /*copy=*/true);
+  if (snap.anchor_is_self) out.anchor = snapshot_of(state_to, context, /*copy=*/true);
   else out.anchor = std::move(snap.anchor);
   return out;
 }
@@ -605,13 +606,13 @@ RestoredState restore(train::Trainer& trainer, const std::string& dir, LoadedSna
 // A ZeRO rank keeps its range of each optimizer tensor (the owned part of its parameter), the step
 // count of a parameter it owns part of, and nothing of the others; every other tensor whole (the
 // parameters, and a rollback anchor's state).
-KeepRange keep_of(train::Trainer& trainer) {
-  const train::ZeroShard* zero = trainer.zero();
+KeepRange keep_of(const train::TrainState& state) {
+  const train::ZeroShard* zero = state.zero.get();
   if (!zero) return {};
   std::map<std::string, std::pair<uint64_t, uint64_t>> part_of;
   std::map<std::string, std::vector<int64_t>> shape_of;
   std::vector<std::string> names;
-  for (const auto& item : trainer.module().named_parameters()) {
+  for (const auto& item : state.model.module->named_parameters()) {
     shape_of[item.key()] = item.value().sizes().vec();
     names.push_back(item.key());
   }
@@ -639,22 +640,23 @@ KeepRange keep_of(train::Trainer& trainer) {
   };
 }
 
-RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir) {
-  return restore(trainer, dir, load_snapshot(dir, trainer.world_size(), trainer.rank(), keep_of(trainer)),
+RestoredState load_checkpoint(train::TrainState& state, const train::StateContext& context, const std::string& dir) {
+  return restore(state, context, dir, load_snapshot(dir, context.world_size, context.rank, keep_of(state)),
                  /*values_checked=*/false);
 }
 
-std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
+std::optional<RestoredState> load_newest_checkpoint(train::TrainState& state, const train::StateContext& context,
+                                                    const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard, train::Collective* ranks,
                                                     const ManifestCheck& before_read) {
-  const uint32_t world = reshard ? reshard->from_world : trainer.world_size();
-  const uint32_t rank = reshard && trainer.rank() >= reshard->from_world ? 0 : trainer.rank();
+  const uint32_t world = reshard ? reshard->from_world : context.world_size;
+  const uint32_t rank = reshard && context.rank >= reshard->from_world ? 0 : context.rank;
   auto newest = load_newest_snapshot(
-      root, world, rank, skipped, keep_of(trainer),
-      [&trainer](const LoadedSnapshot& s) { check_snapshot_values(trainer, s); }, ranks, before_read);
+      root, world, rank, skipped, keep_of(state),
+      [&state, &context](const LoadedSnapshot& s) { check_snapshot_values(state, context, s); }, ranks, before_read);
   if (!newest) return std::nullopt;
-  return restore(trainer, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
+  return restore(state, context, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }
 
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root) {

@@ -20,8 +20,9 @@
 #include "core/tensor_digest.h"
 
 namespace retrace::train {
-class Trainer;
-}
+struct TrainState;
+struct StateContext;
+}  // namespace retrace::train
 
 namespace retrace::ckpt {
 
@@ -33,17 +34,17 @@ struct TracePosition {
 };
 
 // Writes this rank's shard and, for world size 1, commits the checkpoint (manifest last, LATEST,
-// rotation). Returns the step directory. The trainer's policy state (scaler, guards, fired faults,
+// rotation). Returns the step directory. The state's policy state (scaler, guards, fired faults,
 // batches set aside) and `extra` are stored in the shard metadata with an "x." prefix.
 // With the ranks (a train::Collective; nullptr: one process): rank 0 creates the step directory, every rank writes its shard in parallel,
 // the ranks exchange (file, size, sha256) once every shard is durable, and rank 0 writes the
 // manifest (the commit point) before a last barrier. Rank 0's rotation report goes to `rotation`.
-std::string save_checkpoint(train::Trainer& trainer, const std::string& root, const TracePosition& pos,
-                            uint32_t keep_last, const std::map<std::string, std::string>& extra,
-                            train::Collective* sync = nullptr, RotationReport* rotation = nullptr,
-                            const StateSnapshot* anchor = nullptr);
+std::string save_checkpoint(train::TrainState& state, const train::StateContext& context, const std::string& root,
+                            const TracePosition& pos, uint32_t keep_last,
+                            const std::map<std::string, std::string>& extra, train::Collective* sync = nullptr,
+                            RotationReport* rotation = nullptr, const StateSnapshot* anchor = nullptr);
 
-// A rank's state as plain data, what its shard holds: the Trainer's (save_checkpoint) or a user's
+// A rank's state as plain data, what its shard holds: a TrainState's (save_checkpoint) or a user's
 // own loop's (the recorder of include/retrace/retrace.h).
 struct StateSnapshot {
   uint64_t step = 0;
@@ -68,12 +69,13 @@ std::string save_snapshot(const StateSnapshot& snapshot, const std::string& root
                           uint32_t keep_last, train::Collective* sync = nullptr, RotationReport* rotation = nullptr,
                           const StateSnapshot* anchor = nullptr);
 
-// The trainer's state as a snapshot; `copy`: tensors are copies (an anchor kept in memory while
+// A rank's state as a snapshot; `copy`: tensors are copies (an anchor kept in memory while
 // training goes on), else views of the live state (a save).
-StateSnapshot snapshot_of(train::Trainer& trainer, bool copy);
-// Puts a snapshot's state into the trainer: model, optimizer, counters, cursor, RNG, and policy
-// state (the fired faults and batches set aside are added to the trainer's own, never removed).
-void apply_snapshot(train::Trainer& trainer, const StateSnapshot& snapshot, const std::string& where);
+StateSnapshot snapshot_of(train::TrainState& state, const train::StateContext& context, bool copy);
+// Puts a snapshot's state into a rank's state: model, optimizer, counters, cursor, RNG, and policy
+// state (the fired faults and batches set aside are added to the state's own, never removed).
+void apply_snapshot(train::TrainState& state, const train::StateContext& context, const StateSnapshot& snapshot,
+                    const std::string& where);
 
 struct LoadedSnapshot {
   Manifest manifest;
@@ -137,14 +139,14 @@ struct RestoredState {
   std::optional<StateSnapshot> anchor;       // the rollback anchor it stores (a copy)
 };
 
-// Verifies `dir` (verify.h) for the trainer's world size (`world_size mismatch` otherwise), loads
-// the trainer's own rank's shard, checks the config hash against the trainer's config,
-// and loads model, optimizer, counters, RNG and policy state into the trainer. ConfigError when the checkpoint
-// belongs to another config.
-RestoredState load_checkpoint(train::Trainer& trainer, const std::string& dir);
+// Verifies `dir` (verify.h) for the rank's world size (`world_size mismatch` otherwise), loads
+// the rank's own shard, checks the config hash against context.config_hash, and loads model,
+// optimizer, counters, RNG and policy state into `state`. ConfigError when the checkpoint belongs
+// to another config.
+RestoredState load_checkpoint(train::TrainState& state, const train::StateContext& context, const std::string& dir);
 // Elastic resume (`resume --world-size M --reshard`): the checkpoints were written by `from_world`
 // ranks under the config whose hash is `config_hash` (the same run at its own layout); the
-// trainer runs on M ranks. Rank r loads shard r, or shard 0 when r >= from_world (data
+// state is restored on M ranks. Rank r loads shard r, or shard 0 when r >= from_world (data
 // parallelism keeps parameters, optimizer and policy state equal on every rank; under
 // runtime.invariance = "batch" the RNG state and the samples seen too). Otherwise ranks >= from_world re-key their
 // generators with rank_seed, and the samples seen per rank are scaled by from_world / M.
@@ -155,7 +157,8 @@ struct Reshard {
 // load_checkpoint of the newest checkpoint under `root` that loads (load_newest_snapshot); nullopt
 // when none does (`skipped` then says why each was skipped). `before_read` as in
 // load_newest_snapshot.
-std::optional<RestoredState> load_newest_checkpoint(train::Trainer& trainer, const std::string& root,
+std::optional<RestoredState> load_newest_checkpoint(train::TrainState& state, const train::StateContext& context,
+                                                    const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard = nullptr,
                                                     train::Collective* ranks = nullptr,

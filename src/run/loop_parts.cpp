@@ -46,8 +46,8 @@ std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writ
   std::map<std::string, std::string> extra;
   if (eval_due) extra[kEvalDueKey] = "1";
   const auto start = LoopClock::now();
-  std::string dir = ckpt::save_checkpoint(trainer, checkpoint_root(run_dir_), pos, keep_last_, extra, ranks_, &rotation,
-                                          anchor ? &*anchor : nullptr);
+  std::string dir = ckpt::save_checkpoint(trainer.state(), trainer.state_context(), checkpoint_root(run_dir_), pos,
+                                          keep_last_, extra, ranks_, &rotation, anchor ? &*anchor : nullptr);
   if (cb.on_message && trainer.rank() == 0)
     cb.on_message("checkpoint " + dir + " (" + bytes_and_speed(directory_bytes(dir), start) + ")");
   for (const auto& [path, why] : rotation.left) {

@@ -58,7 +58,7 @@ void load_fired(const std::string& run_dir, Trainer& trainer) {
   std::ifstream in(fired_path(run_dir));
   std::string line;
   while (std::getline(in, line))
-    if (!line.empty()) trainer.mark_fired(line);
+    if (!line.empty()) trainer.state().fired.insert(line);
 }
 
 // The live TensorBoard view, when asked for (LoopControl::tensorboard_dir).
@@ -94,9 +94,11 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
   msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
   bool rolled = false;
   if (sabotage == Sabotage::kRollbackNewestCheckpoint) {
-    if (ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir), nullptr)) rolled = true;
+    if (ckpt::load_newest_checkpoint(trainer.state(), trainer.state_context(), checkpoint_root(run_dir), nullptr))
+      rolled = true;
   } else if (anchor) {
-    ckpt::apply_snapshot(trainer, *anchor, "the rollback anchor of step " + std::to_string(anchor->step));
+    ckpt::apply_snapshot(trainer.state(), trainer.state_context(), *anchor,
+                         "the rollback anchor of step " + std::to_string(anchor->step));
     rolled = true;
   }
   trainer.set_aside_batches(at, count);
@@ -104,7 +106,7 @@ bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor&
   else
     msg << "; no rollback anchor yet (none before the first multiple of checkpoint.every_steps), the step was skipped";
   msg << "; batches set aside (epoch:batch):";
-  for (const auto& [e, b] : trainer.set_aside()) msg << " " << e << ":" << b;
+  for (const auto& [e, b] : trainer.state().set_aside) msg << " " << e << ":" << b;
   emit(writer, cb, spike.step, "rollback", msg.str());
   return rolled;
 }
@@ -181,7 +183,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
   const bool digests = config.trace.enabled && config.trace.digests;
-  for (const auto& id : control.fired) trainer.mark_fired(id);
+  for (const auto& id : control.fired) trainer.state().fired.insert(id);
   // A resume from a checkpoint whose step's evaluation was due redoes it first (killed during it,
   // or it ran and was set aside with the trace bytes after the checkpoint).
   if (redo_evaluation) run_evaluation(trainer, writer, cb, summary, run_dir);
@@ -226,7 +228,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     const bool interrupt = control.interrupt_at != 0 && s == control.interrupt_at;
     const bool epoch_done = trainer.cursor().epoch != epoch_before;
     const bool eval_due = evaluation_due(config, s, epoch_done, last);
-    if (anchor_due(config, s)) anchor = ckpt::snapshot_of(trainer, /*copy=*/true);
+    if (anchor_due(config, s)) anchor = ckpt::snapshot_of(trainer.state(), trainer.state_context(), /*copy=*/true);
 
     if (cadence.due(s, last, interrupt)) {
       checkpointer.save(trainer, writer, s, eval_due, anchor, cb);
@@ -440,7 +442,7 @@ RunSummary record(const ResolvedConfig& resolved_config, const RecordOptions& op
                       static_cast<uint64_t>(config.seed),
                       run_fingerprint(config, trainer.model(), world, pg),
                       trainer.model().description,
-                      trainer.param_info(),
+                      train::param_info(trainer.state()),
                       data.files};
     parts.data_files.insert(parts.data_files.end(), trainer.model().files.begin(), trainer.model().files.end());
     records::TraceHeader h = trace_header(std::move(parts));
@@ -543,8 +545,8 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
         before->check_continues(m.trace_position,
                                 parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
     };
-  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(trainer, checkpoint_root(run_dir),
-                                                                           &chosen.skipped,
+  std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(trainer.state(), trainer.state_context(),
+                                                                           checkpoint_root(run_dir), &chosen.skipped,
                                                                            in.reshard ? &*in.reshard : nullptr, pg,
                                                                            continues_trace);
   if (!writes_trace) in.before.reset();  // only the trace's writer keeps it (not through the training loop)

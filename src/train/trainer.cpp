@@ -31,15 +31,6 @@ TrainState initial_state(const Config& c, const data::Dataset& data, const Regis
 }
 }  // namespace
 
-uint64_t rank_seed(uint64_t seed, uint32_t rank) {
-  if (rank == 0) return seed;
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(rank) + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  // torch's CPU generator takes any 64-bit seed; keep it within the config's range for messages.
-  return (z ^ (z >> 31)) & ((1ull << 53) - 1);
-}
-
 Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry& registry, Collective* ranks)
     : Trainer(resolved(config), data, registry, ranks) {}
 
@@ -176,42 +167,19 @@ records::EvalRecord Trainer::evaluate(const std::function<void(int64_t)>& after_
   return e;
 }
 
-NamedTensors Trainer::optimizer_state(std::vector<SliceOf>* slices) {
-  if (slices) slices->clear();
-  if (!state_.zero) return train::optimizer_state(*state_.optimizer, *state_.model.module, config_.config.optim.name);
-  std::vector<SliceOf> mine;
-  NamedTensors out = zero_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module,
-                                          config_.config.optim.name, mine);
-  if (slices) *slices = std::move(mine);
-  return out;
-}
-
-Digest128 Trainer::rng_digest() const {
-  const std::string bytes = rng_state().serialize();
-  return xxh3_128(bytes.data(), bytes.size());
-}
-
-void Trainer::restore_position(uint64_t step, const rng::RngState& rng, uint64_t samples_seen) {
-  RETRACE_CHECK(rng.cursor.batch_in_epoch < sampler_.batches_per_epoch(), FormatError,
-                "the checkpoint's data cursor (epoch ", rng.cursor.epoch, ", batch ", rng.cursor.batch_in_epoch,
-                ") is past the end of an epoch of ", sampler_.batches_per_epoch(),
-                " batches: was it made with another batch size?");
-  const uint64_t per_step = static_cast<uint64_t>(config_.config.data.batch_size * config_.config.train.accum_steps) *
-                            world_size_;
-  RETRACE_CHECK(step <= (uint64_t(1) << 40) && samples_seen <= step * per_step, FormatError, "the checkpoint of step ",
-                step, " says ", samples_seen, " samples were seen, more than ", step, " steps of ", per_step,
-                " can see; its state was edited or belongs to another config");
-  state_.step = step;
-  state_.samples_seen = samples_seen;
-  state_.cursor = rng.cursor;
-  rng::restore_torch(rng, cuda_index(config_.config.runtime));
-}
-
-void Trainer::load_optimizer_state(const NamedTensors& state) {
-  if (state_.zero)
-    return zero_load_optimizer_state(*state_.optimizer, *state_.zero, *state_.model.module, config_.config.optim.name,
-                                     state);
-  train::load_optimizer_state(*state_.optimizer, *state_.model.module, config_.config.optim.name, state);
+StateContext Trainer::state_context() const {
+  StateContext c;
+  c.rank = rank_;
+  c.world_size = world_size_;
+  c.seed = policies_.seed;
+  c.optimizer = config_.config.optim.name;
+  c.cuda_device = cuda_index(config_.config.runtime);
+  c.config_hash = config_.hash;
+  c.batches_per_epoch = sampler_.batches_per_epoch();
+  c.samples_per_step = static_cast<uint64_t>(config_.config.data.batch_size * config_.config.train.accum_steps) *
+                       world_size_;
+  c.invariant = policies_.invariance_chunk > 0;
+  return c;
 }
 
 }  // namespace retrace::train
