@@ -96,133 +96,155 @@ void clip_grads(const std::vector<torch::Tensor>& params, double max_norm, doubl
   for_each_item(grads, pieces.size(), [&](size_t k) { pieces[k].mul_(coef); });
 }
 
-StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch::optim::Optimizer& optimizer,
-                      const std::vector<MicroBatch>& micro_batches, const StepPolicy& policy,
-                      const StepFaults& faults) {
-  RETRACE_CHECK(!micro_batches.empty(), InvariantError, "train_step needs at least one micro-batch");
-  adopt_thread_settings();
-  StepCalls one_process;
-  StepCalls& calls = policy.calls ? *policy.calls : one_process;
-  StepResult r;
-  const std::vector<torch::Tensor> params = model.parameters();
-  for (const auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
-  if (policy.probe) policy.probe->step_start(model);
+namespace {
 
-  int64_t local_count = 0;
-  for (const auto& mb : micro_batches) local_count += mb.targets.numel();
-  const int64_t count = policy.global_count > 0 ? policy.global_count : local_count;
-  const double inv_count = 1.0 / static_cast<double>(count);
+// The pieces of a micro-batch computed alone: the micro-batch itself, or under batch invariance its
+// chunks of `chunk` samples.
+std::vector<MicroBatch> pieces_of(const MicroBatch& mb, int64_t chunk) {
+  if (chunk == 0) return {mb};
+  const int64_t n = mb.targets.size(0);
+  RETRACE_CHECK(n % chunk == 0, ConfigError, "a micro-batch of ", n,
+                " samples does not split into whole chunks of runtime.invariance_chunk = ", chunk,
+                "; choose data.batch_size, train.accum_steps and the world size so that it does");
+  std::vector<MicroBatch> pieces;
+  for (int64_t lo = 0; lo < n; lo += chunk)
+    pieces.push_back({mb.inputs.slice(0, lo, lo + chunk), mb.targets.slice(0, lo, lo + chunk)});
+  return pieces;
+}
 
-  // Data parallelism decides on non-finite losses with the global loss, after the last forward.
-  const bool collective_loss = calls.loss_over_ranks();
-  torch::Tensor total = torch::zeros({}, torch::kFloat32);
-  std::vector<float> chunk_losses;
-  uint64_t next_chunk = policy.first_chunk;
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
-    const auto& mb = micro_batches[i];
-    const bool last = i + 1 == micro_batches.size();
-    auto t = Clock::now();
-    // The pieces computed alone: the micro-batch itself, or its chunks (batch invariance).
-    std::vector<MicroBatch> pieces;
-    if (policy.chunk > 0) {
-      const int64_t n = mb.targets.size(0);
-      RETRACE_CHECK(n % policy.chunk == 0, ConfigError, "a micro-batch of ", n,
-                    " samples does not split into whole chunks of runtime.invariance_chunk = ", policy.chunk,
-                    "; choose data.batch_size, train.accum_steps and the world size so that it does");
-      for (int64_t lo = 0; lo < n; lo += policy.chunk)
-        pieces.push_back({mb.inputs.slice(0, lo, lo + policy.chunk), mb.targets.slice(0, lo, lo + policy.chunk)});
-    } else {
-      pieces.push_back(mb);
-    }
+// One train_step under way: its inputs, what it adds up over the micro-batches (the loss, the chunk
+// losses, the next chunk's index) and its result. Its functions are the step's phases, in order.
+class StepRun {
+ public:
+  StepRun(torch::nn::Module& model, const ForwardFn& forward, const StepPolicy& policy, StepCalls& calls,
+          const StepFaults& faults, int64_t count)
+      : model_(model),
+        forward_(forward),
+        policy_(policy),
+        calls_(calls),
+        faults_(faults),
+        count_(count),
+        inv_count_(1.0 / static_cast<double>(count)),
+        next_chunk_(policy.first_chunk) {}
+
+  // Forward of micro-batch `i` under autocast, piece by piece, each loss divided by the effective
+  // batch's item count: the losses still to be backpropagated. Records the micro-batch's size and
+  // mean loss, and returns its loss (the sum of its pieces' losses) in `loss_value`.
+  std::vector<torch::Tensor> forward(const MicroBatch& mb, size_t i, float& loss_value) {
+    const auto t = Clock::now();
+    const std::vector<MicroBatch> pieces = pieces_of(mb, policy_.chunk);
     std::vector<torch::Tensor> losses;
-    float loss_value = 0;
-    if (policy.probe) policy.probe->set_phase("forward");
+    loss_value = 0;
+    if (policy_.probe) policy_.probe->set_phase("forward");
     for (size_t j = 0; j < pieces.size(); ++j) {
-      if (policy.chunk > 0) calls.before_chunk(next_chunk++);
+      if (policy_.chunk > 0) calls_.before_chunk(next_chunk_++);
       torch::Tensor loss;
       {
-        compat::AutocastGuard autocast(policy.device, policy.autocast_dtype);
-        torch::Tensor logits = forward(pieces[j].inputs);
-        loss = (policy.loss ? policy.loss(logits, pieces[j].targets) : cross_entropy_sum(logits, pieces[j].targets)) *
-               inv_count;
+        compat::AutocastGuard autocast(policy_.device, policy_.autocast_dtype);
+        torch::Tensor logits = forward_(pieces[j].inputs);
+        loss = (policy_.loss ? policy_.loss(logits, pieces[j].targets) : cross_entropy_sum(logits, pieces[j].targets)) *
+               inv_count_;
       }
-      if (i == 0 && j == 0 && faults.nan_loss) loss = loss * std::numeric_limits<float>::quiet_NaN();
-      if (faults.loss_factor != 1.0) loss = loss * faults.loss_factor;
+      if (i == 0 && j == 0 && faults_.nan_loss) loss = loss * std::numeric_limits<float>::quiet_NaN();
+      if (faults_.loss_factor != 1.0) loss = loss * faults_.loss_factor;
       const float v = loss.item<float>();
       loss_value = j == 0 ? v : loss_value + v;
-      if (policy.chunk > 0) chunk_losses.push_back(v);
-      else total = total + loss.detach().to(torch::kCPU);
+      if (policy_.chunk > 0) chunk_losses_.push_back(v);
+      else total_ = total_ + loss.detach().to(torch::kCPU);
       losses.push_back(std::move(loss));
     }
     r.micro_sizes.push_back(static_cast<uint32_t>(mb.targets.size(0)));
-    r.micro_losses.push_back(static_cast<double>(loss_value) * static_cast<double>(count) /
+    r.micro_losses.push_back(static_cast<double>(loss_value) * static_cast<double>(count_) /
                              static_cast<double>(mb.targets.numel()));
     r.forward_ms += ms_since(t);
-    if (!collective_loss && !std::isfinite(loss_value)) {
-      r.loss = policy.chunk > 0 ? calls.fold_losses(chunk_losses) : total.item<float>();
-      r.skipped = true;
-      r.skip_reason = records::SkipReason::kNonFiniteLoss;  // the scaler is not updated on this path
-      return r;
+    return losses;
+  }
+
+  // After a micro-batch's forward: whether the step is skipped before any backward. A non-finite
+  // micro-batch loss skips at once (one process: the scaler is not updated on this path); after the
+  // last forward, the step's loss (over the ranks) is decided, and a non-finite one or a spike skips.
+  bool skipped_after_forward(float loss_value, bool last) {
+    // Data parallelism decides on non-finite losses with the global loss, after the last forward.
+    if (!calls_.loss_over_ranks() && !std::isfinite(loss_value)) {
+      r.loss = policy_.chunk > 0 ? calls_.fold_losses(chunk_losses_) : total_.item<float>();
+      return skip(records::SkipReason::kNonFiniteLoss);
     }
-    if (last) {
-      if (policy.chunk > 0) {
-        r.loss = calls.fold_losses(chunk_losses);
-      } else {
-        r.loss = calls.reduce_loss(total.item<float>());
-      }
-      if (!std::isfinite(r.loss)) {
-        r.skipped = true;
-        r.skip_reason = records::SkipReason::kNonFiniteLoss;
-        return r;
-      }
-      if (policy.spike && policy.spike->is_spike(r.loss)) {
-        r.skipped = true;
-        r.skip_reason = records::SkipReason::kLossSpike;
-        return r;
-      }
-    }
-    t = Clock::now();
-    if (policy.probe) policy.probe->set_phase("backward");
+    if (!last) return false;
+    r.loss = policy_.chunk > 0 ? calls_.fold_losses(chunk_losses_) : calls_.reduce_loss(total_.item<float>());
+    if (!std::isfinite(r.loss)) return skip(records::SkipReason::kNonFiniteLoss);
+    if (policy_.spike && policy_.spike->is_spike(r.loss)) return skip(records::SkipReason::kLossSpike);
+    return false;
+  }
+
+  // Backward on each (scaled) loss in order; gradients add up in .grad. After the last micro-batch
+  // only, the ranks meet (one sync per effective step).
+  void backward(std::vector<torch::Tensor>& losses, bool last) {
+    const auto t = Clock::now();
+    if (policy_.probe) policy_.probe->set_phase("backward");
     for (auto& loss : losses) {
-      if (policy.scaler) policy.scaler->scale_loss(loss).backward();
+      if (policy_.scaler) policy_.scaler->scale_loss(loss).backward();
       else loss.backward();
-      calls.after_chunk_backward();
+      calls_.after_chunk_backward();
     }
-    if (last) calls.after_last_backward();
+    if (last) calls_.after_last_backward();
     r.backward_ms += ms_since(t);
   }
-  if (policy.probe) policy.probe->after_backward(model);
 
-  auto t = Clock::now();
-  if (faults.inf_grad) {
+  // Unscale and check the gradients (non-finite: the scaler backs off, skip), clip, step.
+  void apply_gradients(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params);
+
+  StepResult r;
+
+ private:
+  bool skip(records::SkipReason why) {
+    r.skipped = true;
+    r.skip_reason = why;
+    return true;
+  }
+
+  torch::nn::Module& model_;
+  const ForwardFn& forward_;
+  const StepPolicy& policy_;
+  StepCalls& calls_;
+  const StepFaults& faults_;
+  const int64_t count_;
+  const double inv_count_;
+  torch::Tensor total_ = torch::zeros({}, torch::kFloat32);
+  std::vector<float> chunk_losses_;
+  uint64_t next_chunk_;
+};
+
+void StepRun::apply_gradients(torch::optim::Optimizer& optimizer, const std::vector<torch::Tensor>& params) {
+  const auto t = Clock::now();
+  if (faults_.inf_grad) {
     torch::NoGradGuard no_grad;
-    for (const auto& item : model.named_parameters())
-      if (item.key() == *faults.inf_grad && item.value().grad().defined())
+    for (const auto& item : model_.named_parameters())
+      if (item.key() == *faults_.inf_grad && item.value().grad().defined())
         item.value().grad().view({-1})[0].fill_(std::numeric_limits<float>::infinity());
   }
   // With the scaler on, unscale and look for inf/NaN element by element; with it off the global
   // norm below is already non-finite when any element is, so no extra pass is needed.
   // Under ZeRO's reduce-scatter a rank holds its range's reduced gradients only: a non-finite one
   // makes the global norm non-finite on every rank, so all ranks skip together.
-  const std::vector<torch::Tensor>& held = policy.grad_params.empty() ? params : policy.grad_params;
-  const bool found_inf = policy.scaler && policy.scaler->enabled() ? policy.scaler->unscale_and_check(held) : false;
-  const std::optional<double> over_ranks = calls.grad_norm();
+  const std::vector<torch::Tensor>& held = policy_.grad_params.empty() ? params : policy_.grad_params;
+  LossScaler* scaler = policy_.scaler;
+  const bool found_inf = scaler && scaler->enabled() ? scaler->unscale_and_check(held) : false;
+  const std::optional<double> over_ranks = calls_.grad_norm();
   r.grad_norm_pre = over_ranks ? *over_ranks : global_grad_norm(params);
   if (found_inf || !std::isfinite(r.grad_norm_pre)) {
-    if (policy.scaler) policy.scaler->update(/*found_inf=*/true);
-    r.skipped = true;
-    r.skip_reason = records::SkipReason::kNonFiniteGrad;
+    if (scaler) scaler->update(/*found_inf=*/true);
+    skip(records::SkipReason::kNonFiniteGrad);
     r.grad_norm_post = r.grad_norm_pre;
     r.optimizer_ms = ms_since(t);
-    return r;
+    return;
   }
-  const double clip_coef = policy.max_norm / (r.grad_norm_pre + 1e-6);  // clip_grads' coefficient
-  calls.before_optimizer_step();
-  if (policy.max_norm > 0 && clip_coef < 1.0) {
+  const double clip_coef = policy_.max_norm / (r.grad_norm_pre + 1e-6);  // clip_grads' coefficient
+  calls_.before_optimizer_step();
+  if (policy_.max_norm > 0 && clip_coef < 1.0) {
     // The fused AdamW multiplies in its own pass, where the product costs almost nothing; any
     // other optimizer gets the gradients clipped here. The same bits either way.
-    const std::vector<torch::Tensor>& stepped = policy.optimizer_params.empty() ? params : policy.optimizer_params;
-    if (!defer_grad_scale(optimizer, stepped, clip_coef)) clip_grads(held, policy.max_norm, r.grad_norm_pre);
+    const std::vector<torch::Tensor>& stepped = policy_.optimizer_params.empty() ? params : policy_.optimizer_params;
+    if (!defer_grad_scale(optimizer, stepped, clip_coef)) clip_grads(held, policy_.max_norm, r.grad_norm_pre);
     // The norm after clipping is the norm before times the clip coefficient (every gradient is
     // scaled by it); computing it instead of measuring it saves a pass over the gradients.
     r.grad_norm_post = r.grad_norm_pre * clip_coef;
@@ -230,11 +252,37 @@ StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch:
     r.grad_norm_post = r.grad_norm_pre;
   }
   optimizer.step();
-  calls.after_optimizer_step();
-  if (policy.probe) policy.probe->after_optimizer(model);
-  if (policy.scaler) policy.scaler->update(/*found_inf=*/false);
+  calls_.after_optimizer_step();
+  if (policy_.probe) policy_.probe->after_optimizer(model_);
+  if (scaler) scaler->update(/*found_inf=*/false);
   r.optimizer_ms = ms_since(t);
-  return r;
+}
+
+}  // namespace
+
+StepResult train_step(torch::nn::Module& model, const ForwardFn& forward, torch::optim::Optimizer& optimizer,
+                      const std::vector<MicroBatch>& micro_batches, const StepPolicy& policy,
+                      const StepFaults& faults) {
+  RETRACE_CHECK(!micro_batches.empty(), InvariantError, "train_step needs at least one micro-batch");
+  adopt_thread_settings();
+  const std::vector<torch::Tensor> params = model.parameters();
+  for (const auto& p : params) p.mutable_grad() = torch::Tensor();  // zero_grad(set_to_none)
+  if (policy.probe) policy.probe->step_start(model);
+  int64_t local_count = 0;
+  for (const auto& mb : micro_batches) local_count += mb.targets.numel();
+  StepCalls one_process;
+  StepRun run(model, forward, policy, policy.calls ? *policy.calls : one_process, faults,
+              policy.global_count > 0 ? policy.global_count : local_count);
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const bool last = i + 1 == micro_batches.size();
+    float loss_value = 0;
+    std::vector<torch::Tensor> losses = run.forward(micro_batches[i], i, loss_value);
+    if (run.skipped_after_forward(loss_value, last)) return run.r;
+    run.backward(losses, last);
+  }
+  if (policy.probe) policy.probe->after_backward(model);
+  run.apply_gradients(optimizer, params);
+  return run.r;
 }
 
 }  // namespace retrace::train

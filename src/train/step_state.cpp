@@ -127,37 +127,21 @@ class StateStepCalls final : public StepCalls {
   std::optional<RankWork> work_;
   KnownSums zero_known_;
 };
-}  // namespace
-
-StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Collective* ranks, StepProbe* probe,
-                      bool with_digests) {
-  StepOutput out;
-  records::StepRecord& rec = out.record;
-  // Split the rank's batch into accum_steps micro-batches, as evenly as possible (a kept last
-  // batch can be ragged): piece j holds samples [j*n/a, (j+1)*n/a).
+// The rank's batch as accum_steps micro-batches, as evenly as possible (a kept last batch can be
+// ragged): piece j holds samples [j*n/a, (j+1)*n/a).
+std::vector<MicroBatch> micro_batches_of(const Batch& batch, int64_t accum_steps) {
   std::vector<MicroBatch> micro;
   const int64_t n = static_cast<int64_t>(batch.indices.size());
-  const int64_t a = std::min<int64_t>(p.accum_steps, n);
+  const int64_t a = std::min<int64_t>(accum_steps, n);
   for (int64_t j = 0; j < a; ++j) {
     int64_t lo = j * n / a, hi = (j + 1) * n / a;
     micro.push_back({batch.inputs.slice(0, lo, hi), batch.targets.slice(0, lo, hi)});
   }
-  rec.timings.data_ms = batch.data_ms;
+  return micro;
+}
 
-  rec.step = s.step + 1;
-  rec.epoch = batch.at.epoch;
-  rec.batch_in_epoch = batch.at.batch_in_epoch;
-  rec.batch_size = static_cast<uint32_t>(n);
-  rec.sample_digest = digest_indices(batch.indices);
-  rec.lr = p.schedule.lr_at(rec.step);
-  rec.loss_scale = s.scaler.scale();
-
-  apply_perturbation(s, p, rec.step, out.events);
-  set_lr(*s.optimizer, rec.lr);
-  s.model.module->train();
-  const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
-  // Among other ranks, the step meets them through `calls` (data_parallel.h); one process meets none.
-  StateStepCalls calls(s, p, ranks, rec.step, cuda, with_digests && p.digest_version >= 3);
+// train_step's policy for this step of `s`.
+StepPolicy policy_for(TrainState& s, const Policies& p, const Batch& batch, StateStepCalls& calls, StepProbe* probe) {
   StepPolicy policy;
   policy.max_norm = p.max_norm;
   policy.device = p.device;
@@ -179,9 +163,11 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
   if (calls.holds_range_grads()) policy.grad_params = s.zero->views();
   policy.probe = probe;
   policy.loss = p.loss;
-  StepResult r = train_step(*s.model.module, s.model.forward, *s.optimizer, micro, policy,
-                            faults_for(s, p, rec.step, out.events));
+  return policy;
+}
 
+// What train_step did, into the step's record.
+void record_result(const StepResult& r, records::StepRecord& rec) {
   rec.loss = static_cast<double>(r.loss);
   std::memcpy(&rec.loss_bits, &r.loss, sizeof r.loss);
   rec.grad_norm_pre = r.grad_norm_pre;
@@ -193,6 +179,73 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
   rec.timings.forward_ms = records::Timings::whole_ns(r.forward_ms);  // sums over micro-batches
   rec.timings.backward_ms = records::Timings::whole_ns(r.backward_ms);
   rec.timings.optimizer_ms = records::Timings::whole_ns(r.optimizer_ms);
+}
+
+// The step's digests, as the trace records them (trace.digest_version): parameters, gradients (the
+// mixed digests), the optimizer every trace.optimizer_digest_every steps, RNG, and the policies'
+// state. Under ZeRO each rank's sums of its ranges, added over the ranks.
+void step_digests(TrainState& s, const Policies& p, StateStepCalls& calls, records::StepRecord& rec) {
+  const DigestKind kind = digest_kind_of(p.digest_version);
+  // The fused AdamW summed what it wrote (optimizer.h): those tensors are not read again.
+  const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) { return fused_sums(*s.optimizer, t, out); };
+  // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
+  // zero in between.
+  const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;
+  if (s.zero) {
+    // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3
+    // or 4).
+    SumOverRanks sum;
+    if (RankWork* work = calls.work())
+      sum = [work](const std::vector<uint64_t>& mine) { return sum_over_ranks(*work, mine); };
+    const KnownSums& zero_known = calls.zero_known();
+    const ZeroDigests d = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module, p.optimizer,
+                                       with_optimizer, sum, zero_known ? &zero_known : nullptr, mix_of(kind));
+    rec.param_digest = d.model;
+    rec.grad_digest = d.grads;
+    if (with_optimizer) rec.optim_digest = d.optim;
+  } else {
+    rec.param_digest = digest_named(model_state(s), kind, &known);
+    if (is_mixed(kind)) {
+      // The gradients as the optimizer used them (reduced, unscaled, clipped), every step.
+      NamedTensors grads;
+      for (const auto& item : s.model.module->named_parameters()) grads.emplace_back(item.key(), item.value().grad());
+      rec.grad_digest = digest_named(std::move(grads), kind, &known);
+    }
+    if (with_optimizer)
+      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
+  }
+  const std::string rng = rng_state(s, p.seed).serialize();
+  rec.rng_digest = xxh3_128(rng.data(), rng.size());
+  if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
+}
+}  // namespace
+
+StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Collective* ranks, StepProbe* probe,
+                      bool with_digests) {
+  StepOutput out;
+  records::StepRecord& rec = out.record;
+  const std::vector<MicroBatch> micro = micro_batches_of(batch, p.accum_steps);
+  const int64_t n = static_cast<int64_t>(batch.indices.size());
+  rec.timings.data_ms = batch.data_ms;
+
+  rec.step = s.step + 1;
+  rec.epoch = batch.at.epoch;
+  rec.batch_in_epoch = batch.at.batch_in_epoch;
+  rec.batch_size = static_cast<uint32_t>(n);
+  rec.sample_digest = digest_indices(batch.indices);
+  rec.lr = p.schedule.lr_at(rec.step);
+  rec.loss_scale = s.scaler.scale();
+
+  apply_perturbation(s, p, rec.step, out.events);
+  set_lr(*s.optimizer, rec.lr);
+  s.model.module->train();
+  const int cuda = batch.inputs.is_cuda() ? static_cast<int>(batch.inputs.device().index()) : -1;
+  // Among other ranks, the step meets them through `calls` (data_parallel.h); one process meets none.
+  StateStepCalls calls(s, p, ranks, rec.step, cuda, with_digests && p.digest_version >= 3);
+  const StepPolicy policy = policy_for(s, p, batch, calls, probe);
+  const StepResult r = train_step(*s.model.module, s.model.forward, *s.optimizer, micro, policy,
+                                  faults_for(s, p, rec.step, out.events));
+  record_result(r, rec);
 
   if (!r.skipped) s.spike_guard.record(rec.loss);
   if (auto warning = s.skip_guard.record(r.skipped, rec.step)) out.events.emplace_back("warning", *warning);
@@ -204,39 +257,8 @@ StepOutput step_state(TrainState& s, const Batch& batch, const Policies& p, Coll
   s.samples_seen += p.invariance_chunk > 0 && batch.global_samples > 0 ? batch.global_samples : batch.indices.size();
   s.cursor = batch.next;
   if (with_digests) {
-    auto t = Clock::now();
-    const DigestKind kind = digest_kind_of(p.digest_version);
-    // The fused AdamW summed what it wrote (optimizer.h): those tensors are not read again.
-    const KnownSums known = [&s](const torch::Tensor& t, uint64_t out[16]) { return fused_sums(*s.optimizer, t, out); };
-    // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
-    // zero in between.
-    const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;
-    if (s.zero) {
-      // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3
-      // or 4).
-      SumOverRanks sum;
-      if (RankWork* work = calls.work())
-        sum = [work](const std::vector<uint64_t>& mine) { return sum_over_ranks(*work, mine); };
-      const KnownSums& zero_known = calls.zero_known();
-      const ZeroDigests d = zero_digests(model_state(s), *s.optimizer, *s.zero, *s.model.module, p.optimizer,
-                                         with_optimizer, sum, zero_known ? &zero_known : nullptr, mix_of(kind));
-      rec.param_digest = d.model;
-      rec.grad_digest = d.grads;
-      if (with_optimizer) rec.optim_digest = d.optim;
-    } else {
-      rec.param_digest = digest_named(model_state(s), kind, &known);
-      if (is_mixed(kind)) {
-        // The gradients as the optimizer used them (reduced, unscaled, clipped), every step.
-        NamedTensors grads;
-        for (const auto& item : s.model.module->named_parameters()) grads.emplace_back(item.key(), item.value().grad());
-        rec.grad_digest = digest_named(std::move(grads), kind, &known);
-      }
-      if (with_optimizer)
-        rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
-    }
-    const std::string rng = rng_state(s, p.seed).serialize();
-    rec.rng_digest = xxh3_128(rng.data(), rng.size());
-    if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
+    const auto t = Clock::now();
+    step_digests(s, p, calls, rec);
     rec.timings.trace_ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   }
   if (const RankWork* work = calls.work()) {
