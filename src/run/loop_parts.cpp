@@ -1,9 +1,18 @@
 #include "run/loop_parts.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 
+#include "core/error.h"
+#include "core/file_util.h"
 #include "run/layout.h"
 #include "trace/trace_writer.h"
 #include "train/trainer.h"
@@ -57,6 +66,106 @@ std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writ
     if (cb.on_message) cb.on_message("warning: " + warn);
   }
   return dir;
+}
+
+void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
+          const std::string& message) {
+  if (writer) writer->append_event({step, kind, message});
+  if (cb.on_message) cb.on_message(kind + ": " + message);
+}
+
+Rollback::Rollback(const train::Config& config, std::string run_dir, Sabotage sabotage, Anchor anchor)
+    : guarded_(config.guards.spike_factor > 0),
+      every_steps_(config.checkpoint.every_steps),
+      skip_batches_(config.guards.spike_skip_batches),
+      run_dir_(std::move(run_dir)),
+      sabotage_(sabotage),
+      anchor_(std::move(anchor)) {}
+
+bool Rollback::after_step(train::Trainer& trainer, const records::StepRecord& rec, trace::TraceWriter* writer,
+                          const RunCallbacks& cb) {
+  if (records::skip_reason_of(rec.skip_reason) == records::SkipReason::kLossSpike) {
+    RETRACE_CHECK(++in_a_row_ <= kMaxInARow, ConfigError, kMaxInARow,
+                  " loss-spike rollbacks in a row without a step applied (last at step ", rec.step, ", loss ", rec.loss,
+                  "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
+                  "or resume from an older checkpoint (the newest one's guard state may be damaged)");
+    if (roll_back(trainer, rec, writer, cb)) return true;
+  }
+  if (rec.outcome == records::Outcome::kStep) in_a_row_ = 0;
+  return false;
+}
+
+void Rollback::keep_anchor_if_due(train::Trainer& trainer, uint64_t step) {
+  if (guarded_ && every_steps_ > 0 && step % static_cast<uint64_t>(every_steps_) == 0)
+    anchor_ = ckpt::snapshot_of(trainer.state(), trainer.state_context(), /*copy=*/true);
+}
+
+bool Rollback::roll_back(train::Trainer& trainer, const records::StepRecord& spike, trace::TraceWriter* writer,
+                         const RunCallbacks& cb) {
+  const data::Cursor at{spike.epoch, spike.batch_in_epoch};
+  std::ostringstream msg;
+  msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
+  bool rolled = false;
+  if (sabotage_ == Sabotage::kRollbackNewestCheckpoint) {
+    if (ckpt::load_newest_checkpoint(trainer.state(), trainer.state_context(), checkpoint_root(run_dir_), nullptr))
+      rolled = true;
+  } else if (anchor_) {
+    ckpt::apply_snapshot(trainer.state(), trainer.state_context(), *anchor_,
+                         "the rollback anchor of step " + std::to_string(anchor_->step));
+    rolled = true;
+  }
+  trainer.set_aside_batches(at, skip_batches_);
+  if (rolled) msg << "; rolled back to step " << trainer.step();
+  else
+    msg << "; no rollback anchor yet (none before the first multiple of checkpoint.every_steps), the step was skipped";
+  msg << "; batches set aside (epoch:batch):";
+  for (const auto& [e, b] : trainer.state().set_aside) msg << " " << e << ":" << b;
+  emit(writer, cb, spike.step, "rollback", msg.str());
+  return rolled;
+}
+
+namespace {
+// Marks a crash fault as fired in the run directory before the process kills itself.
+void mark_fired_on_disk(const std::string& run_dir, const std::string& id) {
+  const std::string path = fired_path(run_dir);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot open ", path, ": ", fs::errno_text(errno));
+  std::string line = id + "\n";
+  ssize_t n = ::write(fd, line.data(), line.size());
+  ::fsync(fd);
+  ::close(fd);
+  RETRACE_CHECK(n == static_cast<ssize_t>(line.size()), IoError, "cannot write ", path);
+}
+}  // namespace
+
+void InjectedCrash::load_fired(train::Trainer& trainer) const {
+  std::ifstream in(fired_path(run_dir_));
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) trainer.state().fired.insert(line);
+}
+
+void InjectedCrash::after_step(const train::Trainer& trainer, uint64_t step, trace::TraceWriter* writer,
+                               const RunCallbacks& cb) const {
+  const auto crash_rank = trainer.crash_due(step);
+  if (!crash_rank || !(crash_rank->empty() || *crash_rank == std::to_string(trainer.rank()))) return;
+  mark_fired_on_disk(run_dir_, "crash@" + std::to_string(step));
+  emit(writer, cb, step, "crash", "injected crash after step " + std::to_string(step) + ": SIGKILL");
+  std::fflush(stdout);
+  ::raise(SIGKILL);
+}
+
+std::function<void(int64_t)> InjectedCrash::in_evaluation(const train::Trainer& trainer, trace::TraceWriter* writer,
+                                                          const RunCallbacks& cb) const {
+  if (!trainer.crash_in_eval_due(trainer.step())) return {};
+  const std::string id = "crash-in-eval@" + std::to_string(trainer.step());
+  return [run_dir = run_dir_, id, writer, &cb, step = trainer.step()](int64_t) {
+    mark_fired_on_disk(run_dir, id);
+    emit(writer, cb, step, "crash",
+         "injected crash in the evaluation after step " + std::to_string(step) + ": SIGKILL");
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  };
 }
 
 void RunSummary::add(const records::StepRecord& r) {

@@ -1,11 +1,13 @@
 // The training loop's concerns other than the step, each a part of its own (issue 53): when a
 // checkpoint is due (steps, clock, the ranks' vote), writing the loop's checkpoints (trace
-// position, the evaluation-due key, rotation warnings once per run) and the sizes and speeds the
-// loop reports. run.cpp's loop calls them; none of them trains.
+// position, the evaluation-due key, rotation warnings once per run), the loss-spike rollback and
+// its anchor, the injected crashes, and the sizes and speeds the loop reports. run.cpp's loop calls
+// them; none of them trains.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -63,6 +65,62 @@ class Checkpointer {
   uint32_t keep_last_;
   train::Collective* ranks_;
   std::set<std::string> left_reported_;
+};
+
+// An event into the trace (when this rank writes one) and to the callbacks as "kind: message".
+void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
+          const std::string& message);
+
+// Loss-spike rollback (guards.spike_factor): keeps the anchor, and after a spike puts the state back
+// to it and sets the batches that led to the spike aside (guards.spike_skip_batches), so that the
+// deterministic re-run does not meet the same spike again. Without an anchor yet (no multiple of
+// checkpoint.every_steps passed) the spiking step stays skipped and the run goes on.
+class Rollback {
+ public:
+  Rollback(const train::Config& config, std::string run_dir, Sabotage sabotage, Anchor anchor);
+  // After each step: true when it was a spike and the state went back to the anchor (the loop goes
+  // on from there). ConfigError after kMaxInARow rollbacks without a step applied between them.
+  bool after_step(train::Trainer& trainer, const records::StepRecord& rec, trace::TraceWriter* writer,
+                  const RunCallbacks& cb);
+  // Once `step` is settled: a copy of the state becomes the anchor when `step` is a multiple of
+  // checkpoint.every_steps (while the spike guard is on).
+  void keep_anchor_if_due(train::Trainer& trainer, uint64_t step);
+  const Anchor& anchor() const { return anchor_; }
+
+  // Each rollback sets one more batch aside; a run that meets a spike on every re-run would walk
+  // the whole data set back and forth: it stops after this many in a row, and says why.
+  static constexpr uint64_t kMaxInARow = 16;
+
+ private:
+  bool roll_back(train::Trainer& trainer, const records::StepRecord& spike, trace::TraceWriter* writer,
+                 const RunCallbacks& cb);
+
+  bool guarded_;
+  int64_t every_steps_, skip_batches_;
+  std::string run_dir_;
+  Sabotage sabotage_;
+  Anchor anchor_;
+  uint64_t in_a_row_ = 0;
+};
+
+// The injected crashes (faults crash@S[:RANK] and crash-in-eval@S): the fault is marked fired in
+// the run directory first (a resume must not crash again at the same step), then an event, then
+// SIGKILL.
+class InjectedCrash {
+ public:
+  explicit InjectedCrash(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+  // The crash faults that fired before (a resume): marked fired in the trainer's state.
+  void load_fired(train::Trainer& trainer) const;
+  // After step `step`: kills this process when a crash fault is due there for this rank.
+  void after_step(const train::Trainer& trainer, uint64_t step, trace::TraceWriter* writer,
+                  const RunCallbacks& cb) const;
+  // The evaluation after the trainer's step: a per-batch hook that kills this process when
+  // crash-in-eval is due there; empty otherwise.
+  std::function<void(int64_t)> in_evaluation(const train::Trainer& trainer, trace::TraceWriter* writer,
+                                             const RunCallbacks& cb) const;
+
+ private:
+  std::string run_dir_;
 };
 
 // The bytes of the files in `dir` (not recursive).

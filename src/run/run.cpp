@@ -41,26 +41,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace stdfs = std::filesystem;
 
-// Marks a crash fault as fired in the run directory before the process kills itself, so a resume
-// does not crash again at the same step.
-void mark_fired_on_disk(const std::string& run_dir, const std::string& id) {
-  const std::string path = fired_path(run_dir);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  RETRACE_CHECK(fd >= 0, IoError, "cannot open ", path, ": ", fs::errno_text(errno));
-  std::string line = id + "\n";
-  ssize_t n = ::write(fd, line.data(), line.size());
-  ::fsync(fd);
-  ::close(fd);
-  RETRACE_CHECK(n == static_cast<ssize_t>(line.size()), IoError, "cannot write ", path);
-}
-
-void load_fired(const std::string& run_dir, Trainer& trainer) {
-  std::ifstream in(fired_path(run_dir));
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) trainer.state().fired.insert(line);
-}
-
 // The live TensorBoard view, when asked for (LoopControl::tensorboard_dir).
 // A new record starts the directory afresh (with force: its old event files go); a resume adds a file.
 void attach_tensorboard(trace::TraceWriter& writer, const LoopControl& control, const records::TraceHeader& h,
@@ -68,47 +48,6 @@ void attach_tensorboard(trace::TraceWriter& writer, const LoopControl& control, 
   if (control.tensorboard_dir.empty()) return;
   trace::prepare_tensorboard_dir(control.tensorboard_dir, fresh, force);
   writer.set_sink(trace::tensorboard_sink(control.tensorboard_dir, h));
-}
-
-void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
-          const std::string& message) {
-  if (writer) writer->append_event({step, kind, message});
-  if (cb.on_message) cb.on_message(kind + ": " + message);
-}
-
-constexpr uint64_t kMaxRollbacksInARow = 16;
-
-bool anchor_due(const Config& config, uint64_t step) {
-  const int64_t every = config.checkpoint.every_steps;
-  return config.guards.spike_factor > 0 && every > 0 && step % static_cast<uint64_t>(every) == 0;
-}
-
-// A loss spike: go back to the anchor and set the batches that led to the spike aside, so that the
-// deterministic re-run does not meet the same spike again. Without an anchor (no multiple of
-// checkpoint.every_steps passed yet) the step stays skipped and the run goes on: returns false.
-bool roll_back(Trainer& trainer, const records::StepRecord& spike, const Anchor& anchor, const std::string& run_dir,
-               Sabotage sabotage, trace::TraceWriter* writer, const RunCallbacks& cb) {
-  const data::Cursor at{spike.epoch, spike.batch_in_epoch};
-  const int64_t count = trainer.config().guards.spike_skip_batches;
-  std::ostringstream msg;
-  msg << "loss spike at step " << spike.step << " (loss " << spike.loss << ")";
-  bool rolled = false;
-  if (sabotage == Sabotage::kRollbackNewestCheckpoint) {
-    if (ckpt::load_newest_checkpoint(trainer.state(), trainer.state_context(), checkpoint_root(run_dir), nullptr))
-      rolled = true;
-  } else if (anchor) {
-    ckpt::apply_snapshot(trainer.state(), trainer.state_context(), *anchor,
-                         "the rollback anchor of step " + std::to_string(anchor->step));
-    rolled = true;
-  }
-  trainer.set_aside_batches(at, count);
-  if (rolled) msg << "; rolled back to step " << trainer.step();
-  else
-    msg << "; no rollback anchor yet (none before the first multiple of checkpoint.every_steps), the step was skipped";
-  msg << "; batches set aside (epoch:batch):";
-  for (const auto& [e, b] : trainer.state().set_aside) msg << " " << e << ":" << b;
-  emit(writer, cb, spike.step, "rollback", msg.str());
-  return rolled;
 }
 
 // The data set of `config`, and when `recorded` (a trace header's inputs) is given, what changed
@@ -150,19 +89,8 @@ bool evaluation_due(const Config& config, uint64_t step, bool epoch_done, bool l
 }
 
 void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallbacks& cb, RunSummary& summary,
-                    const std::string& run_dir) {
-  std::function<void(int64_t)> after_batch;
-  if (trainer.crash_in_eval_due(trainer.step())) {
-    const std::string id = "crash-in-eval@" + std::to_string(trainer.step());
-    after_batch = [run_dir, id, writer, &cb, step = trainer.step()](int64_t) {
-      mark_fired_on_disk(run_dir, id);
-      emit(writer, cb, step, "crash",
-           "injected crash in the evaluation after step " + std::to_string(step) + ": SIGKILL");
-      std::fflush(stdout);
-      ::raise(SIGKILL);
-    };
-  }
-  records::EvalRecord e = trainer.evaluate(after_batch);
+                    const InjectedCrash& crash) {
+  records::EvalRecord e = trainer.evaluate(crash.in_evaluation(trainer, writer, cb));
   if (writer) writer->append_eval(e);
   summary.test_accuracy = e.accuracy;
   summary.eval_loss = e.loss;
@@ -178,7 +106,8 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   CheckpointCadence cadence(config.checkpoint, control, pg);
   // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit.
   Checkpointer checkpointer(run_dir, static_cast<uint32_t>(config.checkpoint.keep_last), pg);
-  uint64_t rollbacks_in_a_row = 0;
+  Rollback rollback(config, run_dir, control.sabotage, std::move(anchor));
+  const InjectedCrash crash(run_dir);
   double last_write_ms = 0;
   summary.first_step = trainer.step() + 1;
   summary.total_steps = trainer.total_steps();
@@ -186,7 +115,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   for (const auto& id : control.fired) trainer.state().fired.insert(id);
   // A resume from a checkpoint whose step's evaluation was due redoes it first (killed during it,
   // or it ran and was set aside with the trace bytes after the checkpoint).
-  if (redo_evaluation) run_evaluation(trainer, writer, cb, summary, run_dir);
+  if (redo_evaluation) run_evaluation(trainer, writer, cb, summary, crash);
 
   while (trainer.step() < trainer.total_steps()) {
     const uint64_t epoch_before = trainer.cursor().epoch;
@@ -203,41 +132,24 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     if (cb.on_step) cb.on_step(rec, trainer.total_steps());
     for (const auto& [kind, text] : trainer.take_events()) emit(writer, cb, rec.step, kind, text);
 
-    if (records::skip_reason_of(rec.skip_reason) == records::SkipReason::kLossSpike) {
-      // Each rollback sets one more batch aside; a run that meets a spike on every re-run would
-      // walk the whole data set back and forth. Stop it and say why.
-      RETRACE_CHECK(++rollbacks_in_a_row <= kMaxRollbacksInARow, ConfigError, kMaxRollbacksInARow,
-                    " loss-spike rollbacks in a row without a step applied (last at step ", rec.step, ", loss ",
-                    rec.loss,
-                    "): the run cannot get past this point. Raise guards.spike_factor or set it to 0, "
-                    "or resume from an older checkpoint (the newest one's guard state may be damaged)");
-      if (roll_back(trainer, rec, anchor, run_dir, control.sabotage, writer, cb)) continue;
-    }
-    if (rec.outcome == records::Outcome::kStep) rollbacks_in_a_row = 0;
-    const auto crash_rank = trainer.crash_due(rec.step);
-    if (crash_rank && (crash_rank->empty() || *crash_rank == std::to_string(trainer.rank()))) {
-      const std::string id = "crash@" + std::to_string(rec.step);
-      mark_fired_on_disk(run_dir, id);
-      emit(writer, cb, rec.step, "crash", "injected crash after step " + std::to_string(rec.step) + ": SIGKILL");
-      std::fflush(stdout);
-      ::raise(SIGKILL);
-    }
+    if (rollback.after_step(trainer, rec, writer, cb)) continue;
+    crash.after_step(trainer, rec.step, writer, cb);
 
     const uint64_t s = trainer.step();
     const bool last = s == trainer.total_steps();
     const bool interrupt = control.interrupt_at != 0 && s == control.interrupt_at;
     const bool epoch_done = trainer.cursor().epoch != epoch_before;
     const bool eval_due = evaluation_due(config, s, epoch_done, last);
-    if (anchor_due(config, s)) anchor = ckpt::snapshot_of(trainer.state(), trainer.state_context(), /*copy=*/true);
+    rollback.keep_anchor_if_due(trainer, s);
 
     if (cadence.due(s, last, interrupt)) {
-      checkpointer.save(trainer, writer, s, eval_due, anchor, cb);
+      checkpointer.save(trainer, writer, s, eval_due, rollback.anchor(), cb);
       summary.checkpoints += 1;
       cadence.saved();
     }
     // An interrupt stops after the step's checkpoint and evaluation: an interrupted run's
     // evaluations are the uninterrupted run's.
-    if (eval_due) run_evaluation(trainer, writer, cb, summary, run_dir);
+    if (eval_due) run_evaluation(trainer, writer, cb, summary, crash);
     if (interrupt) {
       summary.interrupted = true;
       break;
@@ -654,7 +566,7 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   ResumeInputs in = check_resume_inputs(run_dir, control, cb, pg, registry);
   Trainer trainer(in.resolved, in.data, registry, pg);
   ChosenCheckpoint chosen = choose_checkpoint(run_dir, in, trainer, control, cb, pg);
-  load_fired(run_dir, trainer);
+  InjectedCrash(run_dir).load_fired(trainer);
 
   RunSummary summary;
   summary.run_dir = run_dir;
