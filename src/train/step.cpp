@@ -101,7 +101,7 @@ namespace {
 // The pieces of a micro-batch computed alone: the micro-batch itself, or under batch invariance its
 // chunks of `chunk` samples.
 std::vector<MicroBatch> pieces_of(const MicroBatch& mb, int64_t chunk) {
-  if (chunk == 0) return {mb};
+  if (chunk <= 0) return {mb};
   const int64_t n = mb.targets.size(0);
   RETRACE_CHECK(n % chunk == 0, ConfigError, "a micro-batch of ", n,
                 " samples does not split into whole chunks of runtime.invariance_chunk = ", chunk,
