@@ -27,6 +27,13 @@ std::vector<std::vector<Word>> allgather_words(Collective& ranks, const std::vec
   return out;
 }
 
+// Batch invariance's all-to-all among the ranks, counted in the step's collectives.
+Exchange exchange_of(RankWork& work) {
+  return [&work](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {
+    return work.ranks.alltoall(to, n, work.stats);
+  };
+}
+
 }  // namespace
 
 std::vector<Digest128> gather_digests(Collective& ranks, const Digest128& mine) {
@@ -46,9 +53,7 @@ std::vector<Digest128> gather_digests(Collective& ranks, const Digest128& mine) 
 void reduce_gradients(RankWork& work, torch::nn::Module& module, const Policies& p, const ZeroShard* zero) {
   Collective& ranks = work.ranks;
   if (p.invariance_chunk > 0) {
-    const Exchange exchange = [&work](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {
-      return work.ranks.alltoall(to, n, work.stats);
-    };
+    const Exchange exchange = exchange_of(work);
     const ChunkOrder order = p.chunk_rank_sums ? ChunkOrder::kRankSums : ChunkOrder::kGlobalFold;
     torch::Tensor local;
     work.chunks.reduce_into(module.parameters(), ranks.rank(), ranks.world_size(), exchange, order, &local);
@@ -64,10 +69,7 @@ void reduce_gradients(RankWork& work, torch::nn::Module& module, const Policies&
 }
 
 float fold_losses_over_ranks(RankWork& work, const std::vector<float>& mine) {
-  const Exchange exchange = [&work](const std::vector<torch::Tensor>& to, const std::vector<int64_t>& n) {
-    return work.ranks.alltoall(to, n, work.stats);
-  };
-  return fold_chunk_losses(mine, work.ranks.world_size(), exchange);
+  return fold_chunk_losses(mine, work.ranks.world_size(), exchange_of(work));
 }
 
 double zero_grad_norm_over_ranks(RankWork& work, const ZeroShard& zero) {
