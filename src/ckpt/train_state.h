@@ -36,9 +36,10 @@ struct TracePosition {
 // Writes this rank's shard and, for world size 1, commits the checkpoint (manifest last, LATEST,
 // rotation). Returns the step directory. The state's policy state (scaler, guards, fired faults,
 // batches set aside) and `extra` are stored in the shard metadata with an "x." prefix.
-// With the ranks (a train::Collective; nullptr: one process): rank 0 creates the step directory, every rank writes its shard in parallel,
-// the ranks exchange (file, size, sha256) once every shard is durable, and rank 0 writes the
-// manifest (the commit point) before a last barrier. Rank 0's rotation report goes to `rotation`.
+// With the ranks (a train::Collective; nullptr: one process): rank 0 creates the step directory,
+// every rank writes its shard in parallel, the ranks exchange (file, size, sha256) once every shard
+// is durable, and rank 0 writes the manifest (the commit point) before a last barrier. Rank 0's
+// rotation report goes to `rotation`.
 std::string save_checkpoint(train::TrainState& state, const train::StateContext& context, const std::string& root,
                             const TracePosition& pos, uint32_t keep_last,
                             const std::map<std::string, std::string>& extra, train::Collective* sync = nullptr,
@@ -95,9 +96,10 @@ struct LoadedSnapshot {
 // bytes it parses; checks the RNG format and that shard and manifest agree on the trace position.
 // `keep`, when given, says which elements of a table tensor (its entry in the table, named e.g.
 // "optim/fc1.weight/exp_avg") this process keeps, [first, last) as a 1-D tensor, or nullopt for all
-// of it whole (it may throw FormatError for an entry that does not fit the model): a ZeRO rank keeps its range of the optimizer state (keep_of), so loading never
-// holds the whole of it. Only checkpoints whose state is split in pieces (ckpt.v2, several ranks)
-// are read so; a one-rank shard is whole anyway.
+// of it whole (it may throw FormatError for an entry that does not fit the model): a ZeRO rank
+// keeps its range of the optimizer state (keep_of), so loading never holds the whole of it. Only
+// checkpoints whose state is split in pieces (ckpt.v2, several ranks) are read so; a one-rank
+// shard is whole anyway.
 using KeepRange = std::function<std::optional<std::pair<uint64_t, uint64_t>>(const TensorLayout&)>;
 LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep = {});
 // The newest checkpoint under `root` that loads: each step directory, newest first, goes through

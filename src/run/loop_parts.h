@@ -79,7 +79,8 @@ class Rollback {
  public:
   Rollback(const train::Config& config, std::string run_dir, Sabotage sabotage, Anchor anchor);
   // After each step: true when it was a spike and the state went back to the anchor (under the test
-  // sabotage kRollbackNewestCheckpoint, to the newest checkpoint; the loop goes on from there). ConfigError after kMaxInARow rollbacks without a step applied between them.
+  // sabotage kRollbackNewestCheckpoint, to the newest checkpoint; the loop goes on from there).
+  // ConfigError after kMaxInARow rollbacks without a step applied between them.
   bool after_step(train::Trainer& trainer, const records::StepRecord& rec, trace::TraceWriter* writer,
                   const RunCallbacks& cb);
   // Once `step` is settled: a copy of the state becomes the anchor when `step` is a multiple of

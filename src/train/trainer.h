@@ -48,8 +48,9 @@ class Trainer {
   Trainer(const Config& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
           Collective* ranks = nullptr);
 
-  // step_state() on the next batch at the cursor (skipping batches set aside by a rollback). Fills every StepRecord field except the trace writer's
-  // digests and timings.trace_ms; the step's events wait in take_events().
+  // step_state() on the next batch at the cursor (skipping batches set aside by a rollback). Fills
+  // every StepRecord field except the trace writer's digests and timings.trace_ms; the step's
+  // events wait in take_events().
   records::StepRecord run_step(bool with_digests);
   // Evaluates the first eval.max_batches batches of the test split (config.h's eval_plan; eval
   // mode, no gradients, no RNG draws). after_batch, when set, is called after each batch with its
