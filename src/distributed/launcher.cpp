@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -141,6 +142,11 @@ int launch_local(uint32_t world_size, const std::vector<std::string>& args) {
         c.fd = -1;
       }
     }
+    // The ranks that ended since the last look. When several failed, the one reported is the one
+    // whose failure is its own: a rank that exits on a config error or bad input closes its
+    // sockets, and a rank still joining then fails with an environment error (exit 4) that is
+    // only the echo of it; within one look, the order of the ranks says nothing of which came first.
+    std::optional<uint32_t> failed_rank;
     for (uint32_t r = 0; r < world_size; ++r) {
       Child& c = children[r];
       if (c.done) continue;
@@ -149,18 +155,23 @@ int launch_local(uint32_t world_size, const std::vector<std::string>& args) {
       c.done = true;
       c.status = status;
       --alive;
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stopping) {
-        std::fflush(stdout);
-        std::fprintf(stderr, "retrace: rank %u %s; stopping the other %u rank(s)\n", r, describe(status).c_str(),
-                     alive);
-        result = exit_code_of(status);
-        if (result == 0) result = 4;
-        stopping = true;
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        for (auto& o : children)
-          if (!o.done) ::kill(o.pid, SIGTERM);
-      }
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      const bool own = WIFEXITED(status) && WEXITSTATUS(status) != 4;
+      if (!failed_rank ||
+          (own && !(WIFEXITED(children[*failed_rank].status) && WEXITSTATUS(children[*failed_rank].status) != 4)))
+        failed_rank = r;
+    }
+    if (failed_rank && !stopping) {
+      const uint32_t r = *failed_rank;
+      const int status = children[r].status;
+      std::fflush(stdout);
+      std::fprintf(stderr, "retrace: rank %u %s; stopping the other %u rank(s)\n", r, describe(status).c_str(), alive);
+      result = exit_code_of(status);
+      if (result == 0) result = 4;
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      for (auto& o : children)
+        if (!o.done) ::kill(o.pid, SIGTERM);
     }
     if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
       for (auto& o : children)
