@@ -2,14 +2,11 @@
 
 #include <torch/torch.h>
 
-#include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <sstream>
 #include <filesystem>
 #include <optional>

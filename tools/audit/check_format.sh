@@ -25,11 +25,9 @@ fi
 cd "$src"
 mapfile -t files < <(git ls-files -- '*.h' '*.hpp' '*.cpp' '*.cc' ':!:golden/*')
 if [[ "$mode" == "--fix" ]]; then "$cf" --style=file -i "${files[@]}"; exit 0; fi
-bad=()
-for f in "${files[@]}"; do
-  "$cf" --style=file --dry-run --Werror "$f" > /dev/null 2>&1 || bad+=("$f")
-done
-if ((${#bad[@]})); then
+# One clang-format for every file; its warnings name each file and line that would change.
+if ! out=$("$cf" --style=file --dry-run --Werror "${files[@]}" 2>&1); then
+  mapfile -t bad < <(grep -oE '^[^:]+:[0-9]+:[0-9]+: (error|warning)' <<< "$out" | cut -d: -f1 | sort -u)
   echo "check_format: ${#bad[@]} of ${#files[@]} files do not follow .clang-format; run tools/audit/check_format.sh . --fix"
   for f in "${bad[@]:0:10}"; do echo "== $f"; "$cf" --style=file "$f" | diff "$f" - | head -8 || true; done
   exit 1
