@@ -120,6 +120,7 @@ retrace_torch_part(retrace_train_torch
   src/train/policies.cpp
   src/train/state.cpp
   src/train/state_context.cpp
+  src/train/step_digests.cpp
   src/train/step_state.cpp
   src/train/data_parallel.cpp
   src/train/invariant.cpp

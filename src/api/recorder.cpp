@@ -31,6 +31,7 @@
 #include "train/environment.h"
 #include "train/optimizer.h"
 #include "train/state.h"
+#include "train/step_digests.h"
 
 namespace retrace {
 namespace {
@@ -79,64 +80,6 @@ train::RuntimeConfig runtime_now() {
   r.threads = at::get_num_threads();
   r.blas_threads = r.threads;
   return r;
-}
-
-// The module a tensor belongs to: its name up to the last dot ("blocks.1.attn.weight" ->
-// "blocks.1.attn"); "" for the model's own tensors.
-std::string module_of(const std::string& name) {
-  const size_t dot = name.rfind('.');
-  return dot == std::string::npos ? std::string() : name.substr(0, dot);
-}
-
-MixedEntry mixed_entry(const std::string& name, const torch::Tensor& t, Mix mix) {
-  MixedEntry e;
-  e.name = name;
-  e.defined = t.defined();
-  if (!e.defined) return e;
-  e.dtype = t.scalar_type();
-  e.shape.assign(t.sizes().begin(), t.sizes().end());
-  e.sum = tensor_mixed_sum(t, 0, mix);
-  return e;
-}
-
-std::vector<MixedEntry> mixed_entries(const NamedTensors& tensors, Mix mix) {
-  std::vector<MixedEntry> out;
-  out.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) out.push_back(mixed_entry(name, t, mix));
-  return out;
-}
-
-// The modules of a run's tensors (the header's parameters and buffers), found once: their names in
-// the order of first appearance, each tensor's module and each parameter's (for optimizer entries).
-struct ModuleIndex {
-  std::vector<std::string> names;
-  std::vector<size_t> of_tensor;
-  std::map<std::string, size_t> of_tensor_name;
-};
-
-ModuleIndex index_modules(const std::vector<records::ParamInfo>& tensors) {
-  ModuleIndex x;
-  std::map<std::string, size_t> seen;
-  for (const records::ParamInfo& p : tensors) {
-    const std::string m = module_of(p.name);
-    auto [it, fresh] = seen.emplace(m, x.names.size());
-    if (fresh) x.names.push_back(m);
-    x.of_tensor.push_back(it->second);
-    x.of_tensor_name.emplace(p.name, it->second);
-  }
-  return x;
-}
-
-// Each module's share of the entries: `module(i)` is entry i's module, or names.size() for none.
-template <typename ModuleOf>
-std::vector<Digest128> by_module(const std::vector<MixedEntry>& entries, size_t modules, ModuleOf module) {
-  std::vector<std::vector<MixedEntry>> groups(modules);
-  for (size_t i = 0; i < entries.size(); ++i)
-    if (const size_t m = module(i); m < modules) groups[m].push_back(entries[i]);
-  std::vector<Digest128> out;
-  out.reserve(modules);
-  for (const auto& g : groups) out.push_back(g.empty() ? Digest128{} : digest_mixed(g));
-  return out;
 }
 
 std::string rng_bytes(uint64_t seed, const LoopState& s) {
@@ -202,7 +145,7 @@ struct Recorder::Impl {
   RecorderOptions settings;
   std::string config_hash;
   std::vector<records::ParamInfo> params;  // the header's: every step's tensors are checked against them
-  ModuleIndex modules;                     // of those tensors, for the per-module digests
+  train::ModuleIndex modules;              // of those tensors, for the per-module digests
   std::optional<trace::TraceWriter> writer;
   uint64_t last_step = 0;
   uint64_t epoch = 0;
@@ -319,7 +262,7 @@ Recorder Recorder::create(const std::string& dir, const LoopState& state, const 
   impl->settings = o;
   impl->config_hash = train::config_hash(config_text);
   impl->params = h.params;
-  impl->modules = index_modules(h.params);
+  impl->modules = train::index_modules(h.params);
   h.config_toml = config_text;
   h.config_hash = impl->config_hash;
   h.seed = o.seed;
@@ -371,43 +314,23 @@ void Recorder::step(uint64_t step, double loss, const LoopState& state, const St
 
   // The generators now: the loop's next forward draws from them.
   const std::string rng = rng_bytes(impl_->seed, state);
-  r.rng_digest = xxh3_128(rng.data(), rng.size());
+  r.rng_digest = train::rng_digest(rng);
 
   const RecorderOptions& o = impl_->settings;
   const DigestKind digest = digest_kind_of(o.digest_version);
   const bool with_optimizer = kind && o.optimizer_digest_every > 0 && step % o.optimizer_digest_every == 0;
-  NamedTensors grads;
+  train::StepTensors tensors;
+  tensors.model = model;
   if (is_mixed(digest))
-    for (const auto& [name, p] : state.parameters) grads.emplace_back(name, p.grad());
-  NamedTensors optim = with_optimizer ? state.optimizer : NamedTensors{};
+    for (const auto& [name, p] : state.parameters) tensors.grads.emplace_back(name, p.grad());
+  tensors.with_optimizer = with_optimizer;
+  if (with_optimizer) tensors.optim = state.optimizer;
   // The digests and the append: here, or on the worker while the loop goes on (the tensors are
-  // held by reference; the loop's next change to them waits for it, see overlap_digests).
-  auto finish = [r = std::move(r), model, grads = std::move(grads), optim = std::move(optim), digest, with_optimizer,
-                 module_digests = o.module_digests, modules = &impl_->modules, writer = &*impl_->writer]() mutable {
-    if (is_mixed(digest)) {
-      // Each tensor's mixed sum once: the whole digests and every module's share come from them.
-      const Mix mix = mix_of(digest);
-      const std::vector<MixedEntry> pe = mixed_entries(model, mix), ge = mixed_entries(grads, mix);
-      const std::vector<MixedEntry> oe = mixed_entries(optim, mix);
-      r.param_digest = digest_mixed(pe);
-      r.grad_digest = digest_mixed(ge);
-      if (with_optimizer) r.optim_digest = digest_mixed(oe);
-      if (module_digests) {
-        // The model's tensors are the header's, in its order (checked above); parameters first.
-        const size_t n = modules->names.size();
-        const auto tensor = [&](size_t i) { return modules->of_tensor[i]; };
-        const auto entry = [&](size_t i) {
-          auto it = modules->of_tensor_name.find(oe[i].name.substr(0, oe[i].name.rfind('/')));
-          return it == modules->of_tensor_name.end() ? n : it->second;
-        };
-        const auto mp = by_module(pe, n, tensor), mg = by_module(ge, n, tensor), mo = by_module(oe, n, entry);
-        for (size_t i = 0; i < n; ++i)
-          r.module_digests.push_back({modules->names[i], mp[i], mg[i], with_optimizer ? mo[i] : Digest128{}});
-      }
-    } else {
-      r.param_digest = digest_named(model, digest);
-      if (with_optimizer) r.optim_digest = digest_named(optim, digest);
-    }
+  // held by reference; the loop's next change to them waits for it, see overlap_digests). The
+  // model's tensors are the header's, in its order (checked above), as the module index needs.
+  auto finish = [r = std::move(r), tensors = std::move(tensors), digest,
+                 modules = o.module_digests ? &impl_->modules : nullptr, writer = &*impl_->writer]() mutable {
+    train::digest_step_tensors(tensors, digest, nullptr, modules, r);
     writer->append_step(r);
   };
   if (o.overlap_digests) {
@@ -459,26 +382,20 @@ Recorder Recorder::resume(const std::string& dir, torch::nn::Module& module, tor
   return rec;
 }
 
-Recorder Recorder::resume(const std::string& dir, const LoopState& current, LoopState& restored) {
-  const std::optional<train::OptimizerKind> kind = kind_of(current.optimizer_kind);
-  RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::resume: the optimizer is not AdamW or SGD");
-  const int cuda = current.cuda_device;
+namespace {
+
+// The newest checkpoint of `dir` that this loop can continue: every value of it checked against
+// this model, optimizer and LibTorch before any of it is applied (the validation layer; one that
+// fails gives way to an older one, as a verification failure does), and its trace position
+// judged on its manifest, before its shard is read, against the run's trace (`before`, when there
+// is one: a checkpoint past the intact trace, or of another trace, gives way too).
+ckpt::NewestSnapshot choose_checkpoint(const std::string& dir, const LoopState& current, train::OptimizerKind kind,
+                                       const std::optional<trace::TraceReader>& before) {
   const NamedTensors mine = model_tensors(current);
-  // The validation layer: every value of a checkpoint against this model, optimizer and LibTorch
-  // before any of it is applied; a checkpoint that fails is skipped for an older one, as a
-  // verification failure is, and the model is not touched until one passes.
   const auto same_optimizer = [&](const ckpt::LoadedSnapshot& s) {
     auto it = s.metadata.find("optim");
-    return it != s.metadata.end() && it->second == train::optimizer_name(*kind);
+    return it != s.metadata.end() && it->second == train::optimizer_name(kind);
   };
-  // One writer: the lock first, before anything of the run is read (a directory that is not
-  // there is reported below as a run without checkpoints).
-  run::RunLock lock;
-  if (std::filesystem::is_directory(dir)) lock = run::RunLock::acquire(dir, "Recorder::resume (a user's loop)");
-  std::optional<trace::TraceReader> before;
-  if (std::filesystem::exists(run::trace_path(dir))) before.emplace(trace::TraceReader::open(run::trace_path(dir)));
-  // A checkpoint past the intact trace (cut short after it) or of another trace: an older one,
-  // judged on its manifest before its shard is read.
   const ckpt::ManifestCheck continues_trace = [&](const ckpt::Manifest& m) {
     if (before)
       before->check_continues(m.trace_position, parse_digest_hex(m.trace_chain_hex, "the manifest", "trace_chain_hex"));
@@ -486,8 +403,8 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   const auto check = [&](const ckpt::LoadedSnapshot& s) {
     if (!same_optimizer(s)) return;  // the loop's choice, not damage: a config error below
     train::check_model_state(mine, s.model, s.where);
-    train::check_optimizer_state(s.optim, current.parameters, *kind, s.where);
-    rng::check_restorable(rng::RngState::deserialize(s.rng), cuda, s.where);
+    train::check_optimizer_state(s.optim, current.parameters, kind, s.where);
+    rng::check_restorable(rng::RngState::deserialize(s.rng), current.cuda_device, s.where);
     ckpt::metadata_u64(s, "samples_seen");
   };
   std::vector<std::pair<std::string, std::string>> skipped;
@@ -496,26 +413,31 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   RETRACE_CHECK(pick.has_value(), IntegrityError, "Recorder::resume: no checkpoint of ", dir, " verifies",
                 skipped.empty() ? " (there is none)" : ": " + skipped.front().first + ": " + skipped.front().second,
                 "; start the run again with Recorder::create");
-  ckpt::LoadedSnapshot snap = std::move(pick->snapshot);
+  const ckpt::LoadedSnapshot& snap = pick->snapshot;
   auto opt_it = snap.metadata.find("optim");
   RETRACE_CHECK(same_optimizer(snap), ConfigError, "checkpoint ", pick->dir, " holds ",
                 opt_it == snap.metadata.end() ? "no" : opt_it->second.c_str(), " optimizer state, the loop uses ",
-                train::optimizer_name(*kind), "; resume with the optimizer the run was recorded with");
+                train::optimizer_name(kind), "; resume with the optimizer the run was recorded with");
   RETRACE_CHECK(before.has_value(), IntegrityError, "Recorder::resume: ", run::trace_path(dir),
-                " is missing; the "
-                "checkpoints are kept, but the run's record cannot continue without it");
-  const RecorderOptions settings = settings_of(before->header().config_toml);
+                " is missing; the checkpoints are kept, but the run's record cannot continue without it");
+  return std::move(*pick);
+}
 
+// The checked snapshot into the loop: the model's tensors and torch's generators now, and the
+// rest (optimizer state, the loop's generators and counters, the user's entries) as the loop
+// state the caller restores.
+LoopState restore_loop(ckpt::LoadedSnapshot& snap, const LoopState& current, train::OptimizerKind kind) {
+  const int cuda = current.cuda_device;
   const rng::RngState rng = rng::RngState::deserialize(snap.rng);
   {
     std::map<std::string, torch::Tensor> by_name(snap.model.begin(), snap.model.end());
     torch::NoGradGuard no_grad;
-    for (const auto& [name, t] : mine) t.copy_(by_name.at(name));
+    for (const auto& [name, t] : model_tensors(current)) t.copy_(by_name.at(name));
   }
   rng::restore_torch(rng, cuda);
-  restored = LoopState{};
+  LoopState restored;
   restored.optimizer = std::move(snap.optim);
-  restored.optimizer_kind = train::optimizer_name(*kind);
+  restored.optimizer_kind = train::optimizer_name(kind);
   restored.cuda_device = cuda;
   restored.generators = rng.generators;
   restored.epoch = rng.cursor.epoch;
@@ -523,7 +445,26 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   restored.samples_seen = ckpt::metadata_u64(snap, "samples_seen");
   for (const auto& [key, value] : snap.metadata)
     if (key.rfind(kUserPrefix, 0) == 0) restored.user[key.substr(std::strlen(kUserPrefix))] = value;
+  return restored;
+}
 
+}  // namespace
+
+Recorder Recorder::resume(const std::string& dir, const LoopState& current, LoopState& restored) {
+  const std::optional<train::OptimizerKind> kind = kind_of(current.optimizer_kind);
+  RETRACE_CHECK(kind.has_value(), ConfigError, "Recorder::resume: the optimizer is not AdamW or SGD");
+  // One writer: the lock first, before anything of the run is read (a directory that is not
+  // there is reported below as a run without checkpoints).
+  run::RunLock lock;
+  if (std::filesystem::is_directory(dir)) lock = run::RunLock::acquire(dir, "Recorder::resume (a user's loop)");
+  std::optional<trace::TraceReader> before;
+  if (std::filesystem::exists(run::trace_path(dir))) before.emplace(trace::TraceReader::open(run::trace_path(dir)));
+  ckpt::NewestSnapshot pick = choose_checkpoint(dir, current, *kind, before);
+  ckpt::LoadedSnapshot& snap = pick.snapshot;
+  const RecorderOptions settings = settings_of(before->header().config_toml);
+  restored = restore_loop(snap, current, *kind);
+
+  // The trace reopened at the checkpoint's position (what follows it is set aside).
   auto impl = std::make_unique<Impl>();
   impl->lock = std::move(lock);
   impl->dir = dir;
@@ -532,14 +473,14 @@ Recorder Recorder::resume(const std::string& dir, const LoopState& current, Loop
   impl->config_hash = before->header().config_hash;
   impl->params = before->header().params;
   before.reset();
-  impl->modules = index_modules(impl->params);
+  impl->modules = train::index_modules(impl->params);
   impl->last_step = snap.manifest.step;
   impl->epoch = restored.epoch;
   impl->writer.emplace(trace::TraceWriter::resume(run::trace_path(dir), snap.position.bytes, snap.position.chain,
                                                   snap.manifest.step, run::set_aside_path(dir), kZstdLevel));
   impl->writer->append_event(
       {snap.manifest.step, "resume",
-       "resumed by retrace::Recorder from " + pick->dir + " at step " + std::to_string(snap.manifest.step)});
+       "resumed by retrace::Recorder from " + pick.dir + " at step " + std::to_string(snap.manifest.step)});
   return Recorder(std::move(impl));
 }
 

@@ -15,6 +15,7 @@
 #include "train/invariant.h"
 #include "train/optimizer.h"
 #include "train/step.h"
+#include "train/step_digests.h"
 #include "train/zero.h"
 
 namespace retrace::train {
@@ -204,18 +205,17 @@ void step_digests(TrainState& s, const Policies& p, StateStepCalls& calls, recor
     rec.grad_digest = d.grads;
     if (with_optimizer) rec.optim_digest = d.optim;
   } else {
-    rec.param_digest = digest_named(model_state(s), kind, &known);
-    if (is_mixed(kind)) {
-      // The gradients as the optimizer used them (reduced, unscaled, clipped), every step.
-      NamedTensors grads;
-      for (const auto& item : s.model.module->named_parameters()) grads.emplace_back(item.key(), item.value().grad());
-      rec.grad_digest = digest_named(std::move(grads), kind, &known);
-    }
-    if (with_optimizer)
-      rec.optim_digest = digest_named(optimizer_state(*s.optimizer, *s.model.module, p.optimizer), kind, &known);
+    StepTensors tensors;
+    tensors.model = model_state(s);
+    // The gradients as the optimizer used them (reduced, unscaled, clipped), every step.
+    if (is_mixed(kind))
+      for (const auto& item : s.model.module->named_parameters())
+        tensors.grads.emplace_back(item.key(), item.value().grad());
+    tensors.with_optimizer = with_optimizer;
+    if (with_optimizer) tensors.optim = optimizer_state(*s.optimizer, *s.model.module, p.optimizer);
+    digest_step_tensors(tensors, kind, &known, nullptr, rec);
   }
-  const std::string rng = rng_state(s, p.seed).serialize();
-  rec.rng_digest = xxh3_128(rng.data(), rng.size());
+  rec.rng_digest = rng_digest(rng_state(s, p.seed).serialize());
   if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
 }
 }  // namespace
