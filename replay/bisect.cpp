@@ -5,7 +5,10 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <optional>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/train_state.h"
@@ -184,24 +187,12 @@ std::string BisectReport::summary() const {
   return o.str();
 }
 
-BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& cb,
-                         const train::Registry& registry) {
-  const std::string dir_a = run_dir_of(a), dir_b = run_dir_of(b);
-  trace::TraceReader ra = trace::TraceReader::open(run::trace_of(a));
-  trace::TraceReader rb = trace::TraceReader::open(run::trace_of(b));
-  const auto& ha = ra.header();
-  const auto& hb = rb.header();
-  HeaderDiff hd = diff_headers(ha, hb);
-  RETRACE_CHECK(hd.model.empty(), ConfigError, "the traces are of different models (", ha.model_description, " vs ",
-                hb.model_description,
-                "): bisection re-executes both runs step by step and needs the same "
-                "parameters; use `retrace diff` to compare them");
-  BisectReport rep;
-  for (const auto& v : hd.config)
-    rep.notes.push_back("config " + v.key + ": " + v.a.value_or("(absent)") + " vs " + v.b.value_or("(absent)"));
-  for (const auto& v : hd.fingerprint)
-    rep.notes.push_back("environment " + v.key + ": " + v.a.value_or("(absent)") + " vs " + v.b.value_or("(absent)"));
+namespace {
 
+// The step level: the first step whose records differ (0: none within the steps both runs have),
+// found by binary search over the hash chains, or, where a rollback re-ran steps, by a scan of the
+// applied history (each step's last record). Notes and the count of comparisons go into `rep`.
+uint64_t first_divergent_step(const trace::TraceReader& ra, const trace::TraceReader& rb, BisectReport& rep) {
   uint64_t last_a = 0, last_b = 0, frames_a = 0, frames_b = 0;
   for (const auto& e : ra.index())
     if (e.kind == trace::FrameKind::kStep) last_a = std::max(last_a, e.step), ++frames_a;
@@ -225,7 +216,6 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
     rep.search_probes++;
     return record(ra, s, "run A").chain_digest != record(rb, s, "run B").chain_digest;
   };
-  uint64_t hi = 0;
   if (rolled_back) {
     rep.notes.push_back(std::string(frames_a > last_a ? "run A" : "run B") +
                         " re-ran steps after a rollback: compared the applied history (each step's last record)");
@@ -235,98 +225,79 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
       r.state_digest = {};
       return records::content_digest(r);
     };
-    for (uint64_t s = 1; s <= n && hi == 0; ++s) {
+    for (uint64_t s = 1; s <= n; ++s) {
       rep.search_probes++;
-      if (applied(record(ra, s, "run A")) != applied(record(rb, s, "run B"))) hi = s;
+      if (applied(record(ra, s, "run A")) != applied(record(rb, s, "run B"))) return s;
     }
-    if (hi == 0 && n > 0 && differs(n))
+    if (n > 0 && differs(n))
       rep.notes.push_back("the applied histories are equal through step " + std::to_string(n) +
                           "; the runs differ in steps a rollback discarded (the chains part where named)");
   }
-  if (hi == 0) {
-    if (n == 0 || !differs(n)) return rep;
-    // Binary search for the first s with differs(s); invariant: differs(hi), !differs(lo) or lo == 0.
-    uint64_t lo = 0;
-    hi = n;
-    while (hi - lo > 1) {
-      uint64_t mid = lo + (hi - lo) / 2;
-      if (differs(mid)) hi = mid;
-      else lo = mid;
-    }
+  if (n == 0 || !differs(n)) return 0;
+  // Binary search for the first s with differs(s); invariant: differs(hi), !differs(lo) or lo == 0.
+  uint64_t lo = 0, hi = n;
+  while (hi - lo > 1) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (differs(mid)) hi = mid;
+    else lo = mid;
   }
-  rep.diverged = true;
-  rep.step = hi;
-  auto sa = ra.step(hi), sb = rb.step(hi);
-  for (size_t r = 0; r < std::min(sa->rank_grad_digests.size(), sb->rank_grad_digests.size()); ++r) {
-    if (sa->rank_grad_digests[r] != sb->rank_grad_digests[r]) {
-      rep.rank = static_cast<uint32_t>(r);
+  return hi;
+}
+
+// The rank whose recorded gradients differ first at the step, or else whose generator state does
+// (equal gradients, but its masks of the next step differ); none when neither does.
+std::optional<uint32_t> divergent_rank(const records::StepRecord& sa, const records::StepRecord& sb) {
+  for (size_t r = 0; r < std::min(sa.rank_grad_digests.size(), sb.rank_grad_digests.size()); ++r)
+    if (sa.rank_grad_digests[r] != sb.rank_grad_digests[r]) return static_cast<uint32_t>(r);
+  for (size_t r = 0; r < std::min(sa.rank_rng_digests.size(), sb.rank_rng_digests.size()); ++r)
+    if (sa.rank_rng_digests[r] != sb.rank_rng_digests[r]) return static_cast<uint32_t>(r);
+  return std::nullopt;
+}
+
+bool same_entries(const Probed& a, const Probed& b) {
+  return a.entries.size() == b.entries.size() && std::equal(a.entries.begin(), a.entries.end(), b.entries.begin(),
+                                                            [](const train::ProbeEntry& x, const train::ProbeEntry& y) {
+                                                              return x.phase == y.phase && x.module == y.module &&
+                                                                     x.what == y.what && x.digest == y.digest;
+                                                            });
+}
+
+// Data parallelism: both runs re-execute step `hi` on their recorded world size, from their nearest
+// checkpoint; the first rank whose re-execution differs is the one compared (and named in `rep`).
+std::pair<Probed, Probed> reexecute_ranks(const std::string& dir_a, const std::string& dir_b,
+                                          const records::TraceHeader& ha, const records::TraceHeader& hb, uint64_t hi,
+                                          train::Numerics numerics, const run::RunCallbacks& cb, BisectReport& rep) {
+  RETRACE_CHECK(hb.world_size == ha.world_size, ConfigError, "run A was recorded on ", ha.world_size,
+                " ranks and run B on ", hb.world_size,
+                "; bisection re-executes both on their own world size and "
+                "compares rank by rank, which needs the same one; use `retrace diff` to compare them");
+  const stdfs::path scratch = stdfs::temp_directory_path() / ("retrace-bisect-" + std::to_string(::getpid()));
+  fs::make_writable_dir(scratch.string());
+  const std::string what = "re-executing step " + std::to_string(hi) + " of both runs on " +
+                           std::to_string(ha.world_size) + " ranks each";
+  if (cb.on_progress) cb.on_progress(what, 0, 2);
+  const auto ranks_a = probe_ranks(dir_a, ha.world_size, hi, numerics, (scratch / "a").string());
+  if (cb.on_progress) cb.on_progress(what, 1, 2);
+  const auto ranks_b = probe_ranks(dir_b, hb.world_size, hi, numerics, (scratch / "b").string());
+  if (cb.on_progress) cb.on_progress(what, 2, 2);
+  std::error_code ec;
+  stdfs::remove_all(scratch, ec);
+  uint32_t pick = rep.rank.value_or(0);
+  for (uint32_t r = 0; r < ha.world_size; ++r)
+    if (!same_entries(ranks_a[r], ranks_b[r])) {
+      pick = r;
       break;
     }
-  }
-  // Equal gradients but another generator state on one rank (its masks of the next step differ).
-  for (size_t r = 0; !rep.rank && r < std::min(sa->rank_rng_digests.size(), sb->rank_rng_digests.size()); ++r) {
-    if (sa->rank_rng_digests[r] != sb->rank_rng_digests[r]) rep.rank = static_cast<uint32_t>(r);
-  }
-  if (cb.on_message)
-    cb.on_message("step level: first divergent step " + std::to_string(hi) + " (" + std::to_string(rep.search_probes) +
-                  " chain comparisons over " + std::to_string(n) + " steps); re-executing it in both runs");
+  rep.rank = pick;
+  rep.notes.push_back("re-executed on " + std::to_string(ha.world_size) + " ranks; rank " + std::to_string(pick) +
+                      "'s re-execution is compared");
+  return {ranks_a[pick], ranks_b[pick]};
+}
 
-  // Both runs re-execute in this process, under run A's numerics profile.
-  const auto numerics_of = [](const records::TraceHeader& h) {
-    return train::parse_config(h.config_toml, "trace header", {}, train::ConfigSource::kRecorded).runtime.numerics;
-  };
-  const train::Numerics numerics = numerics_of(ha);
-  if (numerics_of(hb) != numerics)
-    rep.notes.push_back(std::string("run B was recorded with runtime.numerics = \"") +
-                        train::numerics_name(numerics_of(hb)) + "\" and is re-executed under run A's \"" +
-                        train::numerics_name(numerics) +
-                        "\": a difference that the numerics alone make does not "
-                        "show in the re-execution");
-  Probed pa, pb;
-  if (ha.world_size > 1) {
-    // Data parallelism: both runs re-execute on their recorded world size, from their nearest
-    // checkpoint; the first rank whose re-execution differs is the one named.
-    RETRACE_CHECK(hb.world_size == ha.world_size, ConfigError, "run A was recorded on ", ha.world_size,
-                  " ranks and run B on ", hb.world_size,
-                  "; bisection re-executes both on their own world size and "
-                  "compares rank by rank, which needs the same one; use `retrace diff` to compare them");
-    const stdfs::path scratch = stdfs::temp_directory_path() / ("retrace-bisect-" + std::to_string(::getpid()));
-    fs::make_writable_dir(scratch.string());
-    const std::string what = "re-executing step " + std::to_string(hi) + " of both runs on " +
-                             std::to_string(ha.world_size) + " ranks each";
-    if (cb.on_progress) cb.on_progress(what, 0, 2);
-    const auto ranks_a = probe_ranks(dir_a, ha.world_size, hi, numerics, (scratch / "a").string());
-    if (cb.on_progress) cb.on_progress(what, 1, 2);
-    const auto ranks_b = probe_ranks(dir_b, hb.world_size, hi, numerics, (scratch / "b").string());
-    if (cb.on_progress) cb.on_progress(what, 2, 2);
-    std::error_code ec;
-    stdfs::remove_all(scratch, ec);
-    uint32_t pick = rep.rank.value_or(0);
-    for (uint32_t r = 0; r < ha.world_size; ++r) {
-      const bool same = ranks_a[r].entries.size() == ranks_b[r].entries.size() &&
-                        std::equal(ranks_a[r].entries.begin(), ranks_a[r].entries.end(), ranks_b[r].entries.begin(),
-                                   [](const train::ProbeEntry& x, const train::ProbeEntry& y) {
-                                     return x.phase == y.phase && x.module == y.module && x.what == y.what &&
-                                            x.digest == y.digest;
-                                   });
-      if (!same) {
-        pick = r;
-        break;
-      }
-    }
-    rep.rank = pick;
-    pa = ranks_a[pick];
-    pb = ranks_b[pick];
-    rep.notes.push_back("re-executed on " + std::to_string(ha.world_size) + " ranks; rank " + std::to_string(pick) +
-                        "'s re-execution is compared");
-  } else {
-    pa = probe_step(dir_a, ha, hi, "run A", numerics, registry, nullptr, &cb);
-    pb = probe_step(dir_b, hb, hi, "run B", numerics, registry, nullptr, &cb);
-  }
-  rep.replay_start_a = pa.start;
-  rep.replay_start_b = pb.start;
-  rep.notes.insert(rep.notes.end(), pa.notes.begin(), pa.notes.end());
-  rep.notes.insert(rep.notes.end(), pb.notes.begin(), pb.notes.end());
+// The first probe entry (phase, module, what) whose digest differs between the re-executions, and
+// within its phase (and module, in the forward) the first op that differs; false when every entry
+// is equal (a note in `rep` says where the difference may lie).
+bool name_divergence(const Probed& pa, const Probed& pb, uint64_t hi, BisectReport& rep) {
   const size_t m = std::min(pa.entries.size(), pb.entries.size());
   for (size_t i = 0; i < m; ++i) {
     const auto& x = pa.entries[i];
@@ -351,28 +322,83 @@ BisectReport bisect_runs(const std::string& a, const std::string& b, const run::
     rep.notes.push_back("re-executing step " + std::to_string(hi) +
                         " gave equal digests in both runs: the difference lies in state the probe does not cover "
                         "(RNG, data order, optimizer state) or in the recorded trace itself");
-    return rep;
+    return false;
   }
-  if (rep.phase != "state") {
-    auto in_scope = [&](const train::OpEntry& o) {
-      return o.phase == rep.phase && (rep.phase != "forward" || o.module == rep.module);
-    };
-    std::vector<const train::OpEntry*> oa, ob;
-    for (const auto& o : pa.ops)
-      if (in_scope(o)) oa.push_back(&o);
-    for (const auto& o : pb.ops)
-      if (in_scope(o)) ob.push_back(&o);
-    for (size_t i = 0; i < std::min(oa.size(), ob.size()); ++i) {
-      if (oa[i]->op != ob[i]->op) {
-        rep.op = oa[i]->op + " vs " + ob[i]->op;
-        break;
-      }
-      if (oa[i]->digest != ob[i]->digest) {
-        rep.op = oa[i]->op;
-        break;
-      }
+  if (rep.phase == "state") return true;
+  auto in_scope = [&](const train::OpEntry& o) {
+    return o.phase == rep.phase && (rep.phase != "forward" || o.module == rep.module);
+  };
+  std::vector<const train::OpEntry*> oa, ob;
+  for (const auto& o : pa.ops)
+    if (in_scope(o)) oa.push_back(&o);
+  for (const auto& o : pb.ops)
+    if (in_scope(o)) ob.push_back(&o);
+  for (size_t i = 0; i < std::min(oa.size(), ob.size()); ++i) {
+    if (oa[i]->op != ob[i]->op) {
+      rep.op = oa[i]->op + " vs " + ob[i]->op;
+      break;
+    }
+    if (oa[i]->digest != ob[i]->digest) {
+      rep.op = oa[i]->op;
+      break;
     }
   }
+  return true;
+}
+
+}  // namespace
+
+BisectReport bisect_runs(const std::string& a, const std::string& b, const run::RunCallbacks& cb,
+                         const train::Registry& registry) {
+  const std::string dir_a = run_dir_of(a), dir_b = run_dir_of(b);
+  trace::TraceReader ra = trace::TraceReader::open(run::trace_of(a));
+  trace::TraceReader rb = trace::TraceReader::open(run::trace_of(b));
+  const auto& ha = ra.header();
+  const auto& hb = rb.header();
+  HeaderDiff hd = diff_headers(ha, hb);
+  RETRACE_CHECK(hd.model.empty(), ConfigError, "the traces are of different models (", ha.model_description, " vs ",
+                hb.model_description,
+                "): bisection re-executes both runs step by step and needs the same "
+                "parameters; use `retrace diff` to compare them");
+  BisectReport rep;
+  for (const auto& v : hd.config)
+    rep.notes.push_back("config " + v.key + ": " + v.a.value_or("(absent)") + " vs " + v.b.value_or("(absent)"));
+  for (const auto& v : hd.fingerprint)
+    rep.notes.push_back("environment " + v.key + ": " + v.a.value_or("(absent)") + " vs " + v.b.value_or("(absent)"));
+
+  const uint64_t hi = first_divergent_step(ra, rb, rep);
+  if (hi == 0) return rep;
+  rep.diverged = true;
+  rep.step = hi;
+  rep.rank = divergent_rank(*ra.step(hi), *rb.step(hi));
+  if (cb.on_message)
+    cb.on_message("step level: first divergent step " + std::to_string(hi) + " (" + std::to_string(rep.search_probes) +
+                  " chain comparisons over " + std::to_string(rep.common_steps) +
+                  " steps); re-executing it in both runs");
+
+  // Both runs re-execute in this process, under run A's numerics profile.
+  const auto numerics_of = [](const records::TraceHeader& h) {
+    return train::parse_config(h.config_toml, "trace header", {}, train::ConfigSource::kRecorded).runtime.numerics;
+  };
+  const train::Numerics numerics = numerics_of(ha);
+  if (numerics_of(hb) != numerics)
+    rep.notes.push_back(std::string("run B was recorded with runtime.numerics = \"") +
+                        train::numerics_name(numerics_of(hb)) + "\" and is re-executed under run A's \"" +
+                        train::numerics_name(numerics) +
+                        "\": a difference that the numerics alone make does not "
+                        "show in the re-execution");
+  Probed pa, pb;
+  if (ha.world_size > 1) {
+    std::tie(pa, pb) = reexecute_ranks(dir_a, dir_b, ha, hb, hi, numerics, cb, rep);
+  } else {
+    pa = probe_step(dir_a, ha, hi, "run A", numerics, registry, nullptr, &cb);
+    pb = probe_step(dir_b, hb, hi, "run B", numerics, registry, nullptr, &cb);
+  }
+  rep.replay_start_a = pa.start;
+  rep.replay_start_b = pb.start;
+  rep.notes.insert(rep.notes.end(), pa.notes.begin(), pa.notes.end());
+  rep.notes.insert(rep.notes.end(), pb.notes.begin(), pb.notes.end());
+  name_divergence(pa, pb, hi, rep);
   return rep;
 }
 

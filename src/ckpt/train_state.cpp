@@ -110,29 +110,32 @@ std::vector<TensorLayout> sliced_layouts(const std::vector<SlicePart>& mine, uin
 
 }  // namespace
 
-std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
-                          uint32_t keep_last, train::Collective* sync, RotationReport* rotation,
-                          const StateSnapshot* anchor) {
-  const uint64_t step = snap.step;
-  const uint32_t rank = snap.rank, world = snap.world_size;
-  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world,
-                " ranks needs the ranks (a train::Collective)");
-  std::string dir = root + "/" + step_dir_name(step);
-  if (rank == 0) dir = prepare_checkpoint_dir(root, step);
-  if (sync) sync->barrier();
+namespace {
 
-  std::vector<TensorView> views;
-  // The replicated state (data parallelism keeps parameters, optimizer state and the rollback
-  // anchor equal on every rank) is written once among the ranks: every rank computes the same
-  // split (split_among_ranks) and writes its pieces; the RNG state is each rank's own. Under ZeRO
-  // the optimizer state is each rank's own slices of it, which are its pieces (sliced_layouts).
+// What one rank writes of a snapshot: every tensor's layout (split among the ranks), the CPU
+// copies its pieces are read from, and this rank's pieces as views, each with its (tensor name,
+// first element) for the manifest's offsets and hashes once the shard is written.
+struct ShardPlan {
   std::vector<TensorLayout> layouts;
-  std::vector<torch::Tensor> replicated;
-  std::vector<SlicePart> sliced;
+  std::vector<torch::Tensor> replicated;  // whole tensors on the CPU, the views' bytes
+  std::vector<SlicePart> sliced;          // this rank's slices (ZeRO), the views' bytes
+  std::vector<TensorView> views;
+  std::vector<std::pair<std::string, uint64_t>> own_pieces;
+  bool anchor_apart = false;  // an anchor at an earlier step, stored beside the state
+};
+
+// The replicated state (data parallelism keeps parameters, optimizer state and the rollback
+// anchor equal on every rank) is written once among the ranks: every rank computes the same split
+// (split_among_ranks) and writes its pieces; the RNG state is each rank's own. Under ZeRO the
+// optimizer state is each rank's own slices of it, which are its pieces (sliced_layouts).
+ShardPlan plan_shard(const StateSnapshot& snap, const StateSnapshot* anchor, train::Collective* sync,
+                     const std::string& dir) {
+  const uint32_t rank = snap.rank, world = snap.world_size;
+  ShardPlan plan;
   auto add = [&](const std::string& name, const torch::Tensor& t) {
     torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
-    replicated.push_back(c);
-    layouts.push_back(
+    plan.replicated.push_back(c);
+    plan.layouts.push_back(
         {name, dtype_name(c.scalar_type()), std::vector<int64_t>(c.sizes().begin(), c.sizes().end()), {}});
   };
   auto add_optim = [&](const std::string& prefix, const StateSnapshot& s) {
@@ -144,32 +147,29 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
                   " optimizer tensors and ", s.optim_slices.size(), " slices");
     for (size_t i = 0; i < s.optim.size(); ++i)
       if (s.optim_slices[i].write)
-        sliced.push_back(
+        plan.sliced.push_back(
             {prefix + s.optim[i].first, s.optim[i].second.detach().to(torch::kCPU).contiguous(), s.optim_slices[i]});
   };
   for (const auto& [name, t] : snap.model) add("model/" + name, t);
   add_optim("optim/", snap);
-  const bool anchor_apart = anchor && anchor->step != step;
-  if (anchor_apart) {
-    RETRACE_CHECK(anchor->step < step, InvariantError, "rollback anchor at step ", anchor->step,
-                  " is after the checkpoint's step ", step);
+  plan.anchor_apart = anchor && anchor->step != snap.step;
+  if (plan.anchor_apart) {
+    RETRACE_CHECK(anchor->step < snap.step, InvariantError, "rollback anchor at step ", anchor->step,
+                  " is after the checkpoint's step ", snap.step);
     for (const auto& [name, t] : anchor->model) add("anchor/model/" + name, t);
     add_optim("anchor/optim/", *anchor);
   }
-  layouts = split_among_ranks(std::move(layouts), world);
-  // This rank's pieces by their view: (tensor name, first element), for the manifest's offsets
-  // and hashes once the shard is written.
-  std::vector<std::pair<std::string, uint64_t>> own_pieces;
-  for (size_t i = 0; i < layouts.size(); ++i)
-    for (const TensorPiece& p : layouts[i].pieces)
+  plan.layouts = split_among_ranks(std::move(plan.layouts), world);
+  for (size_t i = 0; i < plan.layouts.size(); ++i)
+    for (const TensorPiece& p : plan.layouts[i].pieces)
       if (p.rank == rank) {
-        views.push_back(piece_view(layouts[i], p, replicated[i].data_ptr()));
-        own_pieces.emplace_back(layouts[i].name, p.begin);
+        plan.views.push_back(piece_view(plan.layouts[i], p, plan.replicated[i].data_ptr()));
+        plan.own_pieces.emplace_back(plan.layouts[i].name, p.begin);
       }
   // Every rank takes this branch or none (a rank may hold no slice at all).
-  if (snap.optim_sliced || (anchor_apart && anchor->optim_sliced)) {
-    std::vector<TensorLayout> own = sliced_layouts(sliced, rank, world, sync, dir);
-    for (const SlicePart& part : sliced) {
+  if (snap.optim_sliced || (plan.anchor_apart && anchor->optim_sliced)) {
+    std::vector<TensorLayout> own = sliced_layouts(plan.sliced, rank, world, sync, dir);
+    for (const SlicePart& part : plan.sliced) {
       const TensorLayout& t = *std::find_if(own.begin(), own.end(),
                                             [&](const TensorLayout& l) { return l.name == part.name; });
       const TensorPiece piece{rank, static_cast<uint64_t>(part.slice.begin),
@@ -177,47 +177,51 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
       // piece_view reads the piece at its offset from the whole tensor's first byte.
       const auto* first = static_cast<const char*>(part.tensor.data_ptr()) -
                           part.slice.begin * part.tensor.element_size();
-      views.push_back(piece_view(t, piece, first));
-      own_pieces.emplace_back(t.name, piece.begin);
+      plan.views.push_back(piece_view(t, piece, first));
+      plan.own_pieces.emplace_back(t.name, piece.begin);
     }
-    for (TensorLayout& t : own) layouts.push_back(std::move(t));
+    for (TensorLayout& t : own) plan.layouts.push_back(std::move(t));
   }
-  // The manifest must fit parse_manifest's limits (size, tensors, pieces): tried before any shard
-  // is written, with the longest values its fields can take, so that a model with too many tensors
-  // is a ConfigError here rather than a manifest refused after the shards.
-  {
-    Manifest trial;
-    trial.step = step;
-    trial.world_size = world;
-    trial.config_hash = snap.config_hash;
-    trial.versions = versions();
-    trial.trace_chain_hex = pos.chain.hex();
-    for (uint32_t r = 0; r < world; ++r)
-      trial.shards.push_back({r, shard_file_name(r), uint64_t{1} << 62, std::string(64, '0')});
-    trial.tensors = layouts;
-    size_t pieces = 0;
-    for (TensorLayout& t : trial.tensors)
-      for (TensorPiece& p : t.pieces) {
-        p.offset = uint64_t{1} << 61;
-        p.xxh3.assign(32, '0');
-        ++pieces;
-      }
-    try {
-      (void)serialize_manifest(trial);
-    } catch (const InvariantError& e) {
-      RETRACE_FAIL(ConfigError, "cannot checkpoint step ", step, " in ", dir, ": its manifest would list ",
-                   trial.tensors.size(), " tensors in ", pieces, " pieces, over what a manifest may hold (",
-                   kMaxManifestBytes, " bytes, ", kMaxManifestTensors, " tensors, ", kMaxManifestPieces,
-                   " pieces): ", e.what(),
-                   "; a model with fewer tensors checkpoints (or set checkpoint.every_steps = 0)");
-    }
-  }
-  views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
-  if (anchor_apart)
-    views.push_back(
-        {"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(), anchor->rng.size()});
+  return plan;
+}
 
-  auto meta = shard_metadata(step, rank, world);
+// The manifest must fit parse_manifest's limits (size, tensors, pieces): tried before any shard is
+// written, with the longest values its fields can take, so that a model with too many tensors is a
+// ConfigError here rather than a manifest refused after the shards.
+void check_manifest_fits(const StateSnapshot& snap, const TracePosition& pos, const std::vector<TensorLayout>& layouts,
+                         const std::string& dir) {
+  Manifest trial;
+  trial.step = snap.step;
+  trial.world_size = snap.world_size;
+  trial.config_hash = snap.config_hash;
+  trial.versions = versions();
+  trial.trace_chain_hex = pos.chain.hex();
+  for (uint32_t r = 0; r < snap.world_size; ++r)
+    trial.shards.push_back({r, shard_file_name(r), uint64_t{1} << 62, std::string(64, '0')});
+  trial.tensors = layouts;
+  size_t pieces = 0;
+  for (TensorLayout& t : trial.tensors)
+    for (TensorPiece& p : t.pieces) {
+      p.offset = uint64_t{1} << 61;
+      p.xxh3.assign(32, '0');
+      ++pieces;
+    }
+  try {
+    (void)serialize_manifest(trial);
+  } catch (const InvariantError& e) {
+    RETRACE_FAIL(ConfigError, "cannot checkpoint step ", snap.step, " in ", dir, ": its manifest would list ",
+                 trial.tensors.size(), " tensors in ", pieces, " pieces, over what a manifest may hold (",
+                 kMaxManifestBytes, " bytes, ", kMaxManifestTensors, " tensors, ", kMaxManifestPieces,
+                 " pieces): ", e.what(),
+                 "; a model with fewer tensors checkpoints (or set checkpoint.every_steps = 0)");
+  }
+}
+
+// The shard's metadata: the counters, the snapshot's own entries, the anchor's, the config hash and
+// the trace position.
+std::map<std::string, std::string> shard_meta(const StateSnapshot& snap, const StateSnapshot* anchor, bool anchor_apart,
+                                              const TracePosition& pos) {
+  auto meta = shard_metadata(snap.step, snap.rank, snap.world_size);
   for (const auto& [k, v] : snap.metadata) meta[k] = v;
   if (anchor) meta["anchor.step"] = std::to_string(anchor->step);
   if (anchor_apart)
@@ -225,42 +229,68 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   meta["config_hash"] = snap.config_hash;
   meta["trace_position"] = std::to_string(pos.bytes);
   meta["trace_chain"] = pos.chain.hex();
+  return meta;
+}
 
-  const std::string shard_path = dir + "/" + shard_file_name(rank);
-  ShardFileInfo info = write_shard(shard_path, meta, views);
+// Phase one of a sharded save: every shard is durable (write_shard fsyncs); the ranks gather what
+// each wrote (its file, size and sha256, and each piece's place and xxh3) into `shards` and
+// `records`, which hold this rank's on entry.
+void gather_shards(train::Collective& sync, const ShardFileInfo& info, std::vector<ShardEntry>& shards,
+                   std::vector<PieceRecord>& records) {
+  std::string said = info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256 + "\n";
+  for (const PieceRecord& p : records)
+    said += std::to_string(p.begin) + '\t' + std::to_string(p.offset) + '\t' + p.xxh3 + '\t' + p.name + '\n';
+  const auto all = sync.allgather(said);
+  shards.clear();
+  records.clear();
+  for (uint32_t r = 0; r < all.size(); ++r) {
+    std::istringstream in(all[r]);
+    ShardEntry e;
+    e.rank = r;
+    std::string size, line;
+    std::getline(in, e.file);
+    std::getline(in, size);
+    std::getline(in, e.sha256);
+    const std::string what = "rank " + std::to_string(r) + "'s report of its shard";
+    e.size = parse_u64_field(size, "the size in " + what);
+    shards.push_back(e);
+    while (std::getline(in, line)) {
+      const size_t a = line.find('\t'), b = line.find('\t', a + 1), c = line.find('\t', b + 1);
+      RETRACE_CHECK(c != std::string::npos, InvariantError, what, ": a piece line without four fields");
+      records.push_back({line.substr(c + 1), r, parse_u64_field(line.substr(0, a), what),
+                         parse_u64_field(line.substr(a + 1, b - a - 1), what), line.substr(b + 1, c - b - 1)});
+    }
+  }
+}
+
+}  // namespace
+
+std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
+                          uint32_t keep_last, train::Collective* sync, RotationReport* rotation,
+                          const StateSnapshot* anchor) {
+  const uint64_t step = snap.step;
+  const uint32_t rank = snap.rank, world = snap.world_size;
+  RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world,
+                " ranks needs the ranks (a train::Collective)");
+  std::string dir = root + "/" + step_dir_name(step);
+  if (rank == 0) dir = prepare_checkpoint_dir(root, step);
+  if (sync) sync->barrier();
+
+  ShardPlan plan = plan_shard(snap, anchor, sync, dir);
+  check_manifest_fits(snap, pos, plan.layouts, dir);
+  plan.views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
+  if (plan.anchor_apart)
+    plan.views.push_back(
+        {"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(), anchor->rng.size()});
+  const ShardFileInfo info = write_shard(dir + "/" + shard_file_name(rank),
+                                         shard_meta(snap, anchor, plan.anchor_apart, pos), plan.views);
 
   // What this rank wrote: its file, and where each of its pieces is in it and its xxh3.
   std::vector<PieceRecord> records;
-  for (size_t v = 0; v < own_pieces.size(); ++v)
-    records.push_back({own_pieces[v].first, rank, own_pieces[v].second, info.offsets[v], info.xxh3[v]});
+  for (size_t v = 0; v < plan.own_pieces.size(); ++v)
+    records.push_back({plan.own_pieces[v].first, rank, plan.own_pieces[v].second, info.offsets[v], info.xxh3[v]});
   std::vector<ShardEntry> shards = {{rank, info.file, info.size, info.sha256}};
-  if (sync) {
-    // Phase one: every shard is durable (write_shard fsyncs); gather what each rank wrote.
-    shards.clear();
-    std::string said = info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256 + "\n";
-    for (const PieceRecord& p : records)
-      said += std::to_string(p.begin) + '\t' + std::to_string(p.offset) + '\t' + p.xxh3 + '\t' + p.name + '\n';
-    const auto all = sync->allgather(said);
-    records.clear();
-    for (uint32_t r = 0; r < all.size(); ++r) {
-      std::istringstream in(all[r]);
-      ShardEntry e;
-      e.rank = r;
-      std::string size, line;
-      std::getline(in, e.file);
-      std::getline(in, size);
-      std::getline(in, e.sha256);
-      const std::string what = "rank " + std::to_string(r) + "'s report of its shard";
-      e.size = parse_u64_field(size, "the size in " + what);
-      shards.push_back(e);
-      while (std::getline(in, line)) {
-        const size_t a = line.find('\t'), b = line.find('\t', a + 1), c = line.find('\t', b + 1);
-        RETRACE_CHECK(c != std::string::npos, InvariantError, what, ": a piece line without four fields");
-        records.push_back({line.substr(c + 1), r, parse_u64_field(line.substr(0, a), what),
-                           parse_u64_field(line.substr(a + 1, b - a - 1), what), line.substr(b + 1, c - b - 1)});
-      }
-    }
-  }
+  if (sync) gather_shards(*sync, info, shards, records);
   if (rank != 0) {
     if (sync) sync->barrier();
     return dir;
@@ -274,8 +304,8 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   m.trace_position = pos.bytes;
   m.trace_chain_hex = pos.chain.hex();
   m.shards = shards;
-  set_piece_records(layouts, records, dir);
-  m.tensors = std::move(layouts);
+  set_piece_records(plan.layouts, records, dir);
+  m.tensors = std::move(plan.layouts);
   // Phase two: the manifest is the commit point.
   std::string committed = commit_checkpoint(root, m, keep_last, rotation);
   if (sync) sync->barrier();
@@ -376,63 +406,55 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
 
 }  // namespace
 
-LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep) {
-  LoadedSnapshot out;
-  // The shards this process parses are hashed from the bytes that are parsed (load_shard, or every
-  // shard in read_pieces), the others here.
-  // One rank's shard holds every tensor whole: it is read as before, the tensors left as views of
-  // its bytes (no second copy of the state in memory); with several ranks the pieces are gathered.
-  const Manifest peek = read_checked_manifest(dir, world_size);
-  const bool pieces = !peek.tensors.empty() && peek.world_size > 1;
-  out.manifest = verify_checkpoint(dir, world_size, pieces ? kEveryShard : rank);
-  const Manifest& m = out.manifest;
-  RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
-                " stores RNG state format ", m.rng_format_version, ", this binary reads ", rng::kRngFormatVersion);
-  StateSnapshot anchor;
-  if (pieces) {
-    load_pieces(dir, rank, out, anchor, keep);
-  } else {
-    // The tensors are views of the shard's bytes where their alignment allows (every tensor of a
-    // shard retrace wrote): the state is read once, into memory it keeps, not copied a second time.
-    auto owner = std::make_shared<ShardData>(load_shard(dir, m, rank, /*check_digest=*/true));
-    const ShardData& shard = *owner;
-    out.bytes_read = shard.bytes.size();
-    out.where = shard.source;
-    out.metadata = shard.metadata;
-    for (const auto& e : shard.tensors) {
-      if (e.name == "rng/state") {
-        out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
-        continue;
-      }
-      if (e.name == "anchor/rng/state") {
-        anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
-        continue;
-      }
-      const torch::ScalarType type = scalar_type(e.dtype, out.where);
-      void* bytes = const_cast<void*>(shard.data(e));
-      torch::Tensor t = torch::from_blob(
-          bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
-      RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, out.where, ": tensor ", e.name, " has ",
-                    e.nbytes, " bytes for shape ", t.sizes());
-      if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
-      if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
-      else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
-      else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
-      else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
-      else RETRACE_FAIL(FormatError, out.where, ": unexpected tensor ", e.name);
+namespace {
+
+// A one-rank shard: every tensor whole, left as views of the shard's bytes where their alignment
+// allows (every tensor of a shard retrace wrote): the state is read once, into memory it keeps, not
+// copied a second time.
+void load_whole_shard(const std::string& dir, const Manifest& m, uint32_t rank, LoadedSnapshot& out,
+                      StateSnapshot& anchor) {
+  auto owner = std::make_shared<ShardData>(load_shard(dir, m, rank, /*check_digest=*/true));
+  const ShardData& shard = *owner;
+  out.bytes_read = shard.bytes.size();
+  out.where = shard.source;
+  out.metadata = shard.metadata;
+  for (const auto& e : shard.tensors) {
+    if (e.name == "rng/state") {
+      out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+      continue;
     }
-    // A one-rank ckpt.v2 checkpoint's table lists what its shard must hold.
-    for (const TensorLayout& t : m.tensors) {
-      const TensorEntry* e = shard.find(t.name);
-      RETRACE_CHECK(e != nullptr && e->dtype == t.dtype && e->shape == t.shape, IntegrityError, "shard ", out.where,
-                    " holds ", e ? e->dtype + " " + c10::str(c10::IntArrayRef(e->shape)) : std::string("no tensor"),
-                    " for ", t.name, ", the manifest ", t.dtype, " ", c10::str(c10::IntArrayRef(t.shape)),
-                    "; the shard belongs to another checkpoint or was rewritten; resume from an older checkpoint");
+    if (e.name == "anchor/rng/state") {
+      anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+      continue;
     }
+    const torch::ScalarType type = scalar_type(e.dtype, out.where);
+    void* bytes = const_cast<void*>(shard.data(e));
+    torch::Tensor t = torch::from_blob(
+        bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
+    RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, out.where, ": tensor ", e.name, " has ",
+                  e.nbytes, " bytes for shape ", t.sizes());
+    if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
+    if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
+    else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
+    else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
+    else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
+    else RETRACE_FAIL(FormatError, out.where, ": unexpected tensor ", e.name);
   }
+  // A one-rank ckpt.v2 checkpoint's table lists what its shard must hold.
+  for (const TensorLayout& t : m.tensors) {
+    const TensorEntry* e = shard.find(t.name);
+    RETRACE_CHECK(e != nullptr && e->dtype == t.dtype && e->shape == t.shape, IntegrityError, "shard ", out.where,
+                  " holds ", e ? e->dtype + " " + c10::str(c10::IntArrayRef(e->shape)) : std::string("no tensor"),
+                  " for ", t.name, ", the manifest ", t.dtype, " ", c10::str(c10::IntArrayRef(t.shape)),
+                  "; the shard belongs to another checkpoint or was rewritten; resume from an older checkpoint");
+  }
+}
+
+// The rollback anchor the shard stores (none, the checkpoint's own step, or an earlier state whose
+// tensors `anchor` holds), checked against the metadata, into out.anchor.
+void read_anchor(const Manifest& m, uint32_t rank, uint32_t world_size, StateSnapshot& anchor, LoadedSnapshot& out) {
   const std::string& where = out.where;
   const std::map<std::string, std::string>& metadata = out.metadata;
-  RETRACE_CHECK(!out.rng.empty(), FormatError, where, ": no rng/state tensor");
   if (metadata.count("anchor.step")) {
     anchor.step = parse_u64(metadata, "anchor.step", where);
     RETRACE_CHECK(anchor.step <= m.step, FormatError, where, ": rollback anchor at step ", anchor.step,
@@ -452,6 +474,32 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
     RETRACE_CHECK(anchor.rng.empty() && anchor.model.empty() && anchor.optim.empty(), FormatError, where,
                   ": anchor tensors without anchor.step");
   }
+}
+
+}  // namespace
+
+LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep) {
+  LoadedSnapshot out;
+  // The shards this process parses are hashed from the bytes that are parsed (load_shard, or every
+  // shard in read_pieces), the others here.
+  // One rank's shard holds every tensor whole: it is read as before, the tensors left as views of
+  // its bytes (no second copy of the state in memory); with several ranks the pieces are gathered.
+  const Manifest peek = read_checked_manifest(dir, world_size);
+  const bool pieces = !peek.tensors.empty() && peek.world_size > 1;
+  out.manifest = verify_checkpoint(dir, world_size, pieces ? kEveryShard : rank);
+  const Manifest& m = out.manifest;
+  RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
+                " stores RNG state format ", m.rng_format_version, ", this binary reads ", rng::kRngFormatVersion);
+  StateSnapshot anchor;
+  if (pieces) {
+    load_pieces(dir, rank, out, anchor, keep);
+  } else {
+    load_whole_shard(dir, m, rank, out, anchor);
+  }
+  RETRACE_CHECK(!out.rng.empty(), FormatError, out.where, ": no rng/state tensor");
+  read_anchor(m, rank, world_size, anchor, out);
+  const std::string& where = out.where;
+  const std::map<std::string, std::string>& metadata = out.metadata;
   out.position.bytes = parse_u64(metadata, "trace_position", where);
   auto chain_it = metadata.find("trace_chain");
   RETRACE_CHECK(chain_it != metadata.end(), FormatError, where, ": no trace_chain");

@@ -24,9 +24,9 @@ ModuleIndex index_modules(const std::vector<records::ParamInfo>& tensors);
 
 // A step's tensors, as the loop holds them after its update.
 struct StepTensors {
-  NamedTensors model;         // parameters, then buffers
-  NamedTensors grads;         // the parameters' gradients as the optimizer used them
-  NamedTensors optim;         // the optimizer's state (read only with_optimizer)
+  NamedTensors model;           // parameters, then buffers
+  NamedTensors grads;           // the parameters' gradients as the optimizer used them
+  NamedTensors optim;           // the optimizer's state (read only with_optimizer)
   bool with_optimizer = false;  // this step records the optimizer's digest
 };
 
