@@ -385,10 +385,12 @@ DiffReport diff_traces(const trace::TraceReader& a, const trace::TraceReader& b)
   return r;
 }
 
-std::string render_text(const DiffReport& r) {
-  std::ostringstream out;
-  auto span_or_none = [](const std::optional<StepSpan>& s) { return s ? span_text(*s) : std::string("no steps"); };
+namespace {
 
+// The text report's summary table: the runs and their spans, the verdict, the loss difference,
+// the environment.
+TextTable text_summary(const DiffReport& r) {
+  auto span_or_none = [](const std::optional<StepSpan>& s) { return s ? span_text(*s) : std::string("no steps"); };
   // Summary cells hold sentences and paths: cut them late.
   TextTable sum("", 160);
   sum.row({"a", r.path_a + "  " + span_or_none(r.span_a)});
@@ -417,28 +419,13 @@ std::string render_text(const DiffReport& r) {
   }
   sum.row({"environment", env});
   if (r.models_differ()) sum.row({"model", "differs (see below)"});
-  out << "diff\n";
-  sum.render(out);
+  return sum;
+}
 
+// The text report's lists of skipped steps, events and evaluations that differ, each cut at
+// kTextListLimit rows.
+void text_lists(std::ostringstream& out, const DiffReport& r) {
   auto section = [&](const char* title) { out << "\n" << title << "\n"; };
-  if (!r.header.empty()) {
-    section("header differences");
-    TextTable t("  ");
-    t.row({"part", "key", "a", "b"});
-    for_each_header_diff(r.header, [&](const char* part, const ValueDiff& d) {
-      t.row({part, d.key, side(d.a), side(d.b)});
-    });
-    t.render(out);
-  }
-
-  if (!r.first_by_field.empty()) {
-    section("first divergence per field");
-    TextTable t("  ", 36);
-    t.row({"step", "field", "a", "b"});
-    for (const auto* f : fields_by_step(r)) t.row({std::to_string(f->step), f->field, f->a, f->b});
-    t.render(out);
-  }
-
   if (!r.skips.empty()) {
     section("skipped steps (SKIP in one, STEP in the other)");
     TextTable t("  ");
@@ -485,6 +472,36 @@ std::string render_text(const DiffReport& r) {
     t.render(out);
     if (differing_evals > kTextListLimit) out << "  ... " << differing_evals - kTextListLimit << " more\n";
   }
+}
+
+}  // namespace
+
+std::string render_text(const DiffReport& r) {
+  std::ostringstream out;
+  TextTable sum = text_summary(r);
+  out << "diff\n";
+  sum.render(out);
+
+  auto section = [&](const char* title) { out << "\n" << title << "\n"; };
+  if (!r.header.empty()) {
+    section("header differences");
+    TextTable t("  ");
+    t.row({"part", "key", "a", "b"});
+    for_each_header_diff(r.header, [&](const char* part, const ValueDiff& d) {
+      t.row({part, d.key, side(d.a), side(d.b)});
+    });
+    t.render(out);
+  }
+
+  if (!r.first_by_field.empty()) {
+    section("first divergence per field");
+    TextTable t("  ", 36);
+    t.row({"step", "field", "a", "b"});
+    for (const auto* f : fields_by_step(r)) t.row({std::to_string(f->step), f->field, f->a, f->b});
+    t.render(out);
+  }
+
+  text_lists(out, r);
   return out.str();
 }
 

@@ -111,23 +111,11 @@ std::string render_bisect(const std::optional<ReportBisect>& b) {
 
 }  // namespace
 
-std::string render_html(const DiffReport& r, const trace::TraceReader& a, const trace::TraceReader& b,
-                        const std::string& label_a, const std::string& label_b,
-                        const std::optional<ReportBisect>& bisect) {
-  const std::vector<StepRecord> steps_a = a.steps(), steps_b = b.steps();
-  std::map<uint64_t, const StepRecord*> ma, mb;
-  for (const auto& s : steps_a) ma[s.step] = &s;
-  for (const auto& s : steps_b) mb[s.step] = &s;
-  const RunMarks marks_a = run_marks(ma, a, "a"), marks_b = run_marks(mb, b, "b");
+namespace {
 
-  std::ostringstream out;
-  out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-      << "<title>retrace diff: " << html_escape(label_a) << " vs " << html_escape(label_b) << "</title>\n"
-      << "<style>" << kStyle << "</style>\n</head>\n<body>\n";
-  out << "<h1>retrace diff: <span class=\"swatch-a\">" << html_escape(label_a) << "</span> vs <span class=\"swatch-b\">"
-      << html_escape(label_b) << "</span></h1>\n";
-
-  // Summary.
+// The summary table: the runs, their spans, the verdict, where they part, the loss difference.
+void write_summary(std::ostringstream& out, const DiffReport& r, const std::string& label_a, const std::string& label_b,
+                   const std::optional<ReportBisect>& bisect) {
   out << "<table class=\"summary\">\n";
   auto row = [&](const std::string& k, const std::string& v_html) {
     out << "<tr><th>" << html_escape(k) << "</th><td>" << v_html << "</td></tr>\n";
@@ -158,9 +146,11 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
   if (r.models_differ()) row("model", "<span class=\"verdict-bad\">models differ (see below)</span>");
   if (bisect && bisect->diverged) row("bisect", html_escape(bisect->summary));
   out << "</table>\n";
+}
 
-  // Where the runs part: differences on a log scale, digest agreement, the bisect result.
-  const auto [x_min, x_max] = step_range(ma, mb);
+// The difference charts (loss and gradient norm, log scale) over the steps both runs have.
+void write_differences(std::ostringstream& out, const DiffReport& r, const std::map<uint64_t, const StepRecord*>& ma,
+                       const std::map<uint64_t, const StepRecord*>& mb, uint64_t x_min, uint64_t x_max) {
   const std::vector<CommonStep> common = common_steps(ma, mb);
   out << "<h2>Where the runs part</h2>\n";
   out << "<p class=\"note\">Differences b &minus; a on the steps both runs have, on a log scale; equal bits sit "
@@ -177,19 +167,9 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
                                     {"relative", kColorRel, " stroke-dasharray=\"6,3\"", std::move(rel_g)}},
                                    x_min, x_max, r, "grad-difference");
   }
-  out << render_digest_strip(ma, mb, x_min, x_max, r);
-  out << "<h2>Bisection</h2>\n" << render_bisect(bisect);
+}
 
-  out << "<h2>Curves</h2>\n";
-  out << render_chart({"Loss", "loss", series(ma, &StepRecord::loss), series(mb, &StepRecord::loss)}, marks_a, marks_b,
-                      r, label_a, label_b);
-  out << render_chart({"Gradient norm (before clipping)", "grad norm", series(ma, &StepRecord::grad_norm_pre),
-                       series(mb, &StepRecord::grad_norm_pre)},
-                      marks_a, marks_b, r, label_a, label_b);
-
-  out << "<h2>Environment fingerprints</h2>\n" << render_fingerprints(a.header(), b.header());
-
-  // Header differences.
+void write_header_diffs(std::ostringstream& out, const DiffReport& r) {
   out << "<h2>Header differences</h2>\n";
   if (r.header.empty()) {
     out << "<p class=\"note\">none (config, environment, model, data files and faults are equal)</p>\n";
@@ -200,7 +180,9 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     });
     out << "</table>\n";
   }
+}
 
+void write_field_divergence(std::ostringstream& out, const DiffReport& r) {
   out << "<h2>First divergence per field</h2>\n";
   if (r.first_by_field.empty()) {
     out << "<p class=\"note\">no field differs on the common steps</p>\n";
@@ -211,7 +193,9 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
           << "</tr>\n";
     out << "</table>\n";
   }
+}
 
+void write_skips(std::ostringstream& out, const DiffReport& r) {
   out << "<h2>Skipped-step differences</h2>\n";
   if (r.skips.empty()) {
     out << "<p class=\"note\">none: every common step has the same outcome</p>\n";
@@ -227,7 +211,9 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     }
     out << more_rows(r.skips.size(), 3) << "</table>\n";
   }
+}
 
+void write_events(std::ostringstream& out, const DiffReport& r) {
   out << "<h2>Event differences</h2>\n";
   if (r.events.empty()) {
     out << "<p class=\"note\">none</p>\n";
@@ -245,7 +231,9 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     }
     out << more_rows(r.events.size(), 4) << "</table>\n";
   }
+}
 
+void write_evals(std::ostringstream& out, const DiffReport& r) {
   out << "<h2>Evaluations</h2>\n";
   if (r.evals.empty()) {
     out << "<p class=\"note\">neither trace has evaluations</p>\n";
@@ -267,6 +255,48 @@ std::string render_html(const DiffReport& r, const trace::TraceReader& a, const 
     }
     out << more_rows(r.evals.size(), 6) << "</table>\n";
   }
+}
+
+}  // namespace
+
+std::string render_html(const DiffReport& r, const trace::TraceReader& a, const trace::TraceReader& b,
+                        const std::string& label_a, const std::string& label_b,
+                        const std::optional<ReportBisect>& bisect) {
+  const std::vector<StepRecord> steps_a = a.steps(), steps_b = b.steps();
+  std::map<uint64_t, const StepRecord*> ma, mb;
+  for (const auto& s : steps_a) ma[s.step] = &s;
+  for (const auto& s : steps_b) mb[s.step] = &s;
+  const RunMarks marks_a = run_marks(ma, a, "a"), marks_b = run_marks(mb, b, "b");
+
+  std::ostringstream out;
+  out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      << "<title>retrace diff: " << html_escape(label_a) << " vs " << html_escape(label_b) << "</title>\n"
+      << "<style>" << kStyle << "</style>\n</head>\n<body>\n";
+  out << "<h1>retrace diff: <span class=\"swatch-a\">" << html_escape(label_a) << "</span> vs <span class=\"swatch-b\">"
+      << html_escape(label_b) << "</span></h1>\n";
+
+  write_summary(out, r, label_a, label_b, bisect);
+
+  // Where the runs part: differences on a log scale, digest agreement, the bisect result.
+  const auto [x_min, x_max] = step_range(ma, mb);
+  write_differences(out, r, ma, mb, x_min, x_max);
+  out << render_digest_strip(ma, mb, x_min, x_max, r);
+  out << "<h2>Bisection</h2>\n" << render_bisect(bisect);
+
+  out << "<h2>Curves</h2>\n";
+  out << render_chart({"Loss", "loss", series(ma, &StepRecord::loss), series(mb, &StepRecord::loss)}, marks_a, marks_b,
+                      r, label_a, label_b);
+  out << render_chart({"Gradient norm (before clipping)", "grad norm", series(ma, &StepRecord::grad_norm_pre),
+                       series(mb, &StepRecord::grad_norm_pre)},
+                      marks_a, marks_b, r, label_a, label_b);
+
+  out << "<h2>Environment fingerprints</h2>\n" << render_fingerprints(a.header(), b.header());
+
+  write_header_diffs(out, r);
+  write_field_divergence(out, r);
+  write_skips(out, r);
+  write_events(out, r);
+  write_evals(out, r);
   out << "<p class=\"note\">Generated by retrace diff. Step comparison is bitwise; a later record of a step "
          "number (after a rollback) replaces the earlier one.</p>\n";
   out << "</body>\n</html>\n";

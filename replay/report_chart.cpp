@@ -358,6 +358,56 @@ std::pair<std::vector<Point>, std::vector<Point>> differences(const std::vector<
   return {abs_d, rel_d};
 }
 
+// One series of a difference chart as a path: one point per common step (or the first, min, max
+// and last of each pixel column), a break at a non-finite difference, whose pixel column goes into
+// `nonfinite_cols`. `x` and `y` place a step and a difference.
+template <typename X, typename Y>
+void write_diff_series(std::ostringstream& out, const DiffSeries& s, double pw, const X& x, const Y& y,
+                       std::set<long>& nonfinite_cols) {
+  // Points of the path; a horizontal run keeps only its two ends, so long equal stretches (the
+  // zero line) cost two points.
+  std::vector<std::vector<std::pair<double, double>>> pieces(1);
+  bool pen = false;
+  auto emit = [&](double px, double v) {
+    if (!pen && !pieces.back().empty()) pieces.emplace_back();
+    pen = true;
+    auto& pts = pieces.back();
+    const double py = y(v);
+    if (pts.size() >= 2 && pts[pts.size() - 1].second == py && pts[pts.size() - 2].second == py) pts.back().first = px;
+    else if (pts.empty() || pts.back() != std::make_pair(px, py)) pts.emplace_back(px, py);
+  };
+  const bool dense = s.pts.size() > 2 * static_cast<size_t>(pw);
+  for (size_t i = 0; i < s.pts.size();) {
+    const long col = std::lround(x(static_cast<double>(s.pts[i].step)));
+    std::vector<double> bucket;  // this point, or every point of this pixel column when dense
+    bool nonfinite = false;
+    do {
+      if (std::isfinite(s.pts[i].value)) bucket.push_back(s.pts[i].value);
+      else nonfinite = true;
+      ++i;
+    } while (dense && i < s.pts.size() && std::lround(x(static_cast<double>(s.pts[i].step))) == col);
+    if (nonfinite) {
+      nonfinite_cols.insert(col);
+      pen = false;
+    }
+    if (bucket.empty()) continue;
+    const double px = dense ? static_cast<double>(col) : x(static_cast<double>(s.pts[i - 1].step));
+    const auto [mn, mx] = std::minmax_element(bucket.begin(), bucket.end());
+    emit(px, bucket.front());
+    if (bucket.size() > 1) {
+      emit(px, *mn);
+      emit(px, *mx);
+      emit(px, bucket.back());
+    }
+  }
+  std::ostringstream d;
+  for (const auto& piece : pieces)
+    for (size_t k = 0; k < piece.size(); ++k)
+      d << (k ? "L" : "M") << num(piece[k].first) << "," << num(piece[k].second);
+  out << "<path d=\"" << d.str() << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\"" << s.dash
+      << " stroke-linejoin=\"round\" class=\"series\" data-series=\"" << html_escape(s.name) << "\"/>\n";
+}
+
 // A divergence chart: the series on a log scale, a zero line under it for equal steps, a marker
 // above for steps whose difference is not finite, and the first divergence.
 std::string render_difference_chart(const std::string& title, const std::vector<DiffSeries>& series, uint64_t x_min,
@@ -411,57 +461,11 @@ std::string render_difference_chart(const std::string& title, const std::vector<
   }
   out << "\n";
 
-  // The series: one point per common step (or the first, min, max and last of each pixel column),
-  // a break at a non-finite difference, which is marked on top instead. The first series is drawn
-  // last, on top.
+  // The series (write_diff_series), a non-finite difference marked on top instead. The first
+  // series is drawn last, on top.
   std::set<long> nonfinite_all;
   for (auto it = series.rbegin(); it != series.rend(); ++it) {
-    const DiffSeries& s = *it;
-    // Points of the path; a horizontal run keeps only its two ends, so long equal stretches (the
-    // zero line) cost two points.
-    std::vector<std::vector<std::pair<double, double>>> pieces(1);
-    std::set<long> nonfinite_cols;
-    bool pen = false;
-    auto emit = [&](double px, double v) {
-      if (!pen && !pieces.back().empty()) pieces.emplace_back();
-      pen = true;
-      auto& pts = pieces.back();
-      const double py = y(v);
-      if (pts.size() >= 2 && pts[pts.size() - 1].second == py && pts[pts.size() - 2].second == py)
-        pts.back().first = px;
-      else if (pts.empty() || pts.back() != std::make_pair(px, py)) pts.emplace_back(px, py);
-    };
-    const bool dense = s.pts.size() > 2 * static_cast<size_t>(pw);
-    for (size_t i = 0; i < s.pts.size();) {
-      const long col = std::lround(x(static_cast<double>(s.pts[i].step)));
-      std::vector<double> bucket;  // this point, or every point of this pixel column when dense
-      bool nonfinite = false;
-      do {
-        if (std::isfinite(s.pts[i].value)) bucket.push_back(s.pts[i].value);
-        else nonfinite = true;
-        ++i;
-      } while (dense && i < s.pts.size() && std::lround(x(static_cast<double>(s.pts[i].step))) == col);
-      if (nonfinite) {
-        nonfinite_cols.insert(col);
-        pen = false;
-      }
-      if (bucket.empty()) continue;
-      const double px = dense ? static_cast<double>(col) : x(static_cast<double>(s.pts[i - 1].step));
-      const auto [mn, mx] = std::minmax_element(bucket.begin(), bucket.end());
-      emit(px, bucket.front());
-      if (bucket.size() > 1) {
-        emit(px, *mn);
-        emit(px, *mx);
-        emit(px, bucket.back());
-      }
-    }
-    std::ostringstream d;
-    for (const auto& piece : pieces)
-      for (size_t k = 0; k < piece.size(); ++k)
-        d << (k ? "L" : "M") << num(piece[k].first) << "," << num(piece[k].second);
-    out << "<path d=\"" << d.str() << "\" fill=\"none\" stroke=\"" << s.color << "\" stroke-width=\"2\"" << s.dash
-        << " stroke-linejoin=\"round\" class=\"series\" data-series=\"" << html_escape(s.name) << "\"/>\n";
-    nonfinite_all.insert(nonfinite_cols.begin(), nonfinite_cols.end());
+    write_diff_series(out, *it, pw, x, y, nonfinite_all);
   }
   // Steps whose difference is not a number (a NaN or an infinity on one side): a band above the
   // plot, one rect per run of adjacent pixel columns.
