@@ -110,9 +110,45 @@ std::string canonical_sha256(const json& j) {
 // The "tensors" table, checked: known dtypes, shapes within the limits, names unique, and each
 // tensor's pieces (in order) a partition of [0, numel) among ranks < world. `hashed`: every piece
 // says where its bytes are in its rank's shard and their xxh3 (ckpt.v3), within that shard's size.
+// One piece of a tensor of the table (`where` names the tensor, of `numel` elements), which must
+// start at `next`: its rank, its range and, when `hashed`, its place in its shard and its xxh3.
+TensorPiece table_piece(const json& p, const std::vector<ShardEntry>& shards, bool hashed, const std::string& path,
+                        const std::string& where, const std::string& dtype, uint64_t numel, uint64_t next) {
+  const uint32_t world = static_cast<uint32_t>(shards.size());
+  RETRACE_CHECK(p.is_object() && p.size() == (hashed ? 5u : 3u), FormatError, "manifest ", path, ": ", where,
+                ": a piece must be an object of rank, begin, end", hashed ? ", offset, xxh3" : "");
+  Reader pr(p, path);
+  TensorPiece piece;
+  piece.rank = uint32_t(pr.u64(pr.field("rank"), where + ".pieces[].rank", world - 1));
+  piece.begin = pr.u64(pr.field("begin"), where + ".pieces[].begin");
+  piece.end = pr.u64(pr.field("end"), where + ".pieces[].end");
+  RETRACE_CHECK(piece.begin < piece.end && piece.end <= numel, FormatError, "manifest ", path, ": ", where,
+                ": piece of rank ", piece.rank, " holds elements [", piece.begin, ", ", piece.end,
+                "), beyond the tensor's ", numel, " elements or empty");
+  RETRACE_CHECK(piece.begin == next, FormatError, "manifest ", path, ": ", where, ": ",
+                piece.begin > next
+                    ? "elements [" + std::to_string(next) + ", " + std::to_string(piece.begin) +
+                          ") are in no shard (a range missing from every file)"
+                    : "the piece of rank " + std::to_string(piece.rank) + " at [" + std::to_string(piece.begin) + ", " +
+                          std::to_string(piece.end) + ") overlaps the one before it",
+                "; the manifest is not one retrace wrote");
+  if (hashed) {
+    const uint64_t bytes = (piece.end - piece.begin) * *dtype_size(dtype), size = shards[piece.rank].size;
+    piece.offset = pr.u64(pr.field("offset"), where + ".pieces[].offset");
+    RETRACE_CHECK(piece.offset >= 8 && piece.offset <= size && bytes <= size - piece.offset, FormatError, "manifest ",
+                  path, ": ", where, ": elements [", piece.begin, ", ", piece.end, ") are ", bytes, " bytes at offset ",
+                  piece.offset, " of ", shards[piece.rank].file, ", which has ", size,
+                  " bytes; the manifest is not one retrace wrote");
+    piece.xxh3 = pr.str(pr.field("xxh3"), where + ".pieces[].xxh3");
+    RETRACE_CHECK(piece.xxh3.size() == 32 && is_hex(piece.xxh3), FormatError, "manifest ", path, ": ", where,
+                  ": the xxh3 of elements [", piece.begin, ", ", piece.end, ") is \"", piece.xxh3,
+                  "\"; expected 32 lowercase hex digits");
+  }
+  return piece;
+}
+
 std::vector<TensorLayout> tensor_table(const json& v, const std::vector<ShardEntry>& shards, bool hashed,
                                        const std::string& path) {
-  const uint32_t world = static_cast<uint32_t>(shards.size());
   RETRACE_CHECK(v.is_array(), FormatError, "manifest ", path, ": \"tensors\" must be an array, found ",
                 json_type_text(v));
   RETRACE_CHECK(v.size() <= kMaxManifestTensors, FormatError, "manifest ", path, ": \"tensors\" lists ", v.size(),
@@ -155,35 +191,7 @@ std::vector<TensorLayout> tensor_table(const json& v, const std::vector<ShardEnt
                   kMaxManifestPieces, " pieces in \"tensors\"");
     uint64_t next = 0;
     for (const json& p : pieces) {
-      RETRACE_CHECK(p.is_object() && p.size() == (hashed ? 5u : 3u), FormatError, "manifest ", path, ": ", where,
-                    ": a piece must be an object of rank, begin, end", hashed ? ", offset, xxh3" : "");
-      Reader pr(p, path);
-      TensorPiece piece;
-      piece.rank = uint32_t(pr.u64(pr.field("rank"), where + ".pieces[].rank", world - 1));
-      piece.begin = pr.u64(pr.field("begin"), where + ".pieces[].begin");
-      piece.end = pr.u64(pr.field("end"), where + ".pieces[].end");
-      RETRACE_CHECK(piece.begin < piece.end && piece.end <= numel, FormatError, "manifest ", path, ": ", where,
-                    ": piece of rank ", piece.rank, " holds elements [", piece.begin, ", ", piece.end,
-                    "), beyond the tensor's ", numel, " elements or empty");
-      RETRACE_CHECK(piece.begin == next, FormatError, "manifest ", path, ": ", where, ": ",
-                    piece.begin > next
-                        ? "elements [" + std::to_string(next) + ", " + std::to_string(piece.begin) +
-                              ") are in no shard (a range missing from every file)"
-                        : "the piece of rank " + std::to_string(piece.rank) + " at [" + std::to_string(piece.begin) +
-                              ", " + std::to_string(piece.end) + ") overlaps the one before it",
-                    "; the manifest is not one retrace wrote");
-      if (hashed) {
-        const uint64_t bytes = (piece.end - piece.begin) * *dtype_size(L.dtype), size = shards[piece.rank].size;
-        piece.offset = pr.u64(pr.field("offset"), where + ".pieces[].offset");
-        RETRACE_CHECK(piece.offset >= 8 && piece.offset <= size && bytes <= size - piece.offset, FormatError,
-                      "manifest ", path, ": ", where, ": elements [", piece.begin, ", ", piece.end, ") are ", bytes,
-                      " bytes at offset ", piece.offset, " of ", shards[piece.rank].file, ", which has ", size,
-                      " bytes; the manifest is not one retrace wrote");
-        piece.xxh3 = pr.str(pr.field("xxh3"), where + ".pieces[].xxh3");
-        RETRACE_CHECK(piece.xxh3.size() == 32 && is_hex(piece.xxh3), FormatError, "manifest ", path, ": ", where,
-                      ": the xxh3 of elements [", piece.begin, ", ", piece.end, ") is \"", piece.xxh3,
-                      "\"; expected 32 lowercase hex digits");
-      }
+      const TensorPiece piece = table_piece(p, shards, hashed, path, where, L.dtype, numel, next);
       next = piece.end;
       L.pieces.push_back(piece);
     }

@@ -122,6 +122,55 @@ TraceWriter TraceWriter::create(const std::string& path, const records::TraceHea
   return w;
 }
 
+namespace {
+
+// The bytes after the last complete frame of a trace being resumed (a cut write, or what a power
+// loss left): kept as they are in a file next to the set-aside frames, never dropped.
+void keep_tail(int fd, const std::string& path, const FrameScanner& scanner, const std::string& side_file) {
+  const std::string tail_file = detail::concat(side_file, ".tail-", scanner.position());
+  std::vector<uint8_t> tail(scanner.tail_bytes());
+  pread_full(fd, tail.data(), tail.size(), scanner.position(), path);
+  int tail_raw = ::open(tail_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RETRACE_CHECK(tail_raw >= 0, IoError, "cannot create ", tail_file, " to keep the ", tail.size(),
+                " bytes after the last complete frame of ", path, ": ", fs::errno_text(errno));
+  UniqueFd tail_fd(tail_raw);
+  write_full(tail_fd.get(), tail.data(), tail.size(), tail_file);
+  fsync_fd(tail_fd.get(), tail_file);
+  fs::fsync_dir(parent_dir(tail_file));
+}
+
+// The complete frames after a resumed checkpoint, appended to the side file (made with the trace's
+// header when new) after an event that says where they came from.
+void set_aside(int fd, const std::string& path, const std::vector<uint8_t>& moved, uint64_t header_end,
+               uint64_t keep_bytes, uint64_t last_step, const std::string& side_file, int zstd_level) {
+  int side_raw = ::open(side_file.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  RETRACE_CHECK(side_raw >= 0, IoError, "cannot open side file ", side_file,
+                " to keep the frames after the checkpoint: ", fs::errno_text(errno));
+  UniqueFd side(side_raw);
+  uint64_t side_size = file_size(side.get(), side_file);
+  if (side_size == 0) {
+    std::vector<uint8_t> head(header_end);
+    pread_full(fd, head.data(), head.size(), 0, path);
+    write_full(side.get(), head.data(), head.size(), side_file);
+  } else {
+    check_file_header(side.get(), side_file, side_size);
+  }
+  // Each block of set-aside frames starts with an event that says where it came from; the
+  // chain of its first step frame continues the original trace's, not this file's.
+  std::string raw;
+  serialize_event(records::EventRecord{last_step, std::string(kSetAsideEvent),
+                                       detail::concat("frames after offset ", keep_bytes, " of ", path,
+                                                      ", set aside when the run resumed from step ", last_step)},
+                  raw);
+  const std::string marker = encode_frame(FrameKind::kEvent, last_step, raw, zstd_level);
+  write_full(side.get(), marker.data(), marker.size(), side_file);
+  write_full(side.get(), moved.data(), moved.size(), side_file);
+  fsync_fd(side.get(), side_file);
+  fs::fsync_dir(parent_dir(side_file));
+}
+
+}  // namespace
+
 TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes, const Digest128& chain,
                                 uint64_t last_step, const std::string& side_file, int zstd_level) {
   // Never through a link: a resume writes into the run's own trace, not whatever a link points at.
@@ -152,46 +201,8 @@ TraceWriter TraceWriter::resume(const std::string& path, uint64_t keep_bytes, co
     FrameScanner scanner(fd.get(), path, keep_bytes, size);
     std::vector<uint8_t> moved;
     while (auto f = scanner.next()) moved.insert(moved.end(), f->bytes, f->bytes + f->size);
-    if (scanner.tail_bytes() > 0) {
-      // The bytes after the last complete frame (a cut write, or what a power loss left) are
-      // kept as they are, next to the set-aside frames, never dropped.
-      const std::string tail_file = detail::concat(side_file, ".tail-", scanner.position());
-      std::vector<uint8_t> tail(scanner.tail_bytes());
-      pread_full(fd.get(), tail.data(), tail.size(), scanner.position(), path);
-      int tail_raw = ::open(tail_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      RETRACE_CHECK(tail_raw >= 0, IoError, "cannot create ", tail_file, " to keep the ", tail.size(),
-                    " bytes after the last complete frame of ", path, ": ", fs::errno_text(errno));
-      UniqueFd tail_fd(tail_raw);
-      write_full(tail_fd.get(), tail.data(), tail.size(), tail_file);
-      fsync_fd(tail_fd.get(), tail_file);
-      fs::fsync_dir(parent_dir(tail_file));
-    }
-    if (!moved.empty()) {
-      int side_raw = ::open(side_file.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      RETRACE_CHECK(side_raw >= 0, IoError, "cannot open side file ", side_file,
-                    " to keep the frames after the checkpoint: ", fs::errno_text(errno));
-      UniqueFd side(side_raw);
-      uint64_t side_size = file_size(side.get(), side_file);
-      if (side_size == 0) {
-        std::vector<uint8_t> head(header_end);
-        pread_full(fd.get(), head.data(), head.size(), 0, path);
-        write_full(side.get(), head.data(), head.size(), side_file);
-      } else {
-        check_file_header(side.get(), side_file, side_size);
-      }
-      // Each block of set-aside frames starts with an event that says where it came from; the
-      // chain of its first step frame continues the original trace's, not this file's.
-      std::string raw;
-      serialize_event(records::EventRecord{last_step, std::string(kSetAsideEvent),
-                                           detail::concat("frames after offset ", keep_bytes, " of ", path,
-                                                          ", set aside when the run resumed from step ", last_step)},
-                      raw);
-      const std::string marker = encode_frame(FrameKind::kEvent, last_step, raw, zstd_level);
-      write_full(side.get(), marker.data(), marker.size(), side_file);
-      write_full(side.get(), moved.data(), moved.size(), side_file);
-      fsync_fd(side.get(), side_file);
-      fs::fsync_dir(parent_dir(side_file));
-    }
+    if (scanner.tail_bytes() > 0) keep_tail(fd.get(), path, scanner, side_file);
+    if (!moved.empty()) set_aside(fd.get(), path, moved, header_end, keep_bytes, last_step, side_file, zstd_level);
     RETRACE_CHECK(::ftruncate(fd.get(), static_cast<off_t>(keep_bytes)) == 0, IoError, "cannot truncate trace ", path,
                   " to ", keep_bytes, " bytes: ", fs::errno_text(errno));
     fsync_fd(fd.get(), path);

@@ -282,9 +282,20 @@ void zero_load_optimizer_state(torch::optim::Optimizer& opt, const ZeroShard& ze
   }
 }
 
-ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
-                         const torch::nn::Module& model, OptimizerKind kind, bool with_optimizer,
-                         const SumOverRanks& sum, const KnownSums* known, Mix mix) {
+namespace {
+
+// Where the sums of zero_digests lie in its vector: the model's tensors first, then per parameter a
+// (holders, sum) pair of its gradient, then (with the optimizer) per parameter and field a
+// (holders, sum) pair.
+struct SumLayout {
+  size_t model_count = 0, params = 0, optim_from = 0;
+  std::vector<std::string> fields;  // the optimizer's fields
+};
+
+// This rank's sums of its ranges, in a fixed order every rank shares (SumLayout).
+std::vector<uint64_t> range_sums(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
+                                 OptimizerKind kind, bool with_optimizer, const KnownSums* known, Mix mix,
+                                 SumLayout& at) {
   const auto mixed = [known, mix](const torch::Tensor& t, uint64_t first_position) {
     uint64_t out[16];
     if (known && t.defined() && (*known)(t, out)) return out[0];
@@ -292,8 +303,6 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
   };
   std::unordered_map<const c10::TensorImpl*, size_t> param_of;
   for (size_t i = 0; i < zero.params().size(); ++i) param_of.emplace(zero.params()[i].unsafeGetTensorImpl(), i);
-  // Sums in a fixed order every rank shares: the model's tensors, per parameter a (holders, sum)
-  // pair of its gradient, then per parameter and field of the optimizer a (holders, sum) pair.
   std::vector<uint64_t> local;
   for (const auto& [name, t] : model_state) {
     auto found = param_of.find(t.unsafeGetTensorImpl());
@@ -308,6 +317,8 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
     local.push_back(s);
   }
   const size_t model_count = local.size(), params = zero.params().size();
+  at.model_count = model_count;
+  at.params = params;
   local.resize(model_count + params * 2, 0);
   for (size_t k = 0; k < zero.mine().size(); ++k) {
     const ZeroShard::Part& part = zero.mine()[k];
@@ -317,8 +328,10 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
     slot[0] += 1;
     slot[1] += mixed(g, static_cast<uint64_t>(part.begin));
   }
-  const std::vector<std::string> fields = optimizer_fields(kind);
+  at.fields = optimizer_fields(kind);
+  const std::vector<std::string>& fields = at.fields;
   const size_t optim_from = local.size();
+  at.optim_from = optim_from;
   if (with_optimizer) {
     local.resize(optim_from + params * fields.size() * 2, 0);
     for (size_t k = 0; k < zero.mine().size(); ++k) {
@@ -335,9 +348,15 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
       }
     }
   }
-  const std::vector<uint64_t> total = sum ? sum(local) : local;
-  RETRACE_CHECK(total.size() == local.size(), InvariantError, "zero_digests: ", total.size(), " sums for ",
-                local.size());
+  return local;
+}
+
+// The digests of the sums added over the ranks: every tensor's entry as a whole tensor's.
+ZeroDigests digests_of_sums(const std::vector<uint64_t>& total, const SumLayout& at, const NamedTensors& model_state,
+                            const ZeroShard& zero, const torch::nn::Module& model, OptimizerKind kind,
+                            bool with_optimizer) {
+  const size_t model_count = at.model_count, params = at.params, optim_from = at.optim_from;
+  const std::vector<std::string>& fields = at.fields;
   std::vector<MixedEntry> model_entries;
   for (size_t i = 0; i < model_count; ++i) {
     const torch::Tensor& t = model_state[i].second;
@@ -366,6 +385,19 @@ ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimize
     out.optim = digest_mixed(std::move(entries));
   }
   return out;
+}
+
+}  // namespace
+
+ZeroDigests zero_digests(const NamedTensors& model_state, torch::optim::Optimizer& opt, const ZeroShard& zero,
+                         const torch::nn::Module& model, OptimizerKind kind, bool with_optimizer,
+                         const SumOverRanks& sum, const KnownSums* known, Mix mix) {
+  SumLayout at;
+  const std::vector<uint64_t> local = range_sums(model_state, opt, zero, kind, with_optimizer, known, mix, at);
+  const std::vector<uint64_t> total = sum ? sum(local) : local;
+  RETRACE_CHECK(total.size() == local.size(), InvariantError, "zero_digests: ", total.size(), " sums for ",
+                local.size());
+  return digests_of_sums(total, at, model_state, zero, model, kind, with_optimizer);
 }
 
 KnownSums capture_sums(torch::optim::Optimizer& opt, const ZeroShard& zero) {

@@ -143,6 +143,65 @@ std::optional<train::Numerics> numerics_record(const RecordArgs& args) {
   return resolve_config(args.config_path, args.sets, args.steps, args.inject).runtime.numerics;
 }
 
+namespace {
+
+// --accum-grid: the run at each accumulation setting, a table of their losses and costs, and under
+// runtime.invariance = "batch" the verdict that they have the same bits.
+int run_accum_grid(const train::Config& config, const RecordArgs& a, const Context& ctx) {
+  auto rows = replay::accum_grid(config, a.accum_grid, a.out, ctx.registry);
+  std::printf("accumulation grid: effective batch %lld, %llu steps each (runs in %s/accum-N)\n",
+              static_cast<long long>(config.data.batch_size * config.train.accum_steps),
+              static_cast<ull>(rows.front().compared), a.out.c_str());
+  std::printf("%6s %8s %12s %22s %14s %12s %14s\n", "accum", "micro", "final loss", "max |loss - accum 1|", "ms / step",
+              "x accum 1", "peak RSS MiB");
+  for (const auto& r : rows)
+    std::printf("%6lld %8lld %12.6f %22.3g %14.2f %12.2f %14.1f\n", static_cast<long long>(r.accum_steps),
+                static_cast<long long>(r.micro_batch), r.final_loss, r.max_loss_diff, r.median_step_ms,
+                r.median_step_ms / rows.front().median_step_ms, r.peak_rss_mib);
+  if (config.runtime.invariance == train::Invariance::kBatch) {
+    bool all = true;
+    for (const auto& r : rows) {
+      all = all && r.bitwise;
+      if (!r.bitwise)
+        std::printf("accum %lld differs from accum %lld: %s\n", static_cast<long long>(r.accum_steps),
+                    static_cast<long long>(rows.front().accum_steps), r.first_diff.c_str());
+    }
+    std::printf("runtime.invariance = \"batch\" (chunks of %lld samples): %s\n",
+                static_cast<long long>(config.runtime.invariance_chunk),
+                all ? "BITWISE: every setting has the same losses, parameter, optimizer, RNG and state digests "
+                      "at every step"
+                    : "NOT BITWISE (a bug: report it)");
+    return all ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
+  }
+  if (config.model.dropout > 0)
+    std::printf(
+        "note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
+        "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone, "
+        "--set runtime.invariance=batch gives the same bits\n",
+        config.model.dropout);
+  return 0;
+}
+
+// torchrun restarts failed ranks with the same command line: a restarted rank resumes the run it
+// started (its newest checkpoint that verifies) instead of refusing the existing directory.
+int resume_restarted_rank(const RecordArgs& a, const Context& ctx, distributed::ProcessGroup* pg, bool quiet,
+                          const std::shared_ptr<StepPrinter>& printer) {
+  if (!quiet)
+    std::printf("torchrun restart %u: resuming %s from its newest checkpoint that verifies\n",
+                pg->launcher().restart_count, a.out.c_str());
+  run::LoopControl control;
+  control.sabotage = sabotage_from_env();
+  control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
+  control.tensorboard_dir = a.tensorboard;
+  run::RunSummary s = run::resume(a.out, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg,
+                                  ctx.registry);
+  printer->clear();
+  if (!quiet) print_summary(s);
+  return 0;
+}
+
+}  // namespace
+
 int run_record(const RecordArgs& a, const Context& ctx) {
   const std::vector<std::string>& argv = ctx.argv;
   if (a.help_config) {
@@ -157,40 +216,7 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   RETRACE_CHECK(a.tensorboard.empty() || (!a.verify_resume && a.accum_grid.empty()), ConfigError,
                 "--tensorboard views one run; --verify-resume and --accum-grid make several. Record without it, then "
                 "`retrace export RUN --tensorboard DIR` each run you want to see");
-  if (!a.accum_grid.empty()) {
-    auto rows = replay::accum_grid(config, a.accum_grid, a.out, ctx.registry);
-    std::printf("accumulation grid: effective batch %lld, %llu steps each (runs in %s/accum-N)\n",
-                static_cast<long long>(config.data.batch_size * config.train.accum_steps),
-                static_cast<ull>(rows.front().compared), a.out.c_str());
-    std::printf("%6s %8s %12s %22s %14s %12s %14s\n", "accum", "micro", "final loss", "max |loss - accum 1|",
-                "ms / step", "x accum 1", "peak RSS MiB");
-    for (const auto& r : rows)
-      std::printf("%6lld %8lld %12.6f %22.3g %14.2f %12.2f %14.1f\n", static_cast<long long>(r.accum_steps),
-                  static_cast<long long>(r.micro_batch), r.final_loss, r.max_loss_diff, r.median_step_ms,
-                  r.median_step_ms / rows.front().median_step_ms, r.peak_rss_mib);
-    if (config.runtime.invariance == train::Invariance::kBatch) {
-      bool all = true;
-      for (const auto& r : rows) {
-        all = all && r.bitwise;
-        if (!r.bitwise)
-          std::printf("accum %lld differs from accum %lld: %s\n", static_cast<long long>(r.accum_steps),
-                      static_cast<long long>(rows.front().accum_steps), r.first_diff.c_str());
-      }
-      std::printf("runtime.invariance = \"batch\" (chunks of %lld samples): %s\n",
-                  static_cast<long long>(config.runtime.invariance_chunk),
-                  all ? "BITWISE: every setting has the same losses, parameter, optimizer, RNG and state digests "
-                        "at every step"
-                      : "NOT BITWISE (a bug: report it)");
-      return all ? 0 : static_cast<int>(ExitCode::kVerificationFailed);
-    }
-    if (config.model.dropout > 0)
-      std::printf(
-          "note: model.dropout = %g draws its masks per micro-batch, so the settings see different masks and "
-          "their curves differ by more than rounding; --set model.dropout=0 compares the arithmetic alone, "
-          "--set runtime.invariance=batch gives the same bits\n",
-          config.model.dropout);
-    return 0;
-  }
+  if (!a.accum_grid.empty()) return run_accum_grid(config, a, ctx);
   uint64_t interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
   if (a.verify_resume && interrupt_at == 0 && !a.checkpoint_at.empty())
     interrupt_at = static_cast<uint64_t>(a.checkpoint_at.front());
@@ -204,22 +230,8 @@ int run_record(const RecordArgs& a, const Context& ctx) {
   }
   const bool quiet = pg && pg->rank() != 0;
   auto printer = std::make_shared<StepPrinter>(!a.plain && !pg && isatty(STDOUT_FILENO));
-  // torchrun restarts failed ranks with the same command line: a restarted rank resumes the run it
-  // started (its newest checkpoint that verifies) instead of refusing the existing directory.
-  if (pg && pg->launcher().restart_count > 0 && std::filesystem::exists(run::config_path(a.out)) && !a.force) {
-    if (!quiet)
-      std::printf("torchrun restart %u: resuming %s from its newest checkpoint that verifies\n",
-                  pg->launcher().restart_count, a.out.c_str());
-    run::LoopControl control;
-    control.sabotage = sabotage_from_env();
-    control.interrupt_at = static_cast<uint64_t>(std::max<int64_t>(0, a.interrupt_at));
-    control.tensorboard_dir = a.tensorboard;
-    run::RunSummary s = run::resume(a.out, control, quiet ? run::RunCallbacks{} : callbacks_for(printer), pg.get(),
-                                    ctx.registry);
-    printer->clear();
-    if (!quiet) print_summary(s);
-    return 0;
-  }
+  if (pg && pg->launcher().restart_count > 0 && std::filesystem::exists(run::config_path(a.out)) && !a.force)
+    return resume_restarted_rank(a, ctx, pg.get(), quiet, printer);
   if (a.verify_resume) {
     RETRACE_CHECK(interrupt_at > 0, ConfigError, "--verify-resume needs --interrupt-at STEP or --checkpoint-at STEP");
     replay::ResumeCheck r = replay::check_resume(config, a.out, interrupt_at, callbacks_for(printer), a.force,
