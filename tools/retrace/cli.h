@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,7 +16,8 @@
 
 namespace retrace::train {
 class Registry;
-}
+struct Config;
+}  // namespace retrace::train
 
 namespace retrace::cli {
 
@@ -36,7 +38,8 @@ struct RecordArgs {
   int64_t world_size = 1;
   int64_t resume_world_size = 0;  // --verify-resume: resume on this many ranks (0: world_size)
   std::vector<int64_t> accum_grid;
-  std::string tensorboard;  // the live TensorBoard view's directory
+  std::string tensorboard;                      // the live TensorBoard view's directory
+  std::shared_ptr<const train::Config> config;  // as the numerics stage parsed it
 };
 
 struct ResumeArgs {
@@ -121,6 +124,7 @@ struct MemoryArgs {
   int64_t world_size = 8;
   int rounds = 2;
   int steps = 3;
+  std::shared_ptr<const train::Config> config;  // as the numerics stage parsed it
 };
 
 struct ExportArgs {
@@ -141,9 +145,12 @@ struct Context {
   const std::vector<std::string>& argv;
 };
 
-#define RETRACE_COMMAND(name, Args)                                 \
-  void add_##name(CLI::App& app, Args& args);                       \
-  std::optional<train::Numerics> numerics_##name(const Args& args); \
+// add_ adds the command's options; numerics_ is the launcher stage, before torch computes anything:
+// the profile the command trains under, from the config it reads (which it may keep in its args
+// for run_, so that a command reads and resolves its config once); run_ runs it.
+#define RETRACE_COMMAND(name, Args)                           \
+  void add_##name(CLI::App& app, Args& args);                 \
+  std::optional<train::Numerics> numerics_##name(Args& args); \
   int run_##name(const Args& args, const Context& ctx)
 
 RETRACE_COMMAND(record, RecordArgs);

@@ -32,7 +32,7 @@ void add_bisect(CLI::App& app, BisectArgs& args) {
       "  retrace bisect a b");
 }
 
-std::optional<train::Numerics> numerics_bisect(const BisectArgs& args) {
+std::optional<train::Numerics> numerics_bisect(BisectArgs& args) {
   // Bisection re-executes both runs in this process; runs of another profile are refused there.
   auto c = recorded_config(args.a);
   return c ? std::optional(c->runtime.numerics) : std::nullopt;

@@ -22,7 +22,7 @@ void add_diff(CLI::App& app, DiffArgs& args) {
   dif->footer("Exit 0 when identical, 1 when they differ.\nExample:\n  retrace diff runA runB --html report.html");
 }
 
-std::optional<train::Numerics> numerics_diff(const DiffArgs& args) {
+std::optional<train::Numerics> numerics_diff(DiffArgs& args) {
   (void)args;
   return std::nullopt;
 }

@@ -36,7 +36,7 @@ void add_export(CLI::App& app, ExportArgs& args) {
       "  python3 -c \"import pandas; print(pandas.read_json('run/metrics.jsonl', lines=True))\"");
 }
 
-std::optional<train::Numerics> numerics_export(const ExportArgs&) { return std::nullopt; }
+std::optional<train::Numerics> numerics_export(ExportArgs&) { return std::nullopt; }
 
 int run_export(const ExportArgs& a, const Context&) {
   const int formats = int(a.jsonl) + int(a.csv) + int(!a.tensorboard.empty());

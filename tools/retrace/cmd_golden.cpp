@@ -110,7 +110,7 @@ void add_golden(CLI::App& app, GoldenArgs& args) {
   gu->footer("Example:\n  retrace golden update fashion-mlp-100 --reason \"schedule now decays to 5 %\"");
 }
 
-std::optional<train::Numerics> numerics_golden(const GoldenArgs& args) {
+std::optional<train::Numerics> numerics_golden(GoldenArgs& args) {
   namespace stdfs = std::filesystem;
   const GoldenArgs& g = args;
   const std::vector<std::string> sets = golden_sets(g);

@@ -25,7 +25,7 @@ void add_inspect(CLI::App& app, InspectArgs& args) {
       "  retrace inspect run --config > run/config.toml");
 }
 
-std::optional<train::Numerics> numerics_inspect(const InspectArgs& args) {
+std::optional<train::Numerics> numerics_inspect(InspectArgs& args) {
   (void)args;
   return std::nullopt;
 }

@@ -29,12 +29,13 @@ void add_memory(CLI::App& app, MemoryArgs& args) {
   memc->footer("Example:\n  retrace memory --config configs/char-gpt.toml\n  retrace memory --rounds 0");
 }
 
-std::optional<train::Numerics> numerics_memory(const MemoryArgs& args) {
-  return train::load_config(args.config_path, args.sets).runtime.numerics;
+std::optional<train::Numerics> numerics_memory(MemoryArgs& args) {
+  args.config = std::make_shared<const train::Config>(train::load_config(args.config_path, args.sets));
+  return args.config->runtime.numerics;
 }
 
 int run_memory(const MemoryArgs& a, const Context&) {
-  train::Config c = train::load_config(a.config_path, a.sets);
+  train::Config c = a.config ? *a.config : train::load_config(a.config_path, a.sets);
   Progress progress(isatty(STDOUT_FILENO), "measurements");
   std::vector<run::PolicyMeasurement> plan =
       run::plan_memory(c, a.world_size, a.rounds, a.steps, [&progress, &a](uint64_t done, uint64_t total) {

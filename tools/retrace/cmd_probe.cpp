@@ -21,9 +21,13 @@ void add_probe(CLI::App& app, ProbeArgs& args) {
   p->add_option("--out", args.out, "prefix of the probe files (PREFIX.rankN.json)")->required();
 }
 
-std::optional<train::Numerics> numerics_probe(const ProbeArgs& args) {
+namespace {
+train::Numerics probe_numerics(const ProbeArgs& args) {
   return args.numerics == "native" ? train::Numerics::kNative : train::Numerics::kPortable;
 }
+}  // namespace
+
+std::optional<train::Numerics> numerics_probe(ProbeArgs& args) { return probe_numerics(args); }
 
 int run_probe(const ProbeArgs& a, const Context& ctx) {
   const trace::TraceReader r = trace::TraceReader::open(run::trace_of(a.run));
@@ -32,7 +36,7 @@ int run_probe(const ProbeArgs& a, const Context& ctx) {
                                                    train::ConfigSource::kRecorded);
   std::unique_ptr<distributed::ProcessGroup> pg = join_ranks(config, h.world_size);
   if (!pg && h.world_size > 1) return distributed::launch_local(h.world_size, ctx.argv);
-  replay::write_probe_of_rank(a.run, static_cast<uint64_t>(a.step), *numerics_probe(a), ctx.registry, pg.get(), a.out);
+  replay::write_probe_of_rank(a.run, static_cast<uint64_t>(a.step), probe_numerics(a), ctx.registry, pg.get(), a.out);
   return 0;
 }
 

@@ -138,9 +138,11 @@ void add_record(CLI::App& app, RecordArgs& args) {
       train::describe_keys());
 }
 
-std::optional<train::Numerics> numerics_record(const RecordArgs& args) {
+std::optional<train::Numerics> numerics_record(RecordArgs& args) {
   if (args.print_config || args.help_config) return std::nullopt;
-  return resolve_config(args.config_path, args.sets, args.steps, args.inject).runtime.numerics;
+  args.config = std::make_shared<const train::Config>(
+      resolve_config(args.config_path, args.sets, args.steps, args.inject));
+  return args.config->runtime.numerics;
 }
 
 namespace {
@@ -208,7 +210,7 @@ int run_record(const RecordArgs& a, const Context& ctx) {
     std::printf("%s", train::config_reference().c_str());
     return 0;
   }
-  train::Config config = resolve_config(a.config_path, a.sets, a.steps, a.inject);
+  train::Config config = a.config ? *a.config : resolve_config(a.config_path, a.sets, a.steps, a.inject);
   if (a.print_config) {
     std::printf("%s", train::to_toml(config, train::TomlForm::kComplete).c_str());
     return 0;

@@ -49,7 +49,7 @@ void add_replay(CLI::App& app, ReplayArgs& args) {
       "  retrace replay run\n  retrace replay run --from-checkpoint 200 --steps 201:300\n");
 }
 
-std::optional<train::Numerics> numerics_replay(const ReplayArgs& args) {
+std::optional<train::Numerics> numerics_replay(ReplayArgs& args) {
   auto c = recorded_config(args.run);
   return c ? std::optional(c->runtime.numerics) : std::nullopt;
 }

@@ -41,7 +41,7 @@ void add_resume(CLI::App& app, ResumeArgs& args) {
       "  retrace resume dp4 --world-size 2 --reshard");
 }
 
-std::optional<train::Numerics> numerics_resume(const ResumeArgs& args) {
+std::optional<train::Numerics> numerics_resume(ResumeArgs& args) {
   const std::string cfg = run::config_path(args.run);
   if (!std::filesystem::exists(cfg)) return std::nullopt;
   return train::load_config(cfg, {}, train::ConfigSource::kRecorded).runtime.numerics;

@@ -17,7 +17,7 @@ void add_verify(CLI::App& app, VerifyArgs& args) {
   ver->footer("Example:\n  retrace verify run/checkpoints/step-00000010 --json");
 }
 
-std::optional<train::Numerics> numerics_verify(const VerifyArgs& args) {
+std::optional<train::Numerics> numerics_verify(VerifyArgs& args) {
   (void)args;
   return std::nullopt;
 }

@@ -104,7 +104,7 @@ void add_weights(CLI::App& app, WeightsArgs& args) {
       "  python3 -c \"from safetensors.torch import load_file; print(list(load_file('model.safetensors')))\"");
 }
 
-std::optional<train::Numerics> numerics_weights(const WeightsArgs&) { return std::nullopt; }
+std::optional<train::Numerics> numerics_weights(WeightsArgs&) { return std::nullopt; }
 
 int run_weights(const WeightsArgs& a, const Context&) {
   std::error_code ec;
