@@ -1,5 +1,6 @@
-// Comparing step records field by field in tests, through the one table of their fields
-// (records/step_fields.h): a field added there is compared here without another line.
+// Building and comparing step records field by field in tests, through the one table of their
+// fields (records/step_fields.h): a field added there is filled and compared here without another
+// line.
 #pragma once
 
 #include <cstring>
@@ -28,7 +29,41 @@ bool same(const std::vector<T>& a, const std::vector<T>& b) {
     if (!same(a[i], b[i])) return false;
   return true;
 }
+
+// A value of each field type that is not its initial one, distinct for each n >= 1.
+inline void fill(uint64_t& v, uint64_t n) { v = 1000 + n; }
+inline void fill(uint32_t& v, uint64_t n) { v = static_cast<uint32_t>(100 + n); }
+inline void fill(double& v, uint64_t n) { v = 0.5 + static_cast<double>(n) / 3; }
+inline void fill(Digest128& v, uint64_t n) { v = {0x9e3779b97f4a7c15ull * n, n}; }
+inline void fill(records::Outcome& v, uint64_t n) { v = n % 2 ? records::Outcome::kSkip : records::Outcome::kStep; }
+inline void fill(std::string& v, uint64_t n) { v = "reason_" + std::to_string(n); }
+inline void fill(records::ModuleDigest& v, uint64_t n) {
+  v.module = "blocks." + std::to_string(n);
+  fill(v.param, n);
+  fill(v.grad, n + 1);
+  fill(v.optim, n + 2);
+}
+inline void fill(records::Timings& v, uint64_t n) {
+  const double x = static_cast<double>(n);
+  v = {x, x + 1, x + 2, x + 3, x + 4, x + 5};
+}
+template <typename T>
+void fill(std::vector<T>& v, uint64_t n) {
+  v.resize(2 + n % 2);
+  for (size_t i = 0; i < v.size(); ++i) fill(v[i], n + i);
+}
 }  // namespace step_records_detail
+
+// A record with every field of the table set (none at its initial value): field `only`, when
+// named, to the values of `n`, the others to those of `base`; without `only`, every field to n's.
+// A codec or view that forgets a field then loses a value a test can see.
+inline records::StepRecord filled_record(uint64_t n, const std::string& only = "", uint64_t base = 1) {
+  records::StepRecord r;
+  records::for_each_field([&](const records::StepField& f,
+                              auto& v) { step_records_detail::fill(v, only.empty() || only == f.name ? n : base); },
+                          r);
+  return r;
+}
 
 // Which fields of the step records differ, bit for bit (doubles by their bits), in the trace's
 // order. The informational ones (timings, the collectives' counts) only when `informational`:

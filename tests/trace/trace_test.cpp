@@ -121,6 +121,44 @@ TEST(TraceTest, ContentDigestIgnoresTimingsAndCoversEveryOtherField) {
   EXPECT_NE(records::chain_digest({0, 0}, {1, 2}), records::chain_digest({0, 0}, {2, 1}));
 }
 
+// The codec against the table of fields (records/step_fields.h): every field, set to a value that
+// is not its initial one, reads back as written. A field the table lists and the codec forgets
+// fails here. The writer makes the content and chain digests itself (into the record it appends).
+TEST(TraceTest, EveryFieldOfTheTableRoundTripsThroughTheCodec) {
+  TempDir dir;
+  const std::string path = dir.file("trace.rtrace");
+  std::vector<records::StepRecord> written;
+  {
+    TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
+    for (uint64_t n = 1; n <= 3; ++n) {
+      written.push_back(retrace::testing::filled_record(n));
+      w.append_step(written.back());
+    }
+  }
+  const auto read = TraceReader::open(path).steps();
+  ASSERT_EQ(read.size(), written.size());
+  for (size_t i = 0; i < read.size(); ++i) {
+    EXPECT_EQ(retrace::testing::first_differences(written[i], read[i]), "");
+  }
+}
+
+// Every field the table puts in the content digest changes it, alone; the others do not.
+TEST(TraceTest, EveryDigestedFieldOfTheTableEntersTheContentDigest) {
+  const records::StepRecord base = retrace::testing::filled_record(1);
+  size_t digested = 0;
+  for (const records::StepField& f : records::step_fields()) {
+    const records::StepRecord other = retrace::testing::filled_record(2, f.name);
+    ASSERT_EQ(retrace::testing::differing_fields(base, other), std::vector<std::string>{f.name});
+    if (f.digest == records::InDigest::kNever) {
+      EXPECT_EQ(records::content_digest(base), records::content_digest(other)) << f.name;
+    } else {
+      ++digested;
+      EXPECT_NE(records::content_digest(base), records::content_digest(other)) << f.name;
+    }
+  }
+  EXPECT_GE(digested, 20u);
+}
+
 // A recorder run's per-module digests: read back as written, in the content digest (so in the
 // chain) only when there are any, each module's name and digests covered.
 TEST(TraceTest, ModuleDigestsRoundTripAndEnterTheContentDigest) {
