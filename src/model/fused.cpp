@@ -59,7 +59,7 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     const float* sm = soft.data_ptr<float>();
     const at::Tensor soft_rows = soft.view({rows, t});
     const int64_t tile = tile_rows(t);
-    at::Tensor scratch[2];
+    std::array<at::Tensor, kMaxLanes> scratch;  // per lane
     for_each_tile(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
       if (!scratch[lane].defined()) scratch[lane] = at::empty({tile, t}, scores.options());
       float* x = scratch[lane].data_ptr<float>();
@@ -97,7 +97,7 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     const float* m = mask.defined() ? mask.data_ptr<float>() : nullptr;
     float* out = gi.data_ptr<float>();
     const int64_t tile = tile_rows(t);
-    at::Tensor scratch[2];
+    std::array<at::Tensor, kMaxLanes> scratch;  // per lane
     for_each_tile(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
       at::Tensor upstream = g_rows.narrow(0, r0, r1 - r0);
       if (m) {  // dropout's backward: grad * mask
@@ -513,15 +513,22 @@ at::Tensor bias_gradient(const at::Tensor& grad, int64_t n) {
   // block kind and the order it has in the whole sum (fused_test checks every width up to 300
   // and wider ones).
   constexpr int64_t kSplitAlign = 64;
+  // Tiles of columns whose width is a multiple of kSplitAlign, from the width alone, the last tile
+  // taking the rest (a narrower part than kSplitAlign, summed alone, rounds otherwise: fused_test
+  // checks), summed on the lanes.
   const int64_t cut = (n / 2) / kSplitAlign * kSplitAlign;
   if (lanes() < 2 || cut == 0 || !fused_applies(grad)) return at::sum_to(grad, at::IntArrayRef(shape, 1));
-  at::Tensor part[2];
-  run_lanes([&](int lane) {
-    const int64_t begin = lane == 0 ? 0 : cut, width = lane == 0 ? cut : n - cut;
-    const int64_t part_shape[1] = {width};
-    part[lane] = at::sum_to(grad.narrow(-1, begin, width), at::IntArrayRef(part_shape, 1));
+  const int64_t tiles = n / cut;
+  at::Tensor out = at::empty({n}, grad.options());
+  for_each_tile(tiles, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t begin = t * cut, end = t + 1 == tiles ? n : begin + cut;
+      const int64_t part_shape[1] = {end - begin};
+      out.narrow(0, begin, end - begin)
+          .copy_(at::sum_to(grad.narrow(-1, begin, end - begin), at::IntArrayRef(part_shape, 1)));
+    }
   });
-  return at::cat({part[0], part[1]});
+  return out;
 }
 
 at::Tensor gelu(const at::Tensor& x, GeluImpl impl) {

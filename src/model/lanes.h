@@ -1,4 +1,4 @@
-// Two lanes for the elementwise parts of a step: the calling thread and one helper thread.
+// Lanes for the elementwise parts of a step: the calling thread and N - 1 helper threads.
 //
 // retrace runs ATen with one intra-op thread (more would change the bits of reductions such as a
 // bias gradient or a LayerNorm's weight gradient), so ATen's elementwise kernels use one of the
@@ -7,8 +7,8 @@
 // exactly as the whole would compute it (model/fused.h says where it splits and why that holds).
 // Lanes change time, never values: the count is information, not numerics.
 //
-// Thread safety: run_lanes may be called from any thread, concurrently. The helper serves one
-// caller at a time; a caller that finds it busy runs both halves itself (same results).
+// Thread safety: run_lanes may be called from any thread, concurrently. The helpers serve one
+// caller at a time; a caller that finds them busy runs every lane's work itself (same results).
 #pragma once
 
 #include <cstdint>
@@ -16,14 +16,19 @@
 
 namespace retrace::model {
 
-// Process-wide lane count, 1 or 2 (runtime.elementwise_threads; 1 until set).
+// The most lanes a process may have (a bound for per-lane scratch).
+constexpr int kMaxLanes = 256;
+
+// Process-wide lane count, 1 to kMaxLanes (runtime.elementwise_threads; 1 until set).
 void set_lanes(int lanes);
 int lanes();
 
-// Runs work(0) on the calling thread and work(1) on the helper thread, which adopts the caller's
-// ATen thread-local state (grad mode, autocast, dispatch keys). Returns when both are done and
-// rethrows the first exception either raised. With one lane, or with the helper busy, runs
-// work(0) and then work(1) on the calling thread.
+// Runs work(0) on the calling thread and work(1) .. work(lanes() - 1) on the helper threads, which
+// adopt the caller's ATen thread-local state (grad mode, autocast, dispatch keys). Returns when all
+// are done and rethrows the caller's exception, else the first a helper raised. With one lane only
+// work(0) runs; with the helpers busy, every lane's work runs on the calling thread in turn. Work
+// that must give the same results at any lane count takes tiles (for_each_tile), never a share
+// chosen by its lane index.
 void run_lanes(const std::function<void(int lane)>& work);
 
 // Calls fn(begin, end, lane) for the consecutive tiles of `tile` units that cover [0, n), on the

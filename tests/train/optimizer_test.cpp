@@ -133,11 +133,12 @@ TEST(FusedAdamW, SameBitsAsLibTorchWithWeightDecay) {
   run_side_by_side({784 * 512, 512, 256 * 10, 10, 13, 7, 1}, torch::kFloat32, 0.01, 40, false);
 }
 
-TEST(FusedAdamW, SameBitsAsLibTorchOnTwoLanes) {
+TEST(FusedAdamW, SameBitsAsLibTorchOnSeveralLanes) {
   // Parameters of several pieces (the last one short), of one, and empty-gradient steps; more
   // than kAfterBackwardLanesFrom floats in all, so the lanes take the pieces.
   static_assert(784 * 512 + 3 * 65536 + 5 + 512 + 65536 + 1 + (1 << 19) >= model::kAfterBackwardLanesFrom);
-  run_side_by_side({784 * 512, 3 * 65536 + 5, 512, 65536, 1, 1 << 19}, torch::kFloat32, 0.01, 15, false, 2);
+  for (int lanes : {2, 3, 8})
+    run_side_by_side({784 * 512, 3 * 65536 + 5, 512, 65536, 1, 1 << 19}, torch::kFloat32, 0.01, 15, false, lanes);
 }
 
 TEST(FusedAdamW, ClippingInsideThePassGivesTheBitsOfClippingFirst) {

@@ -306,35 +306,40 @@ TEST(TrainStep, RaggedMicroBatchesGiveTheLargeBatchGradientNotTheMeanOfMeans) {
   EXPECT_GT(std::abs(mean_of_means - rb.loss), 1e-3 * std::abs(rb.loss));
 }
 
-TEST(Clipping, NormAndClipOnTwoLanesGiveTheBitsOfOneThread) {
+TEST(Clipping, NormAndClipOnSeveralLanesGiveTheBitsOfOneThread) {
   // Gradients of several 64k-float pieces, of one, a non-contiguous one, a parameter without a
   // gradient, over kAfterBackwardLanesFrom floats in all; the norm and the clipped gradients on
-  // two lanes against the plain ATen calls in parameter order on this thread.
+  // 2, 3 and 8 lanes against the plain ATen calls in parameter order on this thread.
   torch::manual_seed(5);
-  std::vector<torch::Tensor> params;
+  std::vector<torch::Tensor> params, grads;
   for (const int64_t n : {int64_t{3 * 784 * 512}, int64_t{7}, int64_t{3 * 65536 + 3}, int64_t{65536}, int64_t{1}}) {
     params.push_back(torch::zeros({n}));
-    params.back().mutable_grad() = torch::randn({n}) * 3.0;
+    grads.push_back(torch::randn({n}) * 3.0);
   }
   params.push_back(torch::zeros({64, 48}));
-  params.back().mutable_grad() = torch::randn({48, 64}).t();  // not contiguous
-  params.push_back(torch::zeros({5}));                        // no gradient
+  grads.push_back(torch::randn({48, 64}).t());  // not contiguous
+  params.push_back(torch::zeros({5}));          // no gradient
+  grads.emplace_back();
   std::vector<torch::Tensor> norms;
-  for (const auto& p : params)
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2));
+  for (const auto& g : grads)
+    if (g.defined()) norms.push_back(g.norm(2));
   const float want_norm = torch::stack(norms).norm(2).item<float>();
   const double coef = 1.0 / (static_cast<double>(want_norm) + 1e-6);
   std::vector<torch::Tensor> want;
-  for (const auto& p : params) want.push_back(p.grad().defined() ? p.grad().clone().mul_(coef) : torch::Tensor());
+  for (const auto& g : grads) want.push_back(g.defined() ? g.clone().mul_(coef) : torch::Tensor());
   const int before = model::lanes();
-  model::set_lanes(2);
-  const double norm = global_grad_norm(params);
-  clip_grads(params, 1.0, norm);
-  model::set_lanes(before);
-  EXPECT_EQ(norm, static_cast<double>(want_norm));
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!want[i].defined()) continue;
-    EXPECT_TRUE(torch::equal(params[i].grad(), want[i])) << "parameter " << i;
+  for (int lanes : {2, 3, 8}) {
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].mutable_grad() = grads[i].defined() ? grads[i].clone(at::MemoryFormat::Preserve) : torch::Tensor();
+    model::set_lanes(lanes);
+    const double norm = global_grad_norm(params);
+    clip_grads(params, 1.0, norm);
+    model::set_lanes(before);
+    EXPECT_EQ(norm, static_cast<double>(want_norm)) << lanes << " lanes";
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!want[i].defined()) continue;
+      EXPECT_TRUE(torch::equal(params[i].grad(), want[i])) << "parameter " << i << ", " << lanes << " lanes";
+    }
   }
 }
 
