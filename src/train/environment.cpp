@@ -18,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/parse_number.h"
 #include "core/torch_compat.h"
@@ -309,6 +310,9 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("info.env.set_by_retrace", env_or(kPinnedVariable, ""));
   add("info.cpu_model", cpu_model());
   add("info.cores", std::to_string(std::thread::hardware_concurrency()));
+  // The cores this process may use (affinity, cgroup quota, local ranks): information today, what
+  // runtime.threads = 0 will mean (issue 51).
+  add("info.cpu_budget", cpu_budget(local_ranks_from_env()).why);
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   add("info.host", host);
