@@ -124,18 +124,21 @@ TEST(TraceTest, ContentDigestIgnoresTimingsAndCoversEveryOtherField) {
 // The codec against the table of fields (records/step_fields.h): every field, set to a value that
 // is not its initial one, reads back as written. A field the table lists and the codec forgets
 // fails here. The writer makes the content and chain digests itself (into the record it appends).
-TEST(TraceTest, EveryFieldOfTheTableRoundTripsThroughTheCodec) {
-  TempDir dir;
-  const std::string path = dir.file("trace.rtrace");
-  std::vector<records::StepRecord> written;
+// Writes the records to a new trace at `path` (the writer fills in their content and chain digests)
+// and reads its steps back.
+std::vector<records::StepRecord> written_and_read(const std::string& path, std::vector<records::StepRecord>& records) {
   {
     TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
-    for (uint64_t n = 1; n <= 3; ++n) {
-      written.push_back(retrace::testing::filled_record(n));
-      w.append_step(written.back());
-    }
+    for (records::StepRecord& r : records) w.append_step(r);
   }
-  const auto read = TraceReader::open(path).steps();
+  return TraceReader::open(path).steps();
+}
+
+TEST(TraceTest, EveryFieldOfTheTableRoundTripsThroughTheCodec) {
+  TempDir dir;
+  std::vector<records::StepRecord> written;
+  for (uint64_t n = 1; n <= 3; ++n) written.push_back(retrace::testing::filled_record(n));
+  const auto read = written_and_read(dir.file("trace.rtrace"), written);
   ASSERT_EQ(read.size(), written.size());
   for (size_t i = 0; i < read.size(); ++i) {
     EXPECT_EQ(retrace::testing::first_differences(written[i], read[i]), "");
@@ -163,18 +166,12 @@ TEST(TraceTest, EveryDigestedFieldOfTheTableEntersTheContentDigest) {
 // chain) only when there are any, each module's name and digests covered.
 TEST(TraceTest, ModuleDigestsRoundTripAndEnterTheContentDigest) {
   TempDir dir;
-  const std::string path = dir.file("trace.rtrace");
   std::vector<records::StepRecord> written;
-  {
-    TraceWriter w = TraceWriter::create(path, sample_header(), kLevel);
-    for (uint64_t n = 1; n <= 3; ++n) {
-      records::StepRecord r = sample_step(n);
-      r.module_digests = {{"blocks.0.attn", {n, 1}, {n, 2}, {n, 3}}, {"", {n, 4}, {n, 5}, {}}};
-      w.append_step(r);
-      written.push_back(r);
-    }
+  for (uint64_t n = 1; n <= 3; ++n) {
+    written.push_back(sample_step(n));
+    written.back().module_digests = {{"blocks.0.attn", {n, 1}, {n, 2}, {n, 3}}, {"", {n, 4}, {n, 5}, {}}};
   }
-  const auto read = TraceReader::open(path).steps();
+  const auto read = written_and_read(dir.file("trace.rtrace"), written);
   ASSERT_EQ(read.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(read[i].module_digests, written[i].module_digests);
