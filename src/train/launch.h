@@ -29,8 +29,8 @@ EnvPlan plan_environment(Numerics n, BlasKind blas);
 // two), a sleeping worker made the GPT about 20 % slower (steps/s 0.81x), so there it is not set.
 inline constexpr NumericsPin kThreadTimeout{"OPENBLAS_THREAD_TIMEOUT", "22", "OpenBLAS worker spin"};
 
-// Whether this host has the two cores per local rank that a helper lane needs (model/lanes.h;
-// runtime.elementwise_threads' auto rule).
+// Whether this process may use two cores per local rank, as a helper lane needs (model/lanes.h;
+// runtime.elementwise_threads' auto rule): its affinity and cgroup quota count (core/cpu_budget.h).
 bool room_for_helper_lane(int64_t local_ranks);
 // The local ranks of this process's run: LOCAL_WORLD_SIZE (set by torchrun and retrace's own
 // launcher), else 1.

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <thread>
 
+#include "core/cpu_budget.h"
 #include "core/error.h"
 #include "core/parse_number.h"
 #include "core/text_list.h"
@@ -161,7 +161,9 @@ void prepare_process(Numerics n, char** argv) {
 }
 
 bool room_for_helper_lane(int64_t local_ranks) {
-  return static_cast<int64_t>(std::thread::hardware_concurrency()) >= 2 * std::max<int64_t>(1, local_ranks);
+  // The cores this process may use (its affinity and cgroup quota), not the machine's: in a
+  // container of 1 core on a large host a helper lane would only take turns with the caller.
+  return cpu_budget(std::max<int64_t>(1, local_ranks)).cores >= 2;
 }
 
 int64_t local_ranks_from_env() {
