@@ -8,7 +8,7 @@ target_link_libraries(retrace_sdk INTERFACE retrace_cli)
 set_target_properties(retrace_sdk PROPERTIES EXPORT_NAME retrace)
 
 set(RETRACE_PART_TARGETS
-  retrace_core retrace_records retrace_rng retrace_data retrace_train retrace_trace retrace_ckpt
+  retrace_core retrace_kernels retrace_records retrace_rng retrace_data retrace_train retrace_trace retrace_ckpt
   retrace_core_torch retrace_rng_torch retrace_data_torch retrace_model retrace_train_torch retrace_ckpt_torch
   retrace_distributed retrace_run retrace_diff retrace_replay retrace_api retrace_cli retrace_sdk)
 install(TARGETS ${RETRACE_PART_TARGETS} EXPORT retraceTargets

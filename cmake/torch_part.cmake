@@ -264,3 +264,7 @@ endif()
 add_executable(block_bench tools/bench/block_bench.cpp)
 target_link_libraries(block_bench PRIVATE retrace_lib)
 target_precompile_headers(block_bench REUSE_FROM retrace_core_torch)
+# The GEMMs of a step, shape by shape: version 2's BLIS path against the pinned OpenBLAS (torch-free).
+add_executable(gemm_bench tools/bench/gemm_bench.cpp)
+target_include_directories(gemm_bench PRIVATE ${CMAKE_SOURCE_DIR})
+target_link_libraries(gemm_bench PRIVATE retrace_kernels)

@@ -21,11 +21,12 @@ import tempfile
 # part -> the parts it may include (besides itself), in the order of DESIGN's arrow.
 BELOW = {
     "core": [],
+    "kernels": ["core"],  # torch-free numerical kernels (BLIS's GEMM)
     "records": ["core"],
     "rng": ["core", "records"],
     "data": ["core", "records", "rng"],
-    "model": ["core", "records", "rng"],
-    "train": ["core", "records", "rng", "data", "model"],
+    "model": ["core", "kernels", "records", "rng"],
+    "train": ["core", "kernels", "records", "rng", "data", "model"],
     "trace": ["core", "records"],
     "ckpt": ["core", "records", "rng", "data", "model", "train"],
     "distributed": ["core", "records", "train"],
@@ -42,7 +43,7 @@ BELOW = {
 # Where each part's files are (relative to the root).
 FOLDERS = {
     **{p: os.path.join("src", p) for p in
-       ["core", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run", "api"]},
+       ["core", "kernels", "records", "rng", "data", "model", "train", "trace", "ckpt", "distributed", "run", "api"]},
     "replay": "replay",
     "cli": os.path.join("tools", "retrace"),
     "retrace": os.path.join("include", "retrace"),

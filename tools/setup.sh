@@ -16,6 +16,7 @@ packages=(
   libtorch-dev                 # LibTorch 1.13 (CPU): the tensor library we train with
   libgloo-dev                  # Gloo headers: c10d's CPU process group for data parallelism
   libopenblas0-pthread         # an optimized BLAS; Debian's libtorch uses whatever libblas.so.3 is
+  libblis4-pthread libblis-pthread-dev  # BLIS 0.9: portable numerics version 2's GEMMs, the same bits at any thread count (loaded by retrace itself, never as libblas.so.3)
   libtcmalloc-minimal4         # tcmalloc for the retrace binary (fewer page faults than glibc malloc)
   libcapnp-dev capnproto       # Cap'n Proto: the trace's record schema, compiled at build time
   libzstd-dev                  # zstd: trace frame compression

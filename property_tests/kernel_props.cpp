@@ -1,0 +1,192 @@
+// RapidCheck properties of the GEMM of portable numerics version 2 (kernels/gemm.h: BLIS 0.9, its
+// own threads, the small-matrix path off). A failing case prints its seed; rerun it with
+// RC_PARAMS="seed=<seed>".
+//
+//   GemmThreads       one call at 2-8 threads gives the bits of the same call at 1 thread: random
+//                     shapes (1 up to a few hundred, k past BLIS's panel depth), both storage orders
+//                     of each operand, C overwritten or accumulated, operands at odd float offsets.
+//   GemmTiles         C computed as row tiles and column tiles of random sizes, each its own call,
+//                     gives the bits of one call (what batch invariance will rest on).
+//   GemmOrientations  A and B stored transposed (given as strides) give the bits of the row-major
+//                     call.
+//   GemmAccuracy      against a double-precision product within k * 2^-23 * sum |a| |b| per element.
+//
+// Negative control, which must FAIL (so the comparison can fail): the same product with k cut in
+// two panels summed afterwards, the way a k-splitting library would thread it, against one call.
+//
+// Default run: max_success=40 per property (set here unless RC_PARAMS is given).
+#include <rapidcheck.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "kernels/gemm.h"
+
+namespace {
+
+using retrace::kernels::gemm;
+
+// Uniform in [-1, 1) from splitmix64 bits, with a few exact zeros and larger magnitudes.
+std::vector<float> values(uint64_t seed, size_t n) {
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    seed += 0x9E3779B97F4A7C15ull;
+    uint64_t z = seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    x = static_cast<float>(z >> 40) * 0x1p-23f - 1.0f;
+    if ((z & 0xff) == 0) x = 0.0f;
+    if ((z & 0xff) == 1) x *= 1024.0f;
+  }
+  return v;
+}
+
+struct Case {
+  int64_t m, n, k;
+  bool a_cols, b_cols;  // stored column-major (transposed)
+  bool accumulate;
+  int64_t offset;  // floats before each operand's first element
+  uint64_t seed;
+};
+
+Case gen_case() {
+  Case c;
+  c.m = *rc::gen::inRange<int64_t>(1, 200);
+  c.n = *rc::gen::inRange<int64_t>(1, 200);
+  c.k = *rc::gen::oneOf(rc::gen::inRange<int64_t>(1, 64), rc::gen::inRange<int64_t>(200, 700));
+  c.a_cols = *rc::gen::arbitrary<bool>();
+  c.b_cols = *rc::gen::arbitrary<bool>();
+  c.accumulate = *rc::gen::arbitrary<bool>();
+  c.offset = *rc::gen::inRange<int64_t>(0, 16);
+  c.seed = *rc::gen::arbitrary<uint64_t>();
+  RC_TAG(c.m, c.n, c.k);
+  return c;
+}
+
+struct Operands {
+  std::vector<float> a, b, c0;
+  int64_t rsa, csa, rsb, csb;
+  const float* pa() const { return a.data(); }
+};
+
+Operands operands(const Case& c) {
+  Operands o;
+  o.a = values(c.seed, static_cast<size_t>(c.offset + c.m * c.k));
+  o.b = values(c.seed ^ 0x5555, static_cast<size_t>(c.offset + c.k * c.n));
+  o.c0 = values(c.seed ^ 0xAAAA, static_cast<size_t>(c.m * c.n));
+  o.rsa = c.a_cols ? 1 : c.k;
+  o.csa = c.a_cols ? c.m : 1;
+  o.rsb = c.b_cols ? 1 : c.n;
+  o.csb = c.b_cols ? c.k : 1;
+  return o;
+}
+
+// C (row-major m x n) from rows [r0, r1) x columns [q0, q1) of one call at `threads`.
+void run(const Case& c, const Operands& o, std::vector<float>& out, int64_t r0, int64_t r1, int64_t q0, int64_t q1,
+         int threads) {
+  const float* a = o.a.data() + c.offset + r0 * o.rsa;
+  const float* b = o.b.data() + c.offset + q0 * o.csb;
+  gemm(r1 - r0, q1 - q0, c.k, a, o.rsa, o.csa, b, o.rsb, o.csb, out.data() + r0 * c.n + q0, c.n, 1, c.accumulate,
+       threads);
+}
+
+std::vector<float> one_call(const Case& c, const Operands& o, int threads) {
+  std::vector<float> out = o.c0;
+  run(c, o, out, 0, c.m, 0, c.n, threads);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+void gemm_threads() {
+  const Case c = gen_case();
+  const Operands o = operands(c);
+  const int threads = *rc::gen::inRange(2, 9);
+  RC_ASSERT(same_bits(one_call(c, o, threads), one_call(c, o, 1)));
+}
+
+void gemm_tiles() {
+  const Case c = gen_case();
+  const Operands o = operands(c);
+  const int64_t rows = *rc::gen::inRange<int64_t>(1, c.m + 1);
+  const int64_t cols = *rc::gen::inRange<int64_t>(1, c.n + 1);
+  std::vector<float> by_rows = o.c0, by_cols = o.c0;
+  for (int64_t r = 0; r < c.m; r += rows) run(c, o, by_rows, r, std::min(c.m, r + rows), 0, c.n, 1);
+  for (int64_t q = 0; q < c.n; q += cols) run(c, o, by_cols, 0, c.m, q, std::min(c.n, q + cols), 1);
+  const std::vector<float> whole = one_call(c, o, 1);
+  RC_ASSERT(same_bits(by_rows, whole));
+  RC_ASSERT(same_bits(by_cols, whole));
+}
+
+void gemm_orientations() {
+  Case c = gen_case();
+  c.a_cols = c.b_cols = false;
+  const Operands rowmajor = operands(c);
+  const std::vector<float> want = one_call(c, rowmajor, 1);
+  Case t = c;
+  t.a_cols = t.b_cols = true;
+  Operands transposed = operands(t);
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t p = 0; p < c.k; ++p) transposed.a[c.offset + p * c.m + i] = rowmajor.a[c.offset + i * c.k + p];
+  for (int64_t p = 0; p < c.k; ++p)
+    for (int64_t j = 0; j < c.n; ++j) transposed.b[c.offset + j * c.k + p] = rowmajor.b[c.offset + p * c.n + j];
+  transposed.c0 = rowmajor.c0;
+  RC_ASSERT(same_bits(one_call(t, transposed, *rc::gen::inRange(1, 5)), want));
+}
+
+void gemm_accuracy() {
+  const Case c = gen_case();
+  const Operands o = operands(c);
+  const std::vector<float> got = one_call(c, o, *rc::gen::inRange(1, 5));
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double exact = c.accumulate ? o.c0[i * c.n + j] : 0.0, bound = std::fabs(exact);
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double x = o.a[c.offset + i * o.rsa + p * o.csa], y = o.b[c.offset + p * o.rsb + j * o.csb];
+        exact += x * y;
+        bound += std::fabs(x * y);
+      }
+      RC_ASSERT(std::fabs(got[i * c.n + j] - exact) <= (c.k + 2) * 0x1p-23 * bound + 1e-30);
+    }
+}
+
+// Negative control: k in two panels, summed after.
+void split_k_differs() {
+  Case c = gen_case();
+  c.accumulate = false;
+  c.k = *rc::gen::inRange<int64_t>(64, 400);
+  const Operands o = operands(c);
+  const int64_t half = c.k / 2;
+  std::vector<float> lo(c.m * c.n), hi(c.m * c.n);
+  const float* a = o.a.data() + c.offset;
+  const float* b = o.b.data() + c.offset;
+  gemm(c.m, c.n, half, a, o.rsa, o.csa, b, o.rsb, o.csb, lo.data(), c.n, 1, false, 1);
+  gemm(c.m, c.n, c.k - half, a + half * o.csa, o.rsa, o.csa, b + half * o.rsb, o.rsb, o.csb, hi.data(), c.n, 1,
+       false, 1);
+  for (size_t e = 0; e < lo.size(); ++e) lo[e] += hi[e];
+  RC_ASSERT(same_bits(lo, one_call(c, o, 1)));
+}
+
+}  // namespace
+
+int main() {
+  if (std::getenv("RC_PARAMS") == nullptr) setenv("RC_PARAMS", "max_success=40", 1);
+  std::cout << "GEMM: " << retrace::kernels::gemm_library().describe() << " ("
+            << retrace::kernels::gemm_library().path << ")\n";
+  bool ok = true;
+  ok = rc::check("GemmThreads: 2-8 BLIS threads give one thread's bits", gemm_threads) && ok;
+  ok = rc::check("GemmTiles: row and column tiles give one call's bits", gemm_tiles) && ok;
+  ok = rc::check("GemmOrientations: transposed storage gives the row-major bits", gemm_orientations) && ok;
+  ok = rc::check("GemmAccuracy: within k ulps of the double product", gemm_accuracy) && ok;
+  std::cout << "negative control (must fail): k split in two panels against one call\n";
+  const bool control = rc::check("SplitK (negative control)", split_k_differs);
+  if (control) std::cout << "FAILED: the negative control passed, so these comparisons cannot tell bits apart\n";
+  return ok && !control ? 0 : 1;
+}
