@@ -93,13 +93,14 @@ retrace_torch_part(retrace_model
   src/model/fused.cpp
   src/model/gelu_kernel.cpp
   src/model/residual_kernel.cpp
+  src/model/owned_linear.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp
   src/model/memory_plan.cpp
   src/model/torchscript.cpp
 )
-target_link_libraries(retrace_model PUBLIC retrace_rng_torch retrace_records)
+target_link_libraries(retrace_model PUBLIC retrace_rng_torch retrace_records retrace_kernels)
 # Like the fused AdamW: no fused multiply-add the source does not spell, and no errno; no trapping
 # math either, so the element loop's selects vectorize (no value changes: model/gelu_kernel.h).
 set_source_files_properties(src/model/gelu_kernel.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno;-fno-trapping-math"

@@ -11,6 +11,7 @@
 #include "model/activation_checkpoint.h"
 #include "model/dropout.h"
 #include "model/fused.h"
+#include "model/owned_linear.h"
 
 namespace retrace::model {
 
@@ -122,6 +123,7 @@ torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
 // reads the GEMM's output next, with the same rounding (fused.h); where no fused function applies
 // (bf16 under autocast, CUDA), add_bias is that in-place add.
 torch::Tensor BlockImpl::gemm(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  if (owned_linear_applies(x, layer->weight)) return owned_linear(x, layer->weight, {});
   return x.matmul(layer->weight.t());
 }
 
@@ -256,6 +258,9 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
     x = run_blocks(x, 0, n, /*checkpoint_attention=*/active && options_.checkpoint == CheckpointPolicy::kSelective);
   }
   x = ln_f_->forward(x);
+  const torch::Tensor& head = options_.tie_embeddings ? wte_->weight : head_->weight;
+  if (owned_linear_applies(x, head))
+    return owned_linear(x, head, options_.tie_embeddings ? torch::Tensor() : head_->bias);
   return options_.tie_embeddings ? torch::matmul(x, wte_->weight.t()) : head_->forward(x);
 }
 

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/dropout.h"
 #include "model/fused.h"
+#include "model/owned_linear.h"
 
 namespace retrace::model {
 
@@ -29,7 +30,8 @@ torch::Tensor MlpImpl::forward(torch::Tensor x) {
   for (size_t i = 0; i < n; ++i) {
     const std::string name = "layers." + std::to_string(i);
     if (probe_) probe_->begin_module(name, "Linear");
-    x = layers_[i]->as<torch::nn::Linear>()->forward(x);
+    auto& layer = *layers_[i]->as<torch::nn::Linear>();
+    x = owned_linear_applies(x, layer.weight) ? owned_linear(x, layer.weight, layer.bias) : layer.forward(x);
     if (probe_) probe_->end_module(name, "Linear", x);
     if (i + 1 == n) break;
     switch (options_.activation) {

@@ -131,7 +131,13 @@ struct FaultConfig {
 struct RuntimeConfig {
   DeviceKind device = DeviceKind::kCpu;
   Numerics numerics = Numerics::kPortable;  // train/numerics.h
-  int64_t threads = 0;                      // torch intra-op threads; 0 = auto (resolved and recorded)
+  // Which portable numerics (train/numerics.h): 1, the pinned thread counts (every run recorded
+  // before the key existed); 2, GEMMs retrace owns on BLIS, the same bits at any thread count.
+  int64_t numerics_version = 1;
+  // Version 1: torch intra-op threads; 0 = auto (resolved and recorded). Version 2: the threads of
+  // retrace's kernels (GEMMs and lanes), information, not numerics; 0 = the cores this process may
+  // use (core/cpu_budget.h), resolved when the process starts and never written into the config.
+  int64_t threads = 0;
   int64_t blas_threads = 0;  // OpenBLAS threads; 0 = auto (portable: 2; native: the core count, at most 8)
   int64_t interop_threads = 1;
   // Threads for the GPT's elementwise work and dropout masks (model/lanes.h): 1 or 2; 0 = auto (2

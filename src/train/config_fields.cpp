@@ -152,8 +152,16 @@ std::vector<Field> fields() {
                "counts so every x86-64-v3 machine gives the same bits) or native (the machine's own kernels, "
                "faster on some, bits of this machine only)",
                {"portable", "native"}, 0, 0, false, false, at(&C::runtime, &RuntimeConfig::numerics), "'native'"});
-  f.push_back({"runtime.threads", Kind::kInt, "torch intra-op threads (0: auto, 1)", {},
-               0, 1024, false, false, at(&C::runtime, &RuntimeConfig::threads)});
+  f.push_back({"runtime.numerics_version", Kind::kInt,
+               "portable numerics: 1, thread counts pinned (torch 1, OpenBLAS 2: every run recorded before this "
+               "key); 2, GEMMs on BLIS 0.9 (libblis4-pthread) and retrace's kernels, the same bits at any "
+               "runtime.threads, so every core by default",
+               {}, 1, 2, false, false, at(&C::runtime, &RuntimeConfig::numerics_version), "1"});
+  f.push_back({"runtime.threads", Kind::kInt,
+               "threads (0: auto). numerics_version 1: torch intra-op threads (auto: portable 1); 2: the threads "
+               "of the GEMMs and retrace's kernels, information, not numerics (auto: the cores this process may "
+               "use: affinity, cgroup quota, local ranks)",
+               {}, 0, 1024, false, false, at(&C::runtime, &RuntimeConfig::threads)});
   f.push_back({"runtime.blas_threads", Kind::kInt, "OpenBLAS threads (0: auto; portable 2, native the core count up to 8)", {}, 0,
                1024, false, false, at(&C::runtime, &RuntimeConfig::blas_threads)});
   f.push_back({"runtime.interop_threads", Kind::kInt, "torch inter-op threads", {}, 1, 1024, false, false,

@@ -28,6 +28,20 @@ void validate(Config& c) {
   RETRACE_CHECK(!(c.amp.mode == AmpMode::kFp16 && c.runtime.device == DeviceKind::kCpu), ConfigError,
                 "bad value for amp.mode: \"fp16\" autocast needs runtime.device = \"cuda\"; on CPU use \"bf16\"");
   c.faults.parsed = parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
+  if (c.runtime.numerics_version == 2) {
+    RETRACE_CHECK(c.runtime.numerics == Numerics::kPortable, ConfigError,
+                  "runtime.numerics_version = 2 is a version of the portable profile, and runtime.numerics = \"",
+                  numerics_name(c.runtime.numerics),
+                  "\"; set runtime.numerics = \"portable\", or leave "
+                  "numerics_version at 1");
+    RETRACE_CHECK(c.runtime.blas_threads == 0 && c.runtime.elementwise_threads == 0, ConfigError,
+                  "runtime.numerics_version = 2 runs its GEMMs and kernels on runtime.threads threads (the one "
+                  "knob; OpenBLAS and ATen run one thread there), and runtime.",
+                  c.runtime.blas_threads != 0
+                      ? "blas_threads = " + std::to_string(c.runtime.blas_threads)
+                      : "elementwise_threads = " + std::to_string(c.runtime.elementwise_threads),
+                  " is set; remove it and set runtime.threads (0: every core this process may use)");
+  }
   if (c.runtime.invariance == Invariance::kBatch) {
     RETRACE_CHECK(c.data.batch_size % c.runtime.invariance_chunk == 0, ConfigError,
                   "runtime.invariance = \"batch\" computes whole chunks of runtime.invariance_chunk = ",

@@ -22,8 +22,10 @@
 #include "core/error.h"
 #include "core/parse_number.h"
 #include "core/torch_compat.h"
+#include "kernels/gemm.h"
 #include "model/blas_threads.h"
 #include "model/lanes.h"
+#include "model/owned_linear.h"
 #include "train/cuda_info.h"
 #include "train/launch.h"
 #include "train/numerics.h"
@@ -160,9 +162,28 @@ int cuda_index(const RuntimeConfig& runtime) {
   return static_cast<int>(*v);
 }
 
+KernelThreads kernel_threads(const RuntimeConfig& runtime) {
+  if (runtime.threads > 0) {
+    const CpuBudget budget = cpu_budget(local_ranks_from_env());
+    std::string from = "runtime.threads = " + std::to_string(runtime.threads);
+    if (runtime.threads > budget.cores)
+      from += " (above the " + std::to_string(budget.cores) +
+              " core(s) this process may use: oversubscribed, "
+              "slower, the same bits)";
+    return {runtime.threads, from};
+  }
+  const CpuBudget budget = cpu_budget(local_ranks_from_env());
+  return {budget.cores, "auto: " + budget.why};
+}
+
 std::string numerics_summary(const RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
   std::string s = describe_numerics(n, plan_environment(n));
+  if (runtime.numerics_version == 2) {
+    const KernelThreads t = kernel_threads(runtime);
+    return s + "; version 2: GEMMs " + kernels::gemm_library().describe() + " and retrace's kernels on " +
+           std::to_string(t.count) + " thread(s) (" + t.from + "), ATen 1 thread";
+  }
   if (n == Numerics::kNative) s += "; OpenBLAS " + blas_core() + ", ATen " + cpu_capability();
   if (blas_in_process() == BlasKind::kMkl)
     return s + "; torch " + std::to_string(runtime.threads) + " threads (MKL runs on them)";
@@ -172,6 +193,9 @@ std::string numerics_summary(const RuntimeConfig& runtime) {
 
 ThreadLayout resolve_threads(RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
+  // Version 2: ATen and OpenBLAS run one thread, retrace's kernels runtime.threads, which stays as
+  // written (0: every core this process may use, resolved by apply_environment on each machine).
+  if (runtime.numerics_version == 2) return {1, 1, runtime.interop_threads};
   int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   if (runtime.threads == 0) runtime.threads = n == Numerics::kPortable ? kPortableTorchThreads : 1;
   if (runtime.blas_threads == 0)
@@ -204,7 +228,8 @@ void adopt_thread_settings() {
 }
 
 void apply_environment(const RuntimeConfig& runtime) {
-  RETRACE_CHECK(runtime.threads > 0 && runtime.blas_threads > 0, InvariantError,
+  const bool owned = runtime.numerics_version == 2;
+  RETRACE_CHECK(owned || (runtime.threads > 0 && runtime.blas_threads > 0), InvariantError,
                 "thread counts must be resolved before apply_environment");
   const Numerics numerics = runtime.numerics;
   check_cpu(numerics, detect_cpu_features());
@@ -252,9 +277,20 @@ void apply_environment(const RuntimeConfig& runtime) {
     at::set_num_interop_threads(static_cast<int>(runtime.interop_threads));
     interop_set = true;
   }
-  at::set_num_threads(static_cast<int>(runtime.threads));
-  set_blas_threads(static_cast<int>(runtime.blas_threads));
-  model::set_lanes(elementwise_threads(runtime));
+  if (owned) {
+    // Loads BLIS now, so that a missing one stops the run before anything is written (exit 4).
+    kernels::gemm_library();
+    const int64_t n = kernel_threads(runtime).count;
+    at::set_num_threads(1);
+    set_blas_threads(1);
+    model::set_lanes(static_cast<int>(std::min<int64_t>(n, model::kMaxLanes)));
+    model::set_gemm_path(runtime.device == DeviceKind::kCpu ? model::GemmPath::kOwned : model::GemmPath::kAten);
+  } else {
+    at::set_num_threads(static_cast<int>(runtime.threads));
+    set_blas_threads(static_cast<int>(runtime.blas_threads));
+    model::set_lanes(elementwise_threads(runtime));
+    model::set_gemm_path(model::GemmPath::kAten);
+  }
   thread_settings_generation.fetch_add(1, std::memory_order_acq_rel);
   compat::set_deterministic(runtime.deterministic);
 }
@@ -270,6 +306,13 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   // are all equal (records::numerics_differences compares them and nothing else).
   add("retrace_version", retrace_version());
   add("numerics", numerics_name(numerics));
+  // Version 2's GEMM library and the kernel configuration it chose (its block sizes are part of the
+  // bits); absent from version 1 headers, so the two versions never compare as equal numerics.
+  const bool owned = runtime.numerics_version == 2;
+  if (owned) {
+    add("numerics_version", "2");
+    if (runtime.device == DeviceKind::kCpu) add("gemm", kernels::gemm_library().describe());
+  }
   add("libtorch_version", compat::libtorch_version());
   add("libc", std::string("glibc ") + gnu_get_libc_version());  // libm's exp/log variants
   add("aten_cpu_capability", cpu_capability());
@@ -304,8 +347,14 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("info.cuda_build", cu.built ? "CUDA " + cu.runtime + (cu.cudnn.empty() ? "" : ", cuDNN " + cu.cudnn) : "none");
   add("info.allocator", allocator());
   add("info.elementwise_threads", std::to_string(model::lanes()));
+  if (owned) {  // version 2: the thread count is information (the bits are the same at any)
+    const KernelThreads t = kernel_threads(runtime);
+    add("info.threads", std::to_string(t.count));
+    add("info.threads_from", t.from);
+  }
   for (const char* var : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
-                          "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS"})
+                          "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS",
+                          "BLIS_ARCH_TYPE", "BLIS_NUM_THREADS"})
     add(std::string("info.env.") + var, env_or(var, ""));
   add("info.env.set_by_retrace", env_or(kPinnedVariable, ""));
   add("info.cpu_model", cpu_model());

@@ -29,6 +29,14 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime);
 // its texts and hash (resolved_config.h). Once per command; the value is passed on by const&.
 ResolvedConfig resolve_here(Config parsed);
 
+// Numerics version 2: the threads of retrace's kernels (GEMMs and lanes) and where the count came
+// from: runtime.threads, or with 0 the cores this process may use (core/cpu_budget.h).
+struct KernelThreads {
+  int64_t count = 1;
+  std::string from;
+};
+KernelThreads kernel_threads(const RuntimeConfig& runtime);
+
 // runtime.elementwise_threads resolved: the lanes of model/lanes.h, 1 or 2 (never changes bits).
 int elementwise_threads(const RuntimeConfig& runtime);
 

@@ -40,7 +40,9 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   ASSERT_EQ(old_text.find("fused"), std::string::npos);
   ASSERT_EQ(old_text.find("gelu_impl"), std::string::npos);
   ASSERT_EQ(old_text.find("attention_matmul"), std::string::npos);
+  ASSERT_EQ(old_text.find("numerics_version"), std::string::npos);
   Config recorded = parse_config(old_text, "old run", {}, ConfigSource::kRecorded);
+  EXPECT_EQ(recorded.runtime.numerics_version, 1);  // the pinned thread counts it ran with
   EXPECT_EQ(recorded.model.dropout_impl, model::DropoutImpl::kTorch);
   EXPECT_EQ(recorded.model.gelu_impl, model::GeluImpl::kTorch);
   EXPECT_EQ(recorded.model.attention_matmul, model::AttentionMatmul::kBlas);
@@ -129,6 +131,23 @@ TEST(Config, UnknownKeyNamesKeyAndValidChoices) {
   EXPECT_NE(e.find("optim.lrr"), std::string::npos) << e;
   e = error_of("[nonsense]\na = 1\n");
   EXPECT_NE(e.find("[nonsense]"), std::string::npos) << e;
+}
+
+TEST(Config, NumericsVersionTwoIsPortableWithOneThreadKnob) {
+  Config v2 = parse_config("", "x", {"runtime.numerics_version=2", "runtime.threads=5"});
+  EXPECT_EQ(v2.runtime.numerics_version, 2);
+  EXPECT_EQ(v2.runtime.threads, 5);
+  EXPECT_EQ(parse_config("", "x", {}).runtime.numerics_version, 1);  // the default until the goldens move
+  std::string e = error_of("", {"runtime.numerics_version=2", "runtime.numerics=native"});
+  EXPECT_NE(e.find("numerics_version = 2 is a version of the portable profile"), std::string::npos) << e;
+  e = error_of("", {"runtime.numerics_version=2", "runtime.blas_threads=2"});
+  EXPECT_NE(e.find("runtime.blas_threads = 2 is set; remove it and set runtime.threads"), std::string::npos) << e;
+  e = error_of("", {"runtime.numerics_version=2", "runtime.elementwise_threads=1"});
+  EXPECT_NE(e.find("runtime.elementwise_threads = 1 is set"), std::string::npos) << e;
+  e = error_of("", {"runtime.numerics_version=3"});
+  EXPECT_NE(e.find("runtime.numerics_version"), std::string::npos) << e;
+  // Version 1 keeps its knobs.
+  EXPECT_EQ(parse_config("", "x", {"runtime.blas_threads=2"}).runtime.blas_threads, 2);
 }
 
 TEST(Config, BadValuesNameKeyAndRange) {
