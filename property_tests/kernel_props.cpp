@@ -168,8 +168,8 @@ void split_k_differs() {
   const float* a = o.a.data() + c.offset;
   const float* b = o.b.data() + c.offset;
   gemm(c.m, c.n, half, a, o.rsa, o.csa, b, o.rsb, o.csb, lo.data(), c.n, 1, false, 1);
-  gemm(c.m, c.n, c.k - half, a + half * o.csa, o.rsa, o.csa, b + half * o.rsb, o.rsb, o.csb, hi.data(), c.n, 1,
-       false, 1);
+  gemm(c.m, c.n, c.k - half, a + half * o.csa, o.rsa, o.csa, b + half * o.rsb, o.rsb, o.csb, hi.data(), c.n, 1, false,
+       1);
   for (size_t e = 0; e < lo.size(); ++e) lo[e] += hi[e];
   RC_ASSERT(same_bits(lo, one_call(c, o, 1)));
 }
@@ -178,8 +178,8 @@ void split_k_differs() {
 
 int main() {
   if (std::getenv("RC_PARAMS") == nullptr) setenv("RC_PARAMS", "max_success=40", 1);
-  std::cout << "GEMM: " << retrace::kernels::gemm_library().describe() << " ("
-            << retrace::kernels::gemm_library().path << ")\n";
+  std::cout << "GEMM: " << retrace::kernels::gemm_library().describe() << " (" << retrace::kernels::gemm_library().path
+            << ")\n";
   bool ok = true;
   ok = rc::check("GemmThreads: 2-8 BLIS threads give one thread's bits", gemm_threads) && ok;
   ok = rc::check("GemmTiles: row and column tiles give one call's bits", gemm_tiles) && ok;

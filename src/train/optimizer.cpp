@@ -226,18 +226,18 @@ class FusedAdamW final : public torch::optim::AdamW {
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model) {
-  return make_optimizer(c, model.parameters());
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model, bool owned) {
+  return make_optimizer(c, model.parameters(), owned);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c,
-                                                        const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params,
+                                                        bool owned) {
   if (c.name == OptimizerKind::kSgd) {
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
   }
   auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
-  if (c.fused && compat::kFusedAdamWMatchesLibTorch) return std::make_unique<FusedAdamW>(params, options);
+  if (c.fused && (compat::kFusedAdamWMatchesLibTorch || owned)) return std::make_unique<FusedAdamW>(params, options);
   return std::make_unique<torch::optim::AdamW>(params, options);
 }
 

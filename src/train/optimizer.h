@@ -15,9 +15,14 @@
 
 namespace retrace::train {
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model);
+// optim.fused takes the fused AdamW (adamw_kernel.h) where it reproduces this LibTorch's AdamW
+// (1.13), and under portable numerics version 2 (`owned`) on every build: there its roundings are
+// the run's numerics, the same on 1.13 and 2.x. Elsewhere LibTorch's AdamW.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model,
+                                                        bool owned = false);
 // The same over the given tensors (ZeRO's views of a rank's range, zero.h).
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params);
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, const std::vector<torch::Tensor>& params,
+                                                        bool owned = false);
 void set_lr(torch::optim::Optimizer& opt, double lr);
 // Clipping's product, left to the optimizer's next step: true when opt is the fused AdamW, which then
 // multiplies the gradients of `params` by coef inside its own pass (adamw_kernel.h), storing the

@@ -70,7 +70,9 @@ TEST(OwnedLinear, SameBitsAtEveryLaneCountAndCloseToLibTorch) {
     EXPECT_TRUE(torch::allclose(one.y.to(torch::kDouble), ref.y, 1e-4, 1e-4)) << x.sizes();
     EXPECT_TRUE(torch::allclose(one.gx.to(torch::kDouble), ref.gx, 1e-4, 1e-4)) << x.sizes();
     EXPECT_TRUE(torch::allclose(one.gw.to(torch::kDouble), ref.gw, 1e-4, 1e-3)) << x.sizes();
-    if (s.bias) EXPECT_TRUE(torch::allclose(one.gb.to(torch::kDouble), ref.gb, 1e-4, 1e-3)) << x.sizes();
+    if (s.bias) {
+      EXPECT_TRUE(torch::allclose(one.gb.to(torch::kDouble), ref.gb, 1e-4, 1e-3)) << x.sizes();
+    }
   }
 }
 

@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
               "BLIS 2 threads us", "OpenBLAS 1 us", "OpenBLAS 2 us");
   double total[4] = {0, 0, 0, 0};
   for (const Shape& s : shapes(model)) {
-    const std::vector<float> a = values(static_cast<size_t>(s.m * s.k), 1), b = values(static_cast<size_t>(s.k * s.n), 2);
+    const std::vector<float> a = values(static_cast<size_t>(s.m * s.k), 1),
+                             b = values(static_cast<size_t>(s.k * s.n), 2);
     std::vector<float> c(static_cast<size_t>(s.m * s.n));
     const int64_t rsa = s.a_cols ? 1 : s.k, csa = s.a_cols ? s.m : 1;
     const int64_t rsb = s.b_cols ? 1 : s.n, csb = s.b_cols ? s.k : 1;
