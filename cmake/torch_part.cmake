@@ -94,6 +94,8 @@ retrace_torch_part(retrace_model
   src/model/gelu_kernel.cpp
   src/model/residual_kernel.cpp
   src/model/owned_linear.cpp
+  src/model/owned_loss.cpp
+  src/model/owned_layers.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp
   src/model/activation_checkpoint.cpp

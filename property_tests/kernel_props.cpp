@@ -10,6 +10,8 @@
 //   GemmOrientations  A and B stored transposed (given as strides) give the bits of the row-major
 //                     call.
 //   GemmAccuracy      against a double-precision product within k * 2^-23 * sum |a| |b| per element.
+//   Reductions        kernels/reduce.h's sum of squares and log-sum-exp against long double.
+//   Rows              the causal softmax, its backward and LayerNorm's output moments.
 //
 // Negative control, which must FAIL (so the comparison can fail): the same product with k cut in
 // two panels summed afterwards, the way a k-splitting library would thread it, against one call.
@@ -17,6 +19,7 @@
 // Default run: max_success=40 per property (set here unless RC_PARAMS is given).
 #include <rapidcheck.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/reduce.h"
 
 namespace {
 
@@ -157,6 +161,57 @@ void gemm_accuracy() {
     }
 }
 
+// kernels/reduce.h: the sum of squares within n * 2^-52 of the exact one (long double), and a
+// row's log-sum-exp within 1e-12 relative of a long double reference; the cross-entropy gradient
+// of a row sums to about 0 (softmax sums to 1).
+void reductions_accurate() {
+  const int64_t n = *rc::gen::inRange<int64_t>(1, 5000);
+  const std::vector<float> x = values(*rc::gen::arbitrary<uint64_t>(), static_cast<size_t>(n));
+  long double exact = 0;
+  for (float v : x) exact += static_cast<long double>(v) * v;
+  const double got = retrace::kernels::sum_squares(x.data(), n);
+  RC_ASSERT(std::fabs(static_cast<long double>(got) - exact) <= exact * n * 0x1p-52L + 1e-300L);
+  long double m = x[0], s = 0;
+  for (float v : x) m = std::max<long double>(m, v);
+  for (float v : x) s += std::exp(static_cast<long double>(v) - m);
+  const long double lse = m + std::log(s);
+  const double got_lse = retrace::kernels::log_sum_exp(x.data(), n);
+  RC_ASSERT(std::fabs(static_cast<long double>(got_lse) - lse) <= 1e-12L * std::max<long double>(1, std::fabs(lse)));
+  std::vector<float> g(static_cast<size_t>(n));
+  const int64_t target = *rc::gen::inRange<int64_t>(0, n);
+  retrace::kernels::cross_entropy_row_grad(x.data(), n, got_lse, target, 1.0, g.data());
+  double sum = 0;
+  for (float v : g) sum += v;
+  RC_ASSERT(std::fabs(sum) <= 1e-5 * std::sqrt(static_cast<double>(n)));
+  RC_ASSERT(g[static_cast<size_t>(target)] <= 0.0f);
+}
+
+// Softmax over a causal prefix sums to 1 and is 0 beyond it; its backward of a constant upstream
+// gradient is about 0; LayerNorm's output has mean about 0 and variance about 1.
+void rows_accurate() {
+  const int64_t n = *rc::gen::inRange<int64_t>(2, 2000);
+  const int64_t valid = *rc::gen::inRange<int64_t>(1, n + 1);
+  const std::vector<float> x = values(*rc::gen::arbitrary<uint64_t>(), static_cast<size_t>(n));
+  std::vector<float> y(static_cast<size_t>(n)), g(static_cast<size_t>(n), 0.5f), gx(static_cast<size_t>(n));
+  std::vector<double> scratch(static_cast<size_t>(n));
+  retrace::kernels::softmax_row(x.data(), valid, n, y.data(), scratch.data());
+  double s = 0;
+  for (int64_t j = 0; j < valid; ++j) s += y[j];
+  RC_ASSERT(std::fabs(s - 1.0) <= 1e-6);
+  for (int64_t j = valid; j < n; ++j) RC_ASSERT(y[j] == 0.0f);
+  retrace::kernels::softmax_backward_row(y.data(), g.data(), valid, n, gx.data());
+  for (float v : gx) RC_ASSERT(std::fabs(v) <= 1e-6f);
+  double mean = 0, rstd = 0;
+  retrace::kernels::layer_norm_row(x.data(), n, 1e-5, nullptr, nullptr, y.data(), &mean, &rstd);
+  double m = 0, v = 0;
+  for (float e : y) m += e;
+  m /= static_cast<double>(n);
+  for (float e : y) v += (e - m) * (e - m);
+  v /= static_cast<double>(n);
+  RC_ASSERT(std::fabs(m) <= 1e-5);
+  RC_ASSERT(std::fabs(v - 1.0) <= 1e-3);  // eps = 1e-5 against values of variance about 1/3
+}
+
 // Negative control: k in two panels, summed after.
 void split_k_differs() {
   Case c = gen_case();
@@ -185,6 +240,9 @@ int main() {
   ok = rc::check("GemmTiles: row and column tiles give one call's bits", gemm_tiles) && ok;
   ok = rc::check("GemmOrientations: transposed storage gives the row-major bits", gemm_orientations) && ok;
   ok = rc::check("GemmAccuracy: within k ulps of the double product", gemm_accuracy) && ok;
+  ok = rc::check("Reductions: sum of squares and log-sum-exp accurate, gradient sums to 0", reductions_accurate) && ok;
+  ok = rc::check("Rows: causal softmax sums to 1, its backward and LayerNorm's moments as expected", rows_accurate) &&
+       ok;
   std::cout << "negative control (must fail): k split in two panels against one call\n";
   const bool control = rc::check("SplitK (negative control)", split_k_differs);
   if (control) std::cout << "FAILED: the negative control passed, so these comparisons cannot tell bits apart\n";

@@ -9,13 +9,17 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "model/blas_threads.h"
 #include "model/dropout.h"
 #include "model/gelu_kernel.h"
+#include "kernels/gemm.h"
+#include "kernels/reduce.h"
 #include "model/lanes.h"
+#include "model/owned_linear.h"
 #include "model/residual_kernel.h"
 
 namespace retrace::model {
@@ -58,6 +62,7 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     float* o = out.data_ptr<float>();
     const float* sm = soft.data_ptr<float>();
     const at::Tensor soft_rows = soft.view({rows, t});
+    float* soft_out = soft.data_ptr<float>();
     const int64_t tile = tile_rows(t);
     std::array<at::Tensor, kMaxLanes> scratch;  // per lane
     for_each_tile(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
@@ -70,8 +75,14 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
         // Query i sees keys 0..i; r % t is the query of row r.
         for (int64_t j = r % t + 1; j < t; ++j) row[j] = -std::numeric_limits<float>::infinity();
       }
-      at::Tensor soft_tile = soft_rows.narrow(0, r0, r1 - r0);
-      at::_softmax_out(soft_tile, scratch[lane].narrow(0, 0, r1 - r0), /*dim=*/1, /*half_to_float=*/false);
+      if (owned_kernels()) {  // portable numerics version 2: kernels/reduce.h's softmax, the causal keys only
+        std::vector<double> e(static_cast<size_t>(t));
+        for (int64_t r = r0; r < r1; ++r)
+          kernels::softmax_row(x + (r - r0) * t, r % t + 1, t, soft_out + r * t, e.data());
+      } else {
+        at::Tensor soft_tile = soft_rows.narrow(0, r0, r1 - r0);
+        at::_softmax_out(soft_tile, scratch[lane].narrow(0, 0, r1 - r0), /*dim=*/1, /*half_to_float=*/false);
+      }
       if (!d) return;
       fill_philox_mask(*d, m + r0 * t, r0 * t, r1 * t);
       for (int64_t k = r0 * t; k < r1 * t; ++k) o[k] = sm[k] * m[k];
@@ -107,7 +118,14 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
         upstream = scratch[lane].narrow(0, 0, r1 - r0);
       }
       at::Tensor gi_tile = gi_rows.narrow(0, r0, r1 - r0);
-      at::_softmax_backward_data_out(gi_tile, upstream, soft_rows.narrow(0, r0, r1 - r0), /*dim=*/1, at::kFloat);
+      if (owned_kernels()) {  // portable numerics version 2: kernels/reduce.h's softmax backward
+        const float* up = upstream.data_ptr<float>();
+        const float* y = soft.data_ptr<float>();
+        for (int64_t r = r0; r < r1; ++r)
+          kernels::softmax_backward_row(y + r * t, up + (r - r0) * t, r % t + 1, t, out + r * t);
+      } else {
+        at::_softmax_backward_data_out(gi_tile, upstream, soft_rows.narrow(0, r0, r1 - r0), /*dim=*/1, at::kFloat);
+      }
       // masked_fill's backward (0 where the mask filled), then the scale's (grad * scale).
       for (int64_t r = r0; r < r1; ++r) {
         float* row = out + r * t;
@@ -429,6 +447,20 @@ at::Tensor bmm_on_lanes(const at::Tensor& a, const at::Tensor& b) {
                 "bmm_on_lanes: needs [n, M, K] and [n, K, N], got ", a.sizes(), " and ", b.sizes());
   const int64_t n = a.size(0);
   at::Tensor out = at::empty({n, a.size(1), b.size(2)}, a.options());
+  if (owned_kernels()) {
+    // Portable numerics version 2: each matrix one BLIS call (kernels/gemm.h), transposes as
+    // strides; the matrices on the lanes.
+    const int64_t m = a.size(1), k = a.size(2), cols = b.size(2);
+    const float* pa = a.data_ptr<float>();
+    const float* pb = b.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    for_each_tile(n, 1, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i)
+        kernels::gemm(m, cols, k, pa + i * a.stride(0), a.stride(1), a.stride(2), pb + i * b.stride(0), b.stride(1),
+                      b.stride(2), po + i * m * cols, cols, 1);
+    });
+    return out;
+  }
   const OneBlasThread one_thread;
   // Slices of about n / 16 matrices: enough of them that a lane sharing its core with OpenBLAS's
   // spinning worker takes fewer, few enough that ATen's per-call cost stays small. Never a slice
@@ -513,6 +545,7 @@ at::Tensor bias_gradient(const at::Tensor& grad, int64_t n) {
   // block kind and the order it has in the whole sum (fused_test checks every width up to 300
   // and wider ones).
   constexpr int64_t kSplitAlign = 64;
+  if (owned_kernels() && fused_applies(grad)) return owned_column_sums(grad, n);
   // Tiles of columns whose width is a multiple of kSplitAlign, from the width alone, the last tile
   // taking the rest (a narrower part than kSplitAlign, summed alone, rounds otherwise: fused_test
   // checks), summed on the lanes.
@@ -527,6 +560,26 @@ at::Tensor bias_gradient(const at::Tensor& grad, int64_t n) {
       out.narrow(0, begin, end - begin)
           .copy_(at::sum_to(grad.narrow(-1, begin, end - begin), at::IntArrayRef(part_shape, 1)));
     }
+  });
+  return out;
+}
+
+at::Tensor owned_column_sums(const at::Tensor& grad, int64_t n) {
+  // Column tiles of 64 on the lanes; in each, the rows in order into one double per column (each
+  // column its own chain of additions, so the compiler may vectorize across columns), rounded once.
+  constexpr int64_t kTile = 64;
+  const int64_t rows = grad.numel() / std::max<int64_t>(n, 1);
+  at::Tensor out = at::empty({n}, grad.options());
+  const float* g = grad.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for_each_tile(n, kTile, [&](int64_t c0, int64_t c1, int) {
+    double acc[kTile] = {};
+    const int64_t w = c1 - c0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = g + r * n + c0;
+      for (int64_t c = 0; c < w; ++c) acc[c] += row[c];
+    }
+    for (int64_t c = 0; c < w; ++c) o[c0 + c] = static_cast<float>(acc[c]);
   });
   return out;
 }

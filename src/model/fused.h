@@ -79,7 +79,13 @@ at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias, GeluImpl impl)
 // bias broadcast over grad's leading dimensions. Where fused_applies(grad) and n >= 128, the two
 // lanes sum a column range each, split where every column keeps the order of additions it has in
 // the whole sum, so the bits are at::sum_to's.
+// Under portable numerics version 2 (owned_kernels()), owned_column_sums instead.
 at::Tensor bias_gradient(const at::Tensor& grad, int64_t n);
+
+// The sums over rows of a contiguous float32 CPU gradient [..., n], column by column: the rows in
+// order in double, rounded once to float; columns in tiles of 64 on the lanes. Version 2's bias
+// and column reductions: the same bits at any lane count and on both LibTorch builds.
+at::Tensor owned_column_sums(const at::Tensor& grad, int64_t n);
 
 // GELU as model.gelu_impl asks: fused_gelu where fused_applies, torch::gelu anywhere else (CUDA,
 // BF16 under autocast: there "retrace" is LibTorch's GELU too, as "philox" dropout is LibTorch's

@@ -11,9 +11,18 @@
 #include "model/activation_checkpoint.h"
 #include "model/dropout.h"
 #include "model/fused.h"
+#include "model/owned_layers.h"
 #include "model/owned_linear.h"
 
 namespace retrace::model {
+namespace {
+// A LayerNorm module's forward, or under portable numerics version 2 retrace's (owned_layers.h).
+torch::Tensor layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  if (owned_layer_norm_applies(x, ln->weight) && ln->bias.defined())
+    return owned_layer_norm(x, ln->weight, ln->bias, ln->options.eps());
+  return ln->forward(x);
+}
+}  // namespace
 
 namespace F = torch::nn::functional;
 
@@ -147,7 +156,7 @@ torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::nn:
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attention) {
-  torch::Tensor qkv = gemm(qkv_, ln_1_->forward(x));
+  torch::Tensor qkv = gemm(qkv_, layer_norm(ln_1_, x));
   torch::Tensor qkv_bias;  // defined: attention_core adds it (split_heads)
   if (takes_bias(qkv, qkv_)) {
     qkv_bias = qkv_->bias;
@@ -161,7 +170,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, bool checkpoint_attenti
     y = attention_core(qkv, qkv_bias);
   }
   torch::Tensor h = dropout_residual(gemm(proj_, y), proj_, x);
-  torch::Tensor m = gemm(fc_, ln_2_->forward(h));
+  torch::Tensor m = gemm(fc_, layer_norm(ln_2_, h));
   // "torch": torch::gelu's bits, tile by tile on the lanes (fused_test).
   if (takes_bias(m, fc_)) {
     m = bias_gelu(m, fc_->bias, gelu_impl_);
@@ -242,7 +251,9 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   RETRACE_CHECK(t >= 1 && t <= options_.context, ConfigError, "gpt forward: sequence length ", t,
                 " is outside 1..model.context = ", options_.context);
   torch::Tensor pos = torch::arange(t, idx.options());
-  torch::Tensor x = wte_->forward(idx) + wpe_->forward(pos);
+  torch::Tensor x = owned_embedding_applies(idx, wte_->weight, wpe_->weight)
+                        ? owned_embedding(idx, wte_->weight, wpe_->weight)
+                        : wte_->forward(idx) + wpe_->forward(pos);
   x = dropout(x, options_.dropout, is_training(), options_.dropout_impl);
 
   const bool active = is_training() && torch::GradMode::is_enabled();
@@ -257,7 +268,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   } else {
     x = run_blocks(x, 0, n, /*checkpoint_attention=*/active && options_.checkpoint == CheckpointPolicy::kSelective);
   }
-  x = ln_f_->forward(x);
+  x = layer_norm(ln_f_, x);
   const torch::Tensor& head = options_.tie_embeddings ? wte_->weight : head_->weight;
   if (owned_linear_applies(x, head))
     return owned_linear(x, head, options_.tie_embeddings ? torch::Tensor() : head_->bias);

@@ -17,6 +17,9 @@ namespace retrace::model {
 enum class GemmPath : uint8_t { kAten, kOwned };
 void set_gemm_path(GemmPath path);
 GemmPath gemm_path();
+// Whether version 2's kernels are on (the GEMM path is the owned one): the loss (owned_loss.h) and
+// the gradient norm (train/step.cpp) follow it too.
+inline bool owned_kernels() { return gemm_path() == GemmPath::kOwned; }
 
 // Whether owned_linear takes x [..., K] and weight [N, K]: the owned path is on, both float32 CPU
 // strided tensors, and CPU autocast is off.

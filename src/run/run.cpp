@@ -298,6 +298,14 @@ std::vector<records::KeyValue> run_fingerprint(const Config& config, const model
                                                uint32_t world_size, const distributed::ProcessGroup* pg) {
   std::vector<records::KeyValue> f = fingerprint(config.runtime, world_size);
   f.insert(f.end(), model.numerics.begin(), model.numerics.end());
+  if (owned_step(config, world_size)) {
+    // Every kernel of the step is retrace's (portable version 2): the LibTorch build and its BLAS
+    // do not change the bits, so they are information, and a run recorded on one build resumes,
+    // replays and checks its goldens bitwise on the other.
+    for (auto& kv : f)
+      if (kv.key == "libtorch_version" || kv.key == "blas" || kv.key == "blas_core") kv.key = "info." + kv.key;
+    f.push_back({"model_kernels", "owned"});
+  }
   if (pg) {
     // NCCL picks its reduction algorithm by version and topology: numerics on CUDA. Gloo's ring
     // order is fixed by the world size, already a numerics field.

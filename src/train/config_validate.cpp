@@ -30,10 +30,8 @@ void validate(Config& c) {
   c.faults.parsed = parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
   if (c.runtime.numerics_version == 2) {
     RETRACE_CHECK(c.runtime.numerics == Numerics::kPortable, ConfigError,
-                  "runtime.numerics_version = 2 is a version of the portable profile, and runtime.numerics = \"",
-                  numerics_name(c.runtime.numerics),
-                  "\"; set runtime.numerics = \"portable\", or leave "
-                  "numerics_version at 1");
+                  "runtime.numerics_version = 2 is a version of the portable profile, and runtime.numerics = "
+                  "\"native\"; set runtime.numerics = \"portable\", or leave numerics_version at 1");
     RETRACE_CHECK(c.runtime.blas_threads == 0 && c.runtime.elementwise_threads == 0, ConfigError,
                   "runtime.numerics_version = 2 runs its GEMMs and kernels on runtime.threads threads (the one "
                   "knob; OpenBLAS and ATen run one thread there), and runtime.",

@@ -191,6 +191,17 @@ std::string numerics_summary(const RuntimeConfig& runtime) {
          " threads";
 }
 
+bool owned_step(const Config& c, uint32_t world_size) {
+  const ModelConfig& m = c.model;
+  const bool gelu = m.kind == "gpt" || m.activation == model::Activation::kGelu;
+  const bool model_owned = (m.kind == "mlp" && m.activation != model::Activation::kTanh) ||
+                           (m.kind == "gpt" && m.attention_matmul == model::AttentionMatmul::kLanes);
+  return c.runtime.numerics_version == 2 && c.runtime.device == DeviceKind::kCpu && world_size == 1 && model_owned &&
+         m.dropout_impl == model::DropoutImpl::kPhilox && (!gelu || m.gelu_impl == model::GeluImpl::kRetrace) &&
+         c.train.loss == "cross_entropy" && c.optim.name == OptimizerKind::kAdamW && c.optim.fused &&
+         c.amp.mode == AmpMode::kOff;
+}
+
 ThreadLayout resolve_threads(RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
   // Version 2: ATen and OpenBLAS run one thread, retrace's kernels runtime.threads, which stays as

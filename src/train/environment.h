@@ -37,6 +37,15 @@ struct KernelThreads {
 };
 KernelThreads kernel_threads(const RuntimeConfig& runtime);
 
+// Whether every kernel of this run's training step is retrace's own under portable numerics
+// version 2, so that its bits are the same on the 1.13 and the 2.x build (measured: the MLP and the
+// char GPT, numerics_v2's cross-build goldens): version 2 on the CPU, a built-in model (mlp, gpt)
+// with the implementation keys at their defaults (philox dropout, retrace GELU, lanes attention,
+// activation relu or gelu), the cross-entropy loss, the fused AdamW, no autocast, one rank.
+// Anything else keeps a LibTorch kernel somewhere (tanh, SGD's ops, bf16 GEMMs, Gloo's sums), and
+// its LibTorch version and BLAS stay numerics fields of the fingerprint.
+bool owned_step(const Config& c, uint32_t world_size);
+
 // runtime.elementwise_threads resolved: the lanes of model/lanes.h, 1 or 2 (never changes bits).
 int elementwise_threads(const RuntimeConfig& runtime);
 

@@ -10,6 +10,8 @@
 #include "data/token_files.h"
 #include "model/gpt.h"
 #include "model/mlp.h"
+#include "model/owned_linear.h"
+#include "model/owned_loss.h"
 #include "model/torchscript.h"
 #include "rng/rng_state.h"
 #include "train/environment.h"
@@ -120,6 +122,12 @@ data::Dataset load_text(const Config& config) {
 }  // namespace
 
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+  // Portable numerics version 2: retrace's own, the same bits on both LibTorch builds.
+  if (model::owned_kernels()) {
+    const torch::Tensor rows = logits.reshape({-1, logits.size(-1)});
+    const torch::Tensor ids = targets.reshape({-1});
+    if (model::owned_cross_entropy_applies(rows, ids)) return model::owned_cross_entropy_sum(rows, ids);
+  }
   return torch::nn::functional::cross_entropy(logits.to(torch::kFloat32).reshape({-1, logits.size(-1)}),
                                               targets.reshape({-1}),
                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));

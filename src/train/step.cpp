@@ -10,7 +10,9 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "kernels/reduce.h"
 #include "model/lanes.h"
+#include "model/owned_linear.h"
 #include "train/environment.h"
 #include "train/guards.h"
 #include "train/invariant.h"
@@ -62,7 +64,43 @@ void for_each_item(const std::vector<torch::Tensor>& tensors, size_t n, const st
 
 float StepCalls::fold_losses(const std::vector<float>& mine) { return fold_chunk_losses(mine, 1, {}); }
 
+namespace {
+// Portable numerics version 2: every gradient cut into pieces of kAfterBackwardPiece floats, each
+// piece's sum of squares in double (kernels::sum_squares) on the lanes, the pieces summed in
+// parameter order, the root rounded to float as ATen's float norm would be. The same bits at any
+// lane count and on both LibTorch builds.
+double owned_grad_norm(const std::vector<torch::Tensor>& grads) {
+  constexpr int64_t kPiece = model::kAfterBackwardPiece;
+  std::vector<torch::Tensor> flat;
+  std::vector<std::pair<size_t, int64_t>> pieces;  // (gradient, first element)
+  for (const torch::Tensor& g : grads) {
+    flat.push_back(g.contiguous().view({-1}));
+    RETRACE_CHECK(flat.back().scalar_type() == torch::kFloat && flat.back().device().is_cpu(), InvariantError,
+                  "owned_grad_norm: needs float32 CPU gradients, got ", flat.back().scalar_type());
+    for (int64_t b = 0; b < flat.back().numel(); b += kPiece) pieces.emplace_back(flat.size() - 1, b);
+  }
+  std::vector<double> sums(pieces.size());
+  model::for_each_tile(static_cast<int64_t>(pieces.size()), 1, [&](int64_t first, int64_t last, int) {
+    for (int64_t k = first; k < last; ++k) {
+      const torch::Tensor& f = flat[pieces[k].first];
+      const int64_t b = pieces[k].second;
+      sums[k] = kernels::sum_squares(f.data_ptr<float>() + b, std::min(kPiece, f.numel() - b));
+    }
+  });
+  double total = 0.0;
+  for (double s : sums) total += s;
+  return static_cast<float>(std::sqrt(total));
+}
+}  // namespace
+
 double global_grad_norm(const std::vector<torch::Tensor>& params) {
+  if (model::owned_kernels()) {
+    const std::vector<torch::Tensor> grads = gradients(params);
+    bool cpu_float = true;
+    for (const torch::Tensor& g : grads)
+      cpu_float = cpu_float && g.device().is_cpu() && g.scalar_type() == torch::kFloat;
+    if (cpu_float) return owned_grad_norm(grads);
+  }
   // Each gradient's norm is the one ATen call it always was, now on one of the two lanes; the
   // norms are stacked in parameter order, so the result has the same bits.
   const std::vector<torch::Tensor> grads = gradients(params);

@@ -52,10 +52,18 @@ expect mlp-threads-3 0 "on 3 thread\(s\) \(runtime.threads = 3" -- \
 bitwise mlp-threads-1-vs-3 "$tmp/m1" "$tmp/m3"
 [[ "$(field "$tmp/m1" numerics_version)" == 2 && "$(field "$tmp/m1" gemm)" == "BLIS 0.9."* ]] && ok mlp-fingerprint ||
   bad "mlp-fingerprint: $(field "$tmp/m1" numerics_version) $(field "$tmp/m1" gemm)"
+# Every kernel of the step retrace's: the LibTorch build and its BLAS are information.
+[[ "$(field "$tmp/m1" model_kernels)" == owned && -n "$(field "$tmp/m1" info.libtorch_version)" &&
+   -z "$(field "$tmp/m1" libtorch_version)" ]] && ok mlp-libtorch-is-information ||
+  bad "mlp-libtorch-is-information: $(field "$tmp/m1" model_kernels) $(field "$tmp/m1" libtorch_version)"
+# A step with a LibTorch kernel left (tanh) keeps the build as numerics.
+"$RETRACE" record --steps 3 "${base[@]}" "${v2[@]}" --set model.activation=tanh --out "$tmp/tanh" > /dev/null
+[[ -z "$(field "$tmp/tanh" model_kernels)" && -n "$(field "$tmp/tanh" libtorch_version)" ]] && ok tanh-keeps-libtorch ||
+  bad "tanh-keeps-libtorch: $(field "$tmp/tanh" model_kernels) $(field "$tmp/tanh" libtorch_version)"
 [[ "$(field "$tmp/m1" info.threads)" == 1 && "$(field "$tmp/m3" info.threads)" == 3 ]] && ok mlp-threads-information ||
   bad "mlp-threads-information: $(field "$tmp/m1" info.threads) $(field "$tmp/m3" info.threads)"
 # Against version 1 the numerics differ, and the comparison says so.
-expect v1-vs-v2-named 1 "environment +differs \(bitwise differences are expected\):.*gemm numerics_version" -- "$RETRACE" diff "$tmp/v1" "$tmp/m1"
+expect v1-vs-v2-named 1 "environment +differs \(bitwise differences are expected\):.*gemm.*model_kernels.*numerics_version" -- "$RETRACE" diff "$tmp/v1" "$tmp/m1"
 
 # ---- the char GPT: threads 1 and 3 ---------------------------------------------------------------
 "$RETRACE" record "${gpt[@]}" --steps 3 "${base[@]}" "${v2[@]}" --set runtime.threads=1 --out "$tmp/g1" > /dev/null

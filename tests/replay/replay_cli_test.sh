@@ -37,7 +37,11 @@ expect different-models 2 "different models" -- "$RETRACE" bisect "$tmp/a" "$tmp
 expect diff-different-models 1 "param" -- "$RETRACE" diff "$tmp/a/trace.rtrace" "$tmp/other/trace.rtrace"
 
 # Golden: passes as recorded, and fails with the first divergent step when the run changes.
-expect golden-check 0 "golden: 8 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
+expect golden-check 0 "golden: 10 passed, 0 failed" -- "$RETRACE" golden check --dir "$GOLDEN" --scratch "$tmp/g"
+# The portable version 2 goldens are bitwise on either LibTorch build (recorded on 1.13).
+for g in fashion-mlp-v2 char-gpt-v2; do
+  expect "golden-$g-bitwise" 0 "golden $g +PASS  bitwise" -- "$RETRACE" golden check "$g" --dir "$GOLDEN" --scratch "$tmp/g"
+done
 # One flipped bit is below the rounding noise between kernels: only the bitwise check (equal
 # numerics, the case unless this machine sets a kernel variable of its own) can see it.
 ct=${OPENBLAS_CORETYPE:-Haswell} cap=${ATEN_CPU_CAPABILITY:-avx2}

@@ -1,0 +1,83 @@
+#include "model/owned_loss.h"
+
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "kernels/reduce.h"
+#include "model/lanes.h"
+#include "model/owned_linear.h"
+
+namespace retrace::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Rows per tile on the lanes: about 64k logits, at least one row.
+int64_t rows_per_tile(int64_t classes) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(classes, 1));
+}
+
+struct OwnedCrossEntropySum : torch::autograd::Function<OwnedCrossEntropySum> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_in, const at::Tensor& targets_in) {
+    RECORD_FUNCTION("retrace::cross_entropy", std::vector<c10::IValue>());
+    const at::Tensor logits = logits_in.contiguous();
+    const at::Tensor targets = targets_in.contiguous();
+    const int64_t rows = logits.size(0), classes = logits.size(1);
+    const float* x = logits.data_ptr<float>();
+    const int64_t* t = targets.data_ptr<int64_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      RETRACE_CHECK(t[r] >= 0 && t[r] < classes, ConfigError, "cross-entropy: the target of row ", r, " is ", t[r],
+                    ", outside the model's ", classes,
+                    " classes; the data set's labels must be below the model's output size");
+    at::Tensor lse = at::empty({rows}, logits.options().dtype(at::kDouble));
+    double* l = lse.data_ptr<double>();
+    for_each_tile(rows, rows_per_tile(classes), [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) l[r] = kernels::log_sum_exp(x + r * classes, classes);
+    });
+    double total = 0.0;  // rows in order
+    for (int64_t r = 0; r < rows; ++r) total += l[r] - static_cast<double>(x[r * classes + t[r]]);
+    ctx->save_for_backward({logits, targets, lse});
+    return at::scalar_tensor(static_cast<float>(total), logits.options());
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    RECORD_FUNCTION("retrace::cross_entropy_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& logits = saved[0];
+    const int64_t rows = logits.size(0), classes = logits.size(1);
+    const double scale = grads[0].item<float>();
+    at::Tensor g = at::empty_like(logits);
+    const float* x = logits.data_ptr<float>();
+    const int64_t* t = saved[1].data_ptr<int64_t>();
+    const double* l = saved[2].data_ptr<double>();
+    float* out = g.data_ptr<float>();
+    for_each_tile(rows, rows_per_tile(classes), [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r)
+        kernels::cross_entropy_row_grad(x + r * classes, classes, l[r], t[r], scale, out + r * classes);
+    });
+    return {g, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool owned_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& targets) {
+  return owned_kernels() && logits.defined() && targets.defined() && logits.dim() == 2 && targets.dim() == 1 &&
+         logits.size(0) == targets.size(0) && logits.size(1) >= 1 && logits.device().is_cpu() &&
+         targets.device().is_cpu() && logits.scalar_type() == at::kFloat && targets.scalar_type() == at::kLong &&
+         logits.layout() == at::kStrided && !compat::cpu_autocast_enabled();
+}
+
+at::Tensor owned_cross_entropy_sum(const at::Tensor& logits, const at::Tensor& targets) {
+  RETRACE_CHECK(owned_cross_entropy_applies(logits, targets), InvariantError,
+                "owned_cross_entropy_sum: needs float32 CPU logits [rows, classes] and int64 targets [rows], got ",
+                logits.sizes(), " and ", targets.sizes());
+  return OwnedCrossEntropySum::apply(logits, targets);
+}
+
+}  // namespace retrace::model
