@@ -3,8 +3,8 @@ the same model, data, order and settings, give the same trace fields step for st
 
 The run (twin_loop.SETTINGS, passed to retrace record as --set): retrace's default MLP 784-512-256-10
 (relu) on Fashion-MNIST, seed 1234, batches of 32 in the Feistel order of epoch 0
-(retrace.data_order), 8 steps; SGD with momentum 0.9 and L2 weight decay 0.01; LR 0.05 with a
-3-step linear warmup then the cosine to 5 % (so the LR changes every step); gradients clipped to
+(retrace.data_order), 8 steps; SGD with momentum 0.9 and L2 weight decay 0.01 (or AdamW, below);
+LR 0.05 with a 3-step linear warmup then the cosine to 5 % (so the LR changes every step); gradients clipped to
 norm 1.0 (every step clips); trace.digest_version 4; numerics native, 1 torch / BLAS / inter-op
 thread, deterministic algorithms on, in both processes. The two traces' numerics fingerprints
 must be equal (the same LibTorch, CPU level, BLAS, threads): otherwise the tests skip, naming the
@@ -14,10 +14,11 @@ Settings chosen so a plain loop can match (what retrace record does that Python 
   model.dropout = 0     retrace's dropout (model.dropout_impl philox, or torch) draws from torch's
                         CPU generator inside forward(); nn.Dropout draws other numbers, so the
                         parameters and the RNG digest would part at step 1.
-  optim.name = sgd      retrace's AdamW (fused or LibTorch's) computes exp_avg.mul_(beta1)
-                        .add_(grad, 1 - beta1); torch.optim.AdamW computes exp_avg.lerp_(grad,
-                        1 - beta1): other bits from step 2 on (param and optimizer digests; measured:
-                        with lerp_ replaced by mul_/add_ the AdamW twin is bitwise too).
+  optimizer             two twins: SGD (torch::optim::SGD against torch.optim.SGD), and AdamW with
+                        optim.adamw_moment = "lerp" and optim.fused = false (LibTorch's AdamW with
+                        PyTorch 2.x's exp_avg.lerp_(grad, 1 - beta1), train/optimizer.cpp LerpAdamW)
+                        against torch.optim.AdamW(foreach=False). retrace's default AdamW computes
+                        exp_avg.mul_(beta1).add_(grad, 1 - beta1): other bits from step 2 on.
   guards.spike_factor = 0, eval and checkpoints off: policies a plain loop does not have (they
                         change no step's arithmetic here, only what retrace record does around it).
 The loop spells out retrace's clipping (a double coefficient; torch.nn.utils.clip_grad_norm_ uses a
@@ -73,19 +74,20 @@ def export(run):
     return rows[0], [r for r in rows if r.get("type") == "step"]
 
 
-@pytest.fixture(scope="module")
-def twins(tmp_path_factory):
-    base = tmp_path_factory.mktemp("twin")
+@pytest.fixture(scope="module", params=["sgd", "adamw"])
+def twins(request, tmp_path_factory):
+    optimizer = request.param
+    base = tmp_path_factory.mktemp("twin-" + optimizer)
     cpp, py = base / "cpp", base / "py"
-    cli("record", "--steps", STEPS, "--out", cpp, *twin_loop.cli_settings())
-    p = subprocess.run([sys.executable, os.path.join(HERE, "twin_loop.py"), str(py), str(STEPS)],
+    cli("record", "--steps", STEPS, "--out", cpp, *twin_loop.cli_settings(optimizer))
+    p = subprocess.run([sys.executable, os.path.join(HERE, "twin_loop.py"), str(py), str(STEPS), optimizer],
                        capture_output=True, text=True)
     assert p.returncode == 0, f"twin_loop.py exited {p.returncode}:\n{p.stdout}\n{p.stderr}"
     header_c, steps_c = export(cpp)
     header_p, steps_p = export(py)
     assert [r["step"] for r in steps_c] == list(range(1, STEPS + 1))
     assert [r["step"] for r in steps_p] == list(range(1, STEPS + 1))
-    return {"cpp": cpp, "py": py, "header_c": header_c, "header_p": header_p, "steps_c": steps_c,
+    return {"optimizer": optimizer, "cpp": cpp, "py": py, "header_c": header_c, "header_p": header_p, "steps_c": steps_c,
             "steps_p": steps_p}
 
 
@@ -139,3 +141,16 @@ def test_batch_position_as_retrace_record(same_numerics):
     sc, sp = same_numerics["steps_c"], same_numerics["steps_p"]
     assert [r["batch_in_epoch"] for r in sc] == list(range(STEPS))
     assert [(r["epoch"], r["batch_in_epoch"]) for r in sp] == [(r["epoch"], r["batch_in_epoch"]) for r in sc]
+
+
+def test_adamw_twin_needs_lerp(same_numerics, tmp_path):
+    """Negative control for the AdamW twin: retrace's default first moment (mul_add) is not
+    torch.optim.AdamW's, and the comparison sees it (from step 2 on)."""
+    if same_numerics["optimizer"] != "adamw":
+        pytest.skip("the SGD twin")
+    args = twin_loop.cli_settings("adamw")
+    args[args.index("optim.adamw_moment=lerp")] = "optim.adamw_moment=mul_add"
+    cli("record", "--steps", STEPS, "--out", tmp_path / "muladd", *args)
+    _, steps_m = export(tmp_path / "muladd")
+    sp = same_numerics["steps_p"]
+    assert any(m["param_digest"] != p["param_digest"] for m, p in zip(steps_m, sp))

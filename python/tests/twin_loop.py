@@ -1,7 +1,7 @@
 """The Python half of the twin test: `retrace record`'s default run (an MLP on Fashion-MNIST), written
 as a plain PyTorch loop with retrace.Recorder, op for op as retrace's C++ step computes it.
 
-    python twin_loop.py RUN_DIR STEPS
+    python twin_loop.py RUN_DIR STEPS [sgd|adamw]
 
 Run in a fresh process (test_twin.py does): the thread counts are process settings that must be set
 before torch does any parallel work, and the numerics fingerprint records them.
@@ -35,6 +35,12 @@ SETTINGS is the one source of the run's settings: test_twin.py passes them to `r
             torch.optim.SGD(foreach=False): the single-tensor path spells the same ops
             (grad.add(param, alpha=wd); buf = clone(grad) / buf.mul_(m).add_(grad, alpha=1);
             param.add_(buf, alpha=-lr)).
+  adamw     (the second twin) LibTorch's AdamW with optim.adamw_moment = "lerp" (train/optimizer.cpp
+            LerpAdamW) = torch.optim.AdamW(foreach=False): param.mul_(1 - lr * wd);
+            exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+            denom = (exp_avg_sq.sqrt() / bias_correction2 ** 0.5).add_(eps);
+            param.addcdiv_(exp_avg, denom, value=-lr / bias_correction1). optim.fused = false (the
+            fused kernel computes the moment as mul_ then add_).
   threads   runtime.threads = blas_threads = interop_threads = 1 (MKL runs on torch's threads);
             deterministic algorithms on; oneDNN on (numerics native).
 """
@@ -100,8 +106,21 @@ SETTINGS = {
 }
 
 
-def cli_settings():
-    """SETTINGS as retrace record's --set arguments."""
+# The AdamW twin: the same run with torch.optim.AdamW (LibTorch's AdamW with PyTorch 2.x's lerp_).
+BETAS = (0.9, 0.999)
+EPS = 1e-8
+ADAMW_WEIGHT_DECAY = 0.01
+ADAMW_SETTINGS = {**SETTINGS, "optim.name": "adamw", "optim.fused": False, "optim.adamw_moment": "lerp",
+                  "optim.beta1": BETAS[0], "optim.beta2": BETAS[1], "optim.eps": EPS,
+                  "optim.weight_decay": ADAMW_WEIGHT_DECAY}
+
+
+def settings_of(optimizer):
+    return ADAMW_SETTINGS if optimizer == "adamw" else SETTINGS
+
+
+def cli_settings(optimizer="sgd"):
+    """SETTINGS (or ADAMW_SETTINGS) as retrace record's --set arguments."""
     def text(v):
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -109,15 +128,15 @@ def cli_settings():
             return "[" + ", ".join(map(str, v)) + "]"
         return str(v)
     out = []
-    for k, v in SETTINGS.items():
+    for k, v in settings_of(optimizer).items():
         out += ["--set", f"{k}={text(v)}"]
     return out
 
 
-def nested_settings():
-    """SETTINGS as a nested dict (the Recorder's config: config.toml reads like retrace record's)."""
+def nested_settings(optimizer="sgd"):
+    """The settings as a nested dict (the Recorder's config: config.toml reads like retrace record's)."""
     out = {}
-    for k, v in SETTINGS.items():
+    for k, v in settings_of(optimizer).items():
         *tables, key = k.split(".")
         d = out
         for t in tables:
@@ -189,16 +208,20 @@ def pin_process():
     torch.use_deterministic_algorithms(True)
 
 
-def train(run_dir, steps):
+def train(run_dir, steps, optimizer="sgd"):
     import retrace
 
     x_all, y_all = load_train()
     torch.manual_seed(SEED)
     model = MLP()
     params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, dampening=0, nesterov=False,
-                          weight_decay=WEIGHT_DECAY, foreach=False)
-    rec = retrace.Recorder.create(run_dir, model, opt, seed=SEED, config=nested_settings(),
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=ADAMW_WEIGHT_DECAY,
+                                foreach=False)
+    else:
+        opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, dampening=0, nesterov=False,
+                              weight_decay=WEIGHT_DECAY, foreach=False)
+    rec = retrace.Recorder.create(run_dir, model, opt, seed=SEED, config=nested_settings(optimizer),
         description="twin of retrace record's MLP", capture_python_rng=False, digest_version=4,
         module_digests=False)
     order = retrace.data_order(SEED, len(y_all), 0, "feistel")
@@ -235,4 +258,4 @@ def train(run_dir, steps):
 
 if __name__ == "__main__":
     pin_process()
-    train(sys.argv[1], int(sys.argv[2]))
+    train(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "sgd")

@@ -20,6 +20,7 @@ namespace retrace::train {
 // Choices of the config as enums, in the order of their names in config_fields.cpp's table (the TOML
 // text keeps the names; the enums are what the code compares).
 enum class OptimizerKind : uint8_t { kAdamW, kSgd };             // optim.name: adamw | sgd
+enum class AdamwMoment : uint8_t { kMulAdd, kLerp };             // optim.adamw_moment: mul_add | lerp
 enum class ScheduleKind : uint8_t { kCosine, kConstant };        // schedule.kind: cosine | constant
 enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };             // amp.mode: off | bf16 | fp16
 enum class ScalerMode : uint8_t { kAuto, kOn, kOff };            // amp.scaler: auto | on | off
@@ -73,6 +74,10 @@ struct OptimConfig {
   double beta2 = 0.999;   // adamw
   double eps = 1e-8;      // adamw
   bool fused = true;      // adamw: one pass per parameter on CPU float32 (same bits as LibTorch's)
+  // adamw: the first moment as LibTorch's C++ AdamW computes it (exp_avg.mul_(beta1).add_(grad,
+  // 1 - beta1)) or as PyTorch 2.x's Python AdamW does (exp_avg.lerp_(grad, 1 - beta1)): the twin of
+  // a Python loop (optimizer.h's make_optimizer).
+  AdamwMoment adamw_moment = AdamwMoment::kMulAdd;
 };
 
 struct ScheduleConfig {

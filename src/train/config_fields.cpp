@@ -102,6 +102,12 @@ std::vector<Field> fields() {
   f.push_back({"optim.fused", Kind::kBool,
                "adamw: update each CPU float32 parameter in one pass (same bits as LibTorch's AdamW)", {}, 0, 0,
                false, false, at(&C::optim, &OptimConfig::fused), "false"});
+  f.push_back({"optim.adamw_moment", Kind::kChoice,
+               "adamw: the first moment as LibTorch's C++ AdamW computes it (mul_add: exp_avg * beta1 + (1 - "
+               "beta1) * grad, two roundings) or as PyTorch 2.x's torch.optim.AdamW does (lerp: exp_avg.lerp_(grad, "
+               "1 - beta1)), so that a Python loop with torch.optim.AdamW(foreach=False) is a bitwise twin; lerp "
+               "needs optim.fused = false",
+               {"mul_add", "lerp"}, 0, 0, false, false, at(&C::optim, &OptimConfig::adamw_moment), "'mul_add'"});
   f.push_back({"schedule.kind", Kind::kChoice, "learning-rate schedule after warmup",
                {"cosine", "constant"}, 0, 0, false, false, at(&C::schedule, &ScheduleConfig::kind)});
   f.push_back({"schedule.warmup_steps", Kind::kInt, "linear warmup steps", {}, 0, 1e12, false, false,

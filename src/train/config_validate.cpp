@@ -28,6 +28,11 @@ void validate(Config& c) {
   RETRACE_CHECK(!(c.amp.mode == AmpMode::kFp16 && c.runtime.device == DeviceKind::kCpu), ConfigError,
                 "bad value for amp.mode: \"fp16\" autocast needs runtime.device = \"cuda\"; on CPU use \"bf16\"");
   c.faults.parsed = parse_faults(c.faults.inject);  // throws ConfigError naming the bad item
+  RETRACE_CHECK(c.optim.adamw_moment == AdamwMoment::kMulAdd ||
+                    (c.optim.name == OptimizerKind::kAdamW && !c.optim.fused),
+                ConfigError,
+                "optim.adamw_moment = \"lerp\" is LibTorch's AdamW with PyTorch 2.x's first moment, and needs "
+                "optim.name = \"adamw\" and optim.fused = false (the fused kernel computes mul_add)");
   if (c.runtime.numerics_version == 2) {
     RETRACE_CHECK(c.runtime.numerics == Numerics::kPortable, ConfigError,
                   "runtime.numerics_version = 2 is a version of the portable profile, and runtime.numerics = "

@@ -4,6 +4,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -224,6 +225,53 @@ class FusedAdamW final : public torch::optim::AdamW {
   }
 };
 
+// LibTorch's AdamW with the first moment as PyTorch 2.x's Python AdamW computes it (optim.adamw_moment
+// = "lerp"): the single-tensor path of torch.optim.AdamW(foreach=False), op for op and with the same
+// double scalars: param.mul_(1 - lr * wd); exp_avg.lerp_(grad, 1 - beta1); exp_avg_sq.mul_(beta2)
+// .addcmul_(grad, grad, 1 - beta2); denom = (exp_avg_sq.sqrt() / sqrt(1 - beta2^t)).add_(eps);
+// param.addcdiv_(exp_avg, denom, -lr / (1 - beta1^t)). The state is LibTorch's AdamW's, so
+// checkpoints are the same files. No AMSGrad (no key asks for it).
+class LerpAdamW final : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        const torch::Tensor& grad = p.grad();
+        if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+        auto* s = static_cast<torch::optim::AdamWParamState*>(compat::find_param_state(*this, p));
+        if (!s) {
+          auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+          fresh->step(0);
+          fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+          s = fresh.get();
+          compat::set_param_state(*this, p, std::move(fresh));
+        }
+        s->step(s->step() + 1);
+        const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+        const double t = static_cast<double>(s->step());
+        const double bias_correction1 = 1 - std::pow(beta1, t);
+        const double bias_correction2 = 1 - std::pow(beta2, t);
+        s->exp_avg().lerp_(grad, 1 - beta1);
+        s->exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+        const torch::Tensor denom = (s->exp_avg_sq().sqrt() / std::pow(bias_correction2, 0.5)).add_(o.eps());
+        p.addcdiv_(s->exp_avg(), denom, -(o.lr() / bias_correction1));
+      }
+    }
+    return loss;
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, torch::nn::Module& model, bool owned) {
@@ -237,6 +285,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimConfig& c, co
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(c.weight_decay));
   }
   auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+  if (c.adamw_moment == AdamwMoment::kLerp) return std::make_unique<LerpAdamW>(params, options);
   if (c.fused && (compat::kFusedAdamWMatchesLibTorch || owned)) return std::make_unique<FusedAdamW>(params, options);
   return std::make_unique<torch::optim::AdamW>(params, options);
 }

@@ -150,6 +150,16 @@ TEST(Config, NumericsVersionTwoIsPortableWithOneThreadKnob) {
   EXPECT_EQ(parse_config("", "x", {"runtime.blas_threads=2"}).runtime.blas_threads, 2);
 }
 
+TEST(Config, AdamwLerpMomentNeedsLibTorchsAdamW) {
+  EXPECT_EQ(parse_config("", "x", {}).optim.adamw_moment, AdamwMoment::kMulAdd);
+  const Config c = parse_config("", "x", {"optim.adamw_moment=lerp", "optim.fused=false"});
+  EXPECT_EQ(c.optim.adamw_moment, AdamwMoment::kLerp);
+  std::string e = error_of("", {"optim.adamw_moment=lerp"});  // fused by default
+  EXPECT_NE(e.find("needs optim.name = \"adamw\" and optim.fused = false"), std::string::npos) << e;
+  e = error_of("", {"optim.adamw_moment=lerp", "optim.fused=false", "optim.name=sgd"});
+  EXPECT_NE(e.find("optim.adamw_moment"), std::string::npos) << e;
+}
+
 TEST(Config, BadValuesNameKeyAndRange) {
   std::string e = error_of("[optim]\nname = \"adam\"\n");
   EXPECT_NE(e.find("optim.name"), std::string::npos) << e;
