@@ -163,17 +163,13 @@ int cuda_index(const RuntimeConfig& runtime) {
 }
 
 KernelThreads kernel_threads(const RuntimeConfig& runtime) {
-  if (runtime.threads > 0) {
-    const CpuBudget budget = cpu_budget(local_ranks_from_env());
-    std::string from = "runtime.threads = " + std::to_string(runtime.threads);
-    if (runtime.threads > budget.cores)
-      from += " (above the " + std::to_string(budget.cores) +
-              " core(s) this process may use: oversubscribed, "
-              "slower, the same bits)";
-    return {runtime.threads, from};
-  }
   const CpuBudget budget = cpu_budget(local_ranks_from_env());
-  return {budget.cores, "auto: " + budget.why};
+  if (runtime.threads == 0) return {budget.cores, "auto: " + budget.why};
+  std::string from = "runtime.threads = " + std::to_string(runtime.threads);
+  if (runtime.threads > budget.cores)
+    from += " (above the " + std::to_string(budget.cores) +
+            " core(s) this process may use: oversubscribed, slower, the same bits)";
+  return {runtime.threads, from};
 }
 
 std::string numerics_summary(const RuntimeConfig& runtime) {
@@ -181,8 +177,12 @@ std::string numerics_summary(const RuntimeConfig& runtime) {
   std::string s = describe_numerics(n, plan_environment(n));
   if (runtime.numerics_version == 2) {
     const KernelThreads t = kernel_threads(runtime);
-    return s + "; version 2: GEMMs " + kernels::gemm_library().describe() + " and retrace's kernels on " +
-           std::to_string(t.count) + " thread(s) (" + t.from + "), ATen 1 thread";
+    // On CUDA the GEMMs are cuBLAS's: BLIS is neither loaded nor named.
+    const std::string gemm = runtime.device == DeviceKind::kCpu
+                                 ? "GEMMs " + kernels::gemm_library().describe() + " and "
+                                 : "";
+    return s + "; version 2: " + gemm + "retrace's kernels on " + std::to_string(t.count) + " thread(s) (" + t.from +
+           "), ATen 1 thread";
   }
   if (n == Numerics::kNative) s += "; OpenBLAS " + blas_core() + ", ATen " + cpu_capability();
   if (blas_in_process() == BlasKind::kMkl)
@@ -289,8 +289,9 @@ void apply_environment(const RuntimeConfig& runtime) {
     interop_set = true;
   }
   if (owned) {
-    // Loads BLIS now, so that a missing one stops the run before anything is written (exit 4).
-    kernels::gemm_library();
+    // Loads BLIS now, so that a missing one stops the run before anything is written (exit 4);
+    // only where the owned GEMMs run (on CUDA they are cuBLAS's).
+    if (runtime.device == DeviceKind::kCpu) kernels::gemm_library();
     const int64_t n = kernel_threads(runtime).count;
     at::set_num_threads(1);
     set_blas_threads(1);
