@@ -66,15 +66,17 @@ struct OwnedLinear : torch::autograd::Function<OwnedLinear> {
     const at::Tensor w = weight.contiguous();
     const int64_t m = rows.size(0), k = rows.size(1), n = w.size(0);
     RETRACE_CHECK(w.size(1) == k, InvariantError, "owned_linear: x has ", k, " features, the weight ", w.sizes());
-    at::Tensor y = at::empty({m, n}, rows.options());
+    // Allocated in x's shape, not viewed into it: a view made inside a custom Function may not be
+    // modified in place, and the block adds its bias in place (BlockImpl::add_bias).
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = n;
+    at::Tensor y = at::empty(shape, rows.options());
     // y[i, j] = sum_p x[i, p] w[j, p]: B = W^T is W read by columns.
     gemm_on_lanes(m, n, k, rows.data_ptr<float>(), k, 1, w.data_ptr<float>(), 1, k, y.data_ptr<float>());
     if (bias.defined()) y.add_(bias);
     ctx->save_for_backward({rows, w});
     ctx->saved_data["bias"] = bias.defined();
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape.back() = n;
-    return y.view(shape);
+    return y;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {

@@ -94,6 +94,23 @@ TEST(OwnedLinear, OnlyWhereTheOwnedPathIsOnAndTheTensorsAreFloatCpu) {
   EXPECT_FALSE(owned_linear_applies(x, torch::randn({3, 9})));
 }
 
+TEST(OwnedLinear, ABatchOfSequencesGivesAnOutputTheBlockMayAddItsBiasToInPlace) {
+  // The GPT block adds a linear layer's bias in place when no dropout follows (model.dropout = 0,
+  // gpt2-124m's): the output of a [batch, context, features] input must be a tensor of its own,
+  // not a view made inside the autograd Function, and its gradients those of the out-of-place sum.
+  OwnedPath p(2);
+  const torch::Tensor x = torch::randn({2, 5, 8}, torch::requires_grad()),
+                      w = torch::randn({3, 8}, torch::requires_grad());
+  const torch::Tensor b = torch::randn({3});
+  torch::Tensor y = owned_linear(x, w, {});
+  y += b;
+  y.sum().backward();
+  const torch::Tensor x2 = x.detach().clone().requires_grad_(), w2 = w.detach().clone().requires_grad_();
+  (owned_linear(x2, w2, {}) + b).sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), x2.grad()));
+  EXPECT_TRUE(torch::equal(w.grad(), w2.grad()));
+}
+
 TEST(OwnedCrossEntropy, SameBitsAtEveryLaneCountAndCloseToLibTorch) {
   torch::manual_seed(3);
   for (const auto& [rows, classes] : {std::pair<int64_t, int64_t>{128, 10}, {300, 65}, {7, 50257}, {1, 1}}) {

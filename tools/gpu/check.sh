@@ -64,6 +64,8 @@ done
 export PKG_CONFIG_PATH="$lib/pkgconfig:$d/share/pkgconfig"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$d/bin:$PATH"
+# Portable numerics version 2 opens BLIS by its Debian path; here it lies in the unpacked packages.
+export RETRACE_BLIS_LIBRARY="$lib/blis-pthread/libblis.so.4"
 torch_root=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
 
@@ -77,7 +79,8 @@ t0=$(date +%s)
 cmake "${gen[@]}" -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DRETRACE_TORCH_ROOT="$torch_root" \
   -DCUDAToolkit_ROOT="$cuda_root" -DCMAKE_PREFIX_PATH="$d" -DCMAKE_LIBRARY_PATH="$lib" \
   -DProtobuf_PROTOC_EXECUTABLE="$d/bin/protoc" -DBoost_INCLUDE_DIR="$d/include" \
-  -DOPENSSL_ROOT_DIR="$d" -DZLIB_ROOT="$d" > "$logs/configure.log" 2>&1
+  -DOPENSSL_ROOT_DIR="$d" -DZLIB_ROOT="$d" -DBLIS_INCLUDE_DIR="$d/include/x86_64-linux-gnu/blis-pthread" \
+  > "$logs/configure.log" 2>&1
 rc=$?
 grep -E "retrace builds against|CUDA detected" "$logs/configure.log" | tee -a "$report"
 if [[ $rc -eq 0 ]]; then

@@ -15,6 +15,7 @@ packages=(
   libgtest-dev librapidcheck-dev
   libboost1.74-dev                           # only the headers Boost.CRC needs are kept
   dataset-fashion-mnist                      # the built-in default data set
+  libblis4-pthread libblis-pthread-dev       # portable numerics version 2's GEMMs (kernels/gemm.h)
 )
 rm -rf "$out/stage" "$out/debs"
 mkdir -p "$out/debs" "$out/stage"
@@ -38,6 +39,8 @@ find "$s/lib" -name '*.a' ! -name 'libgtest*' ! -name 'libgmock*' ! -name 'libra
 # The GPT demo's text: this machine's license texts (the GPU machine's differ, or are absent).
 mkdir -p "$s/share/common-licenses"
 cp -r /usr/share/common-licenses/. "$s/share/common-licenses/"
+# BLIS: the library retrace opens (libblis.so.4) and its header; its BLAS face stays behind.
+rm -f "$s/lib/x86_64-linux-gnu/blis-pthread/libblas.so"*
 # gzip: the one compressor every machine has.
 tar -C "$out/stage" -czf "$out/deps.tar.gz" usr
 rm -rf "$out/stage" "$out/debs"
