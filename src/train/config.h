@@ -138,7 +138,9 @@ struct RuntimeConfig {
   Numerics numerics = Numerics::kPortable;  // train/numerics.h
   // Which portable numerics (train/numerics.h): 1, the pinned thread counts (every run recorded
   // before the key existed); 2, GEMMs retrace owns on BLIS, the same bits at any thread count.
-  int64_t numerics_version = 1;
+  // 0 = auto, resolved as the config is read (config_detail::resolve_defaults): 2 under portable,
+  // 1 under native, where the version does not apply.
+  int64_t numerics_version = 0;
   // Version 1: torch intra-op threads; 0 = auto (resolved and recorded). Version 2: the threads of
   // retrace's kernels (GEMMs and lanes), information, not numerics; 0 = the cores this process may
   // use (core/cpu_budget.h), resolved when the process starts and never written into the config.
@@ -166,6 +168,13 @@ struct RuntimeConfig {
   // rounding of stage 0).
   ZeroReduce zero_reduce = ZeroReduce::kAllReduce;
 };
+
+// The portable numerics version a runtime config computes with: numerics_version, or while it is
+// 0 (auto, a config not read through parse_config) what config_detail::resolve_defaults makes of it.
+inline int64_t numerics_version(const RuntimeConfig& r) {
+  if (r.numerics_version != 0) return r.numerics_version;
+  return r.numerics == Numerics::kNative ? 1 : 2;
+}
 
 struct TraceConfig {
   bool enabled = true;

@@ -154,15 +154,14 @@ std::vector<Field> fields() {
   f.push_back({"runtime.device", Kind::kChoice, "device to train on", {"cpu", "cuda"}, 0, 0, false, false,
                at(&C::runtime, &RuntimeConfig::device)});
   f.push_back({"runtime.numerics", Kind::kChoice,
-               "numerics profile: portable (pins the OpenBLAS kernel, ATen's CPU level, BF16 matmuls and thread "
-               "counts so every x86-64-v3 machine gives the same bits) or native (the machine's own kernels, "
-               "faster on some, bits of this machine only)",
+               "numerics profile: portable (the same bits on every x86-64-v3 machine; see numerics_version) or "
+               "native (the machine's own kernels, faster on some, bits of this machine only)",
                {"portable", "native"}, 0, 0, false, false, at(&C::runtime, &RuntimeConfig::numerics), "'native'"});
   f.push_back({"runtime.numerics_version", Kind::kInt,
                "portable numerics: 1, thread counts pinned (torch 1, OpenBLAS 2: every run recorded before this "
                "key); 2, GEMMs on BLIS 0.9 (libblis4-pthread) and retrace's kernels, the same bits at any "
-               "runtime.threads, so every core by default",
-               {}, 1, 2, false, false, at(&C::runtime, &RuntimeConfig::numerics_version), "1"});
+               "runtime.threads, so every core by default; 0: auto (2 under portable, 1 under native)",
+               {}, 0, 2, false, false, at(&C::runtime, &RuntimeConfig::numerics_version), "1"});
   f.push_back({"runtime.threads", Kind::kInt,
                "threads (0: auto). numerics_version 1: torch intra-op threads (auto: portable 1); 2: the threads "
                "of the GEMMs and retrace's kernels, information, not numerics (auto: the cores this process may "

@@ -19,6 +19,7 @@ namespace config_detail {
 // The defaults that depend on other keys, resolved once, so that the recorded text holds values.
 void resolve_defaults(Config& c) {
   if (c.eval.max_batches < 0) c.eval.max_batches = c.data.kind == "tokens" ? kTokenEvalMaxBatches : 0;
+  c.runtime.numerics_version = numerics_version(c.runtime);
 }
 
 void validate(Config& c) {
@@ -43,7 +44,8 @@ void validate(Config& c) {
                   c.runtime.blas_threads != 0
                       ? "blas_threads = " + std::to_string(c.runtime.blas_threads)
                       : "elementwise_threads = " + std::to_string(c.runtime.elementwise_threads),
-                  " is set; remove it and set runtime.threads (0: every core this process may use)");
+                  " is set; remove it and set runtime.threads (0: every core this process may use), or keep the pinned "
+                  "threads with --set runtime.numerics_version=1");
   }
   if (c.runtime.invariance == Invariance::kBatch) {
     RETRACE_CHECK(c.data.batch_size % c.runtime.invariance_chunk == 0, ConfigError,

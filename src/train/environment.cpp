@@ -175,7 +175,10 @@ KernelThreads kernel_threads(const RuntimeConfig& runtime) {
 std::string numerics_summary(const RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
   std::string s = describe_numerics(n, plan_environment(n));
-  if (runtime.numerics_version == 2) {
+  if (numerics_version(runtime) == 2) {
+    // Version 2's thread count is information, not one of the pins (numerics.cpp names version 1's).
+    const std::string pinned_threads = ", fixed thread counts)";
+    if (const size_t at = s.find(pinned_threads); at != std::string::npos) s.replace(at, pinned_threads.size(), ")");
     const KernelThreads t = kernel_threads(runtime);
     // On CUDA the GEMMs are cuBLAS's: BLIS is neither loaded nor named.
     const std::string gemm = runtime.device == DeviceKind::kCpu
@@ -196,7 +199,7 @@ bool owned_step(const Config& c, uint32_t world_size) {
   const bool gelu = m.kind == "gpt" || m.activation == model::Activation::kGelu;
   const bool model_owned = (m.kind == "mlp" && m.activation != model::Activation::kTanh) ||
                            (m.kind == "gpt" && m.attention_matmul == model::AttentionMatmul::kLanes);
-  return c.runtime.numerics_version == 2 && c.runtime.device == DeviceKind::kCpu && world_size == 1 && model_owned &&
+  return numerics_version(c.runtime) == 2 && c.runtime.device == DeviceKind::kCpu && world_size == 1 && model_owned &&
          m.dropout_impl == model::DropoutImpl::kPhilox && (!gelu || m.gelu_impl == model::GeluImpl::kRetrace) &&
          c.train.loss == "cross_entropy" && c.optim.name == OptimizerKind::kAdamW && c.optim.fused &&
          c.amp.mode == AmpMode::kOff;
@@ -206,7 +209,7 @@ ThreadLayout resolve_threads(RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
   // Version 2: ATen and OpenBLAS run one thread, retrace's kernels runtime.threads, which stays as
   // written (0: every core this process may use, resolved by apply_environment on each machine).
-  if (runtime.numerics_version == 2) return {1, 1, runtime.interop_threads};
+  if (numerics_version(runtime) == 2) return {1, 1, runtime.interop_threads};
   int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
   if (runtime.threads == 0) runtime.threads = n == Numerics::kPortable ? kPortableTorchThreads : 1;
   if (runtime.blas_threads == 0)
@@ -239,7 +242,7 @@ void adopt_thread_settings() {
 }
 
 void apply_environment(const RuntimeConfig& runtime) {
-  const bool owned = runtime.numerics_version == 2;
+  const bool owned = numerics_version(runtime) == 2;
   RETRACE_CHECK(owned || (runtime.threads > 0 && runtime.blas_threads > 0), InvariantError,
                 "thread counts must be resolved before apply_environment");
   const Numerics numerics = runtime.numerics;
@@ -320,7 +323,7 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("numerics", numerics_name(numerics));
   // Version 2's GEMM library and the kernel configuration it chose (its block sizes are part of the
   // bits); absent from version 1 headers, so the two versions never compare as equal numerics.
-  const bool owned = runtime.numerics_version == 2;
+  const bool owned = numerics_version(runtime) == 2;
   if (owned) {
     add("numerics_version", "2");
     if (runtime.device == DeviceKind::kCpu) add("gemm", kernels::gemm_library().describe());

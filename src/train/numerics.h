@@ -10,8 +10,11 @@
 //   portable (default)  every such choice is pinned to one that every x86-64-v3 CPU (AVX2 + FMA)
 //                       executes identically: the pins below, BF16 matmuls on ATen's own kernels
 //                       (oneDNN is chosen by CPU features: AVX-512 BF16 and AMX on some parts and
-//                       not others), and fixed thread counts (torch 1, OpenBLAS 2) when the config
-//                       says 0. Two x86-64-v3 machines give the same trace.
+//                       not others). Two x86-64-v3 machines give the same trace. Version 1 (every
+//                       run recorded before runtime.numerics_version existed) also fixes the thread
+//                       counts (torch 1, OpenBLAS 2) when the config says 0; version 2, the default,
+//                       runs retrace's kernels (GEMMs on BLIS, kernels/gemm.h), whose bits do not
+//                       depend on the thread count, on every core (environment.h).
 //   native              whatever the machine picks, for speed; the bits are this machine's.
 //
 // Which BLAS does the matmuls depends on the LibTorch: Debian's calls libblas.so.3 (OpenBLAS, set

@@ -17,7 +17,7 @@ using Clock = std::chrono::steady_clock;
 TrainState initial_state(const Config& c, const data::Dataset& data, const Registry& registry) {
   rng::seed_cpu_and_device(static_cast<uint64_t>(c.seed), cuda_index(c.runtime));
   model::ModelHandle model = registry.model(c.model.kind)(ModelContext{c, data});
-  auto optimizer = make_optimizer(c.optim, *model.module, c.runtime.numerics_version == 2);
+  auto optimizer = make_optimizer(c.optim, *model.module, numerics_version(c.runtime) == 2);
   return TrainState{std::move(model),
                     std::move(optimizer),
                     LossScaler(c.amp, scaler_enabled(c)),
@@ -56,7 +56,7 @@ Trainer::Trainer(const ResolvedConfig& resolved_config, const data::Dataset& dat
   if (config.runtime.zero_stage == 1) {
     // ZeRO: the optimizer steps views of this rank's range of the (moved) parameters.
     state_.zero = std::make_shared<ZeroShard>(state_.model.module->parameters(), rank_, world_size_);
-    state_.optimizer = make_optimizer(config.optim, state_.zero->views(), config.runtime.numerics_version == 2);
+    state_.optimizer = make_optimizer(config.optim, state_.zero->views(), numerics_version(config.runtime) == 2);
     std::vector<uint64_t> first;
     for (const ZeroShard::Part& part : state_.zero->mine()) first.push_back(static_cast<uint64_t>(part.begin));
     set_sum_positions(*state_.optimizer, state_.zero->views(), first);

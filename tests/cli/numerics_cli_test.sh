@@ -12,7 +12,9 @@ GOLDEN=${2:?golden dir}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/../testing/expect.sh"
-base=(--set train.eval_each_epoch=false --set checkpoint.every_steps=0 --set checkpoint.at_end=false --plain)
+# Version 1's pins (OpenBLAS kernel, thread counts); version 2 has numerics_v2_test.sh.
+base=(--set train.eval_each_epoch=false --set checkpoint.every_steps=0 --set checkpoint.at_end=false --plain
+  --set runtime.numerics_version=1)
 short=(--steps 12 "${base[@]}")
 fingerprint() { "$RETRACE" inspect "$1/trace.rtrace" | grep -E "^  $2=" | head -1 | cut -d= -f2-; }
 check_eq() {  # name, got, want
@@ -166,7 +168,8 @@ new_golden() {  # name, then extra arguments for `golden update`
   "$RETRACE" golden update "$name" --dir "$g" --reason "numerics test" --set train.steps=30 \
     --set train.eval_each_epoch=false --set checkpoint.every_steps=0 "$@" >/dev/null || { echo "FAIL golden update $name"; fails=$((fails+1)); }
 }
-new_golden portable
+new_golden portable --set runtime.numerics_version=1
+new_golden portable-v2
 expect golden-portable-bitwise 0 "golden portable +PASS  bitwise" -- "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
 expect golden-prints-numerics 0 "numerics fingerprint: .*numerics=portable.*aten_cpu_capability=AVX2" -- \
   "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
@@ -177,6 +180,9 @@ if [[ -n "$mkl" ]]; then
 elif [[ -z "$machine_sets_coretype" ]]; then
   expect golden-portable-under-prescott 0 "PASS  tolerance.*numerics fields differ: blas_core\)" -- \
     env OPENBLAS_CORETYPE=Prescott "$RETRACE" golden check portable --dir "$g" --scratch "$tmp/s"
+  # Version 2's MLP runs no OpenBLAS kernel: another one leaves its bits alone.
+  expect golden-v2-ignores-openblas-kernel 0 "golden portable-v2 +PASS  bitwise" -- \
+    env OPENBLAS_CORETYPE=Prescott "$RETRACE" golden check portable-v2 --dir "$g" --scratch "$tmp/s"
   # Native numerics across two kernels: the machine's own and another one. OpenBLAS 0.3.21 runs
   # Prescott on CPUs it does not know (Intel Emerald Rapids VMs), so there the other is Haswell.
   "$RETRACE" record "${short[@]}" --out "$tmp/native" --set runtime.numerics=native >/dev/null 2>&1

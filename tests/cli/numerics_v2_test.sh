@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Portable numerics version 2 through the CLI (issue 51): the same trace at any runtime.threads for
-# the MLP and the char GPT, the thread count recorded as information, a run resumed and replayed on
-# another core count verified bitwise, version 1 unchanged, and each bad input with its exit code.
+# Portable numerics version 2 through the CLI (issue 51): the default; the same trace at any
+# runtime.threads for the MLP, the char GPT and gpt2-124m's config (narrowed), the thread count
+# recorded as information, a run resumed and replayed on another core count verified bitwise,
+# version 1 unchanged, and each bad input with its exit code.
 #
 #   numerics_v2_test.sh path/to/retrace repository_root
 set -u
@@ -38,8 +39,24 @@ expect v2-not-blis 4 "found a library without BLIS's functions" -- \
   env RETRACE_BLIS_LIBRARY="$not_blis" "$RETRACE" record --steps 3 "${base[@]}" "${v2[@]}" --out "$tmp/bad6"
 for d in bad1 bad2 bad3 bad4 bad5 bad6; do [[ -e "$tmp/$d" ]] && bad "refused run $d left its directory"; done
 
+# ---- version 2 is the default under portable; native resolves to 1 ------------------------------
+"$RETRACE" record --steps 3 "${base[@]}" --out "$tmp/default" > /dev/null
+[[ "$(field "$tmp/default" numerics_version)" == 2 ]] && grep -q "^numerics_version = 2$" "$tmp/default/config.toml" &&
+  ok default-is-version-2 || bad "default-is-version-2: $(field "$tmp/default" numerics_version)"
+"$RETRACE" record --steps 3 "${base[@]}" --set runtime.numerics=native --out "$tmp/native" > /dev/null
+grep -q "^numerics_version = 1$" "$tmp/native/config.toml" && [[ -z "$(field "$tmp/native" numerics_version)" ]] &&
+  ok native-resolves-version-1 || bad "native-resolves-version-1: $(grep numerics_version "$tmp/native/config.toml")"
+# BLIS runs its haswell configuration whatever it would pick for this CPU (zen3 on an AMD EPYC):
+# retrace sets BLIS_ARCH_TYPE, unless the user did.
+if [[ -z "${BLIS_ARCH_TYPE+set}" ]]; then
+  [[ "$(field "$tmp/default" gemm)" == "BLIS 0.9."*" haswell" ]] && ok blis-haswell-pinned ||
+    bad "blis-haswell-pinned: $(field "$tmp/default" gemm)"
+else
+  echo "note: BLIS_ARCH_TYPE=$BLIS_ARCH_TYPE is set in this environment: kept, so blis-haswell-pinned is skipped"
+fi
+
 # ---- version 1 is what it was: no new fingerprint field, no new config key ---------------------
-"$RETRACE" record --steps 3 "${base[@]}" --out "$tmp/v1" > /dev/null
+"$RETRACE" record --steps 3 "${base[@]}" --set runtime.numerics_version=1 --out "$tmp/v1" > /dev/null
 [[ -z "$(field "$tmp/v1" numerics_version)" && -z "$(field "$tmp/v1" gemm)" ]] && ok v1-fingerprint-unchanged ||
   bad "v1-fingerprint-unchanged: $(field "$tmp/v1" numerics_version) $(field "$tmp/v1" gemm)"
 grep -q "^numerics_version = 1$" "$tmp/v1/config.toml" && ok v1-config-text || bad "v1-config-text: no numerics_version = 1"
@@ -69,6 +86,16 @@ expect v1-vs-v2-named 1 "environment +differs \(bitwise differences are expected
 "$RETRACE" record "${gpt[@]}" --steps 3 "${base[@]}" "${v2[@]}" --set runtime.threads=1 --out "$tmp/g1" > /dev/null
 "$RETRACE" record "${gpt[@]}" --steps 3 "${base[@]}" "${v2[@]}" --set runtime.threads=3 --out "$tmp/g3" > /dev/null
 bitwise gpt-threads-1-vs-3 "$tmp/g1" "$tmp/g3"
+
+# ---- gpt2-124m's config (token shards, tied head, no dropout), narrowed to run in seconds ---------
+python3 "$ROOT/tools/data/write_tokens.py" /usr/share/common-licenses/GPL-3 "$tmp/tok" --shard-tokens 9000 \
+  --name gpl > /dev/null
+gpt2=(--config "$ROOT/configs/gpt2-124m.toml" --set data.dir="$tmp/tok" --set data.context=32 --set data.batch_size=2
+      --set model.n_layers=2 --set model.d_model=64 --set model.n_heads=4 --set eval.every_steps=0)
+"$RETRACE" record "${gpt2[@]}" --steps 3 "${base[@]}" --set runtime.threads=1 --out "$tmp/t1" > /dev/null
+"$RETRACE" record "${gpt2[@]}" --steps 3 "${base[@]}" --set runtime.threads=3 --out "$tmp/t3" > /dev/null
+bitwise gpt2-threads-1-vs-3 "$tmp/t1" "$tmp/t3"
+[[ "$(field "$tmp/t1" model_kernels)" == owned ]] && ok gpt2-owned || bad "gpt2-owned: $(field "$tmp/t1" model_kernels)"
 
 # ---- recorded on two cores with threads = 0 (auto), resumed and replayed on one ------------------
 if taskset -c 0 true 2>/dev/null && [[ $(nproc) -ge 2 ]]; then

@@ -17,7 +17,10 @@ source "$(dirname "$0")/../testing/expect.sh"
 echo "this: $("$RETRACE" --version); other: $("$OTHER" --version)"
 theirs=$("$OTHER" --version | sed -n 's/.*LibTorch \([0-9.]*\).*/\1/p')
 ours=$("$RETRACE" --version | sed -n 's/.*LibTorch \([0-9.]*\).*/\1/p')
-"$OTHER" record --total-steps 12 --interrupt-at 6 --out "$tmp/r" --plain --set train.eval_each_epoch=false > /dev/null
+# Portable version 1 (LibTorch's kernels and BLAS: the build's own bits), and every other step
+# that keeps a LibTorch kernel.
+"$OTHER" record --total-steps 12 --interrupt-at 6 --out "$tmp/r" --plain --set train.eval_each_epoch=false \
+  --set runtime.numerics_version=1 > /dev/null
 before=$(stat -c %s "$tmp/r/trace.rtrace")
 expect resume-other-torch 4 "cannot resume .*: it was recorded with LibTorch $theirs and this retrace is built against LibTorch $ours.*--accept-other-torch" -- \
   "$RETRACE" resume "$tmp/r" --plain
@@ -26,8 +29,8 @@ expect replay-other-torch 4 "cannot replay .*: it was recorded with LibTorch $th
 expect resume-other-torch-accepted 0 "resumed under other numerics than the trace header records \(.*libtorch_version $theirs -> $ours" -- \
   "$RETRACE" resume "$tmp/r" --plain --accept-other-torch
 
-# Portable numerics version 2 (every kernel of the step retrace's own): no refusal, and the bits
-# are the same on both builds. Recorded by the other build, interrupted, resumed by this one without
+# Portable numerics version 2 (the default; every kernel of the step retrace's own): no refusal,
+# and the bits are the same on both builds. Recorded by the other build, interrupted, resumed by this one without
 # --accept-other-torch: the whole trace equals an uninterrupted run's by this build; replayed by this
 # build: REPLAY VERIFIED. The MLP and the char GPT (2 layers).
 v2=(--set runtime.numerics_version=2 --set train.eval_each_epoch=false --set checkpoint.every_steps=6 --plain)

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 
 #include "ckpt/train_state.h"
 #include "core/error.h"
@@ -58,9 +59,15 @@ TEST(Record, HeaderCarriesConfigFingerprintModelAndData) {
   EXPECT_EQ(h.seed, 1234u);
   EXPECT_EQ(h.data_files.size(), 4u);
   EXPECT_EQ(h.params.size(), 6u);  // three Linear layers, weight and bias each
-  bool has_blas = false;
-  for (const auto& kv : h.fingerprint) has_blas = has_blas || kv.key == "blas";
-  EXPECT_TRUE(has_blas);
+  // Portable version 2 with every kernel of the step retrace's: the GEMM library is a numerics
+  // field, LibTorch's BLAS information.
+  std::map<std::string, std::string> fp;
+  for (const auto& kv : h.fingerprint) fp[kv.key] = kv.value;
+  EXPECT_EQ(fp["numerics_version"], "2");
+  EXPECT_EQ(fp["gemm"].rfind("BLIS 0.9.", 0), 0u) << fp["gemm"];
+  EXPECT_EQ(fp["model_kernels"], "owned");
+  EXPECT_EQ(fp.count("blas"), 0u);
+  EXPECT_EQ(fp.count("info.blas"), 1u);
   EXPECT_TRUE(std::filesystem::exists(tmp.file("r/config.toml")));
 }
 

@@ -49,7 +49,11 @@ TEST(Config, KeysAddedLaterReadAsTheirOldBehaviourInRecordedConfigs) {
   EXPECT_FALSE(recorded.optim.fused);
   EXPECT_EQ(to_toml(recorded), old_text);
   // The same text written by a person takes today's defaults, and says so when written back.
-  Config user = parse_config(old_text, "user file", {});
+  // Today's portable numerics (version 2) has one thread knob, so the pinned OpenBLAS count that
+  // text holds is refused with the ways out.
+  EXPECT_NE(error_of(old_text).find("runtime.blas_threads = 2 is set"), std::string::npos);
+  Config user = parse_config(old_text, "user file", {"runtime.blas_threads=0"});
+  EXPECT_EQ(user.runtime.numerics_version, 2);
   EXPECT_EQ(user.model.dropout_impl, model::DropoutImpl::kPhilox);
   EXPECT_EQ(user.model.gelu_impl, model::GeluImpl::kRetrace);
   EXPECT_EQ(user.model.attention_matmul, model::AttentionMatmul::kLanes);
@@ -137,17 +141,27 @@ TEST(Config, NumericsVersionTwoIsPortableWithOneThreadKnob) {
   Config v2 = parse_config("", "x", {"runtime.numerics_version=2", "runtime.threads=5"});
   EXPECT_EQ(v2.runtime.numerics_version, 2);
   EXPECT_EQ(v2.runtime.threads, 5);
-  EXPECT_EQ(parse_config("", "x", {}).runtime.numerics_version, 1);  // the default until the goldens move
+  // Auto (0) resolves as the config is read, and the text holds the resolved value: 2 under
+  // portable (the default), 1 under native, where the version does not apply.
+  const Config fresh = parse_config("", "x", {});
+  EXPECT_EQ(fresh.runtime.numerics_version, 2);
+  EXPECT_NE(to_toml(fresh).find("numerics_version = 2"), std::string::npos);
+  EXPECT_EQ(numerics_version(Config{}.runtime), 2);  // a config built in code, not yet resolved
+  const Config native = parse_config("", "x", {"runtime.numerics=native"});
+  EXPECT_EQ(native.runtime.numerics_version, 1);
+  EXPECT_EQ(to_toml(native).find("numerics_version"), std::string::npos);
+  EXPECT_EQ(parse_config(to_toml(native), "again", {}, ConfigSource::kRecorded).runtime.numerics_version, 1);
   std::string e = error_of("", {"runtime.numerics_version=2", "runtime.numerics=native"});
   EXPECT_NE(e.find("numerics_version = 2 is a version of the portable profile"), std::string::npos) << e;
   e = error_of("", {"runtime.numerics_version=2", "runtime.blas_threads=2"});
   EXPECT_NE(e.find("runtime.blas_threads = 2 is set; remove it and set runtime.threads"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set runtime.numerics_version=1"), std::string::npos) << e;
   e = error_of("", {"runtime.numerics_version=2", "runtime.elementwise_threads=1"});
   EXPECT_NE(e.find("runtime.elementwise_threads = 1 is set"), std::string::npos) << e;
   e = error_of("", {"runtime.numerics_version=3"});
   EXPECT_NE(e.find("runtime.numerics_version"), std::string::npos) << e;
   // Version 1 keeps its knobs.
-  EXPECT_EQ(parse_config("", "x", {"runtime.blas_threads=2"}).runtime.blas_threads, 2);
+  EXPECT_EQ(parse_config("", "x", {"runtime.numerics_version=1", "runtime.blas_threads=2"}).runtime.blas_threads, 2);
 }
 
 TEST(Config, AdamwLerpMomentNeedsLibTorchsAdamW) {

@@ -73,6 +73,9 @@ int main(int argc, char** argv) try {
     }
   }
   RETRACE_CHECK(rounds >= 1 && iters >= 1, ConfigError, "block_bench: --rounds and --iters need values >= 1");
+  // The plain path and the training path give the same bits under portable version 1, whose block
+  // this measures (ATen's kernels on both paths); version 2 replaces them with retrace's own.
+  sets.insert(sets.begin(), "runtime.numerics_version=1");
   train::Config c = train::load_config("configs/char-gpt.toml", sets);
   train::resolve_threads(c.runtime);
   train::apply_environment(c.runtime);
