@@ -60,9 +60,8 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
     const float* s = scores.data_ptr<float>();
     float* m = d ? mask.data_ptr<float>() : nullptr;
     float* o = out.data_ptr<float>();
-    const float* sm = soft.data_ptr<float>();
+    float* sm = soft.data_ptr<float>();
     const at::Tensor soft_rows = soft.view({rows, t});
-    float* soft_out = soft.data_ptr<float>();
     const int64_t tile = tile_rows(t);
     std::array<at::Tensor, kMaxLanes> scratch;  // per lane
     for_each_tile(rows, tile, [&](int64_t r0, int64_t r1, int lane) {
@@ -77,8 +76,7 @@ struct CausalAttentionWeights : torch::autograd::Function<CausalAttentionWeights
       }
       if (owned_kernels()) {  // portable numerics version 2: kernels/reduce.h's softmax, the causal keys only
         std::vector<double> e(static_cast<size_t>(t));
-        for (int64_t r = r0; r < r1; ++r)
-          kernels::softmax_row(x + (r - r0) * t, r % t + 1, t, soft_out + r * t, e.data());
+        for (int64_t r = r0; r < r1; ++r) kernels::softmax_row(x + (r - r0) * t, r % t + 1, t, sm + r * t, e.data());
       } else {
         at::Tensor soft_tile = soft_rows.narrow(0, r0, r1 - r0);
         at::_softmax_out(soft_tile, scratch[lane].narrow(0, 0, r1 - r0), /*dim=*/1, /*half_to_float=*/false);

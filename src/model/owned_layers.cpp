@@ -24,10 +24,6 @@ constexpr int64_t kColumnTile = 64;
 // Rows per tile for rows of n floats: about 16k floats a tile.
 int64_t rows_per_tile(int64_t n) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(n, 1)); }
 
-bool cpu_float(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided;
-}
-
 const float* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 struct OwnedLayerNorm : torch::autograd::Function<OwnedLayerNorm> {
@@ -162,19 +158,19 @@ struct OwnedEmbedding : torch::autograd::Function<OwnedEmbedding> {
 }  // namespace
 
 bool owned_layer_norm_applies(const at::Tensor& x, const at::Tensor& weight) {
-  return owned_kernels() && cpu_float(x) && x.dim() >= 1 && x.size(-1) > 0 && cpu_float(weight) && weight.dim() == 1 &&
-         weight.size(0) == x.size(-1) && !compat::cpu_autocast_enabled();
+  return owned_kernels() && owned_float(x) && x.dim() >= 1 && x.size(-1) > 0 && owned_float(weight) &&
+         weight.dim() == 1 && weight.size(0) == x.size(-1) && !compat::cpu_autocast_enabled();
 }
 
 at::Tensor owned_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  RETRACE_CHECK(owned_layer_norm_applies(x, weight) && cpu_float(bias) && bias.sizes() == weight.sizes(),
+  RETRACE_CHECK(owned_layer_norm_applies(x, weight) && owned_float(bias) && bias.sizes() == weight.sizes(),
                 InvariantError, "owned_layer_norm: needs float32 CPU tensors and a weight and bias of x's last size");
   return OwnedLayerNorm::apply(x, weight, bias, eps);
 }
 
 bool owned_embedding_applies(const at::Tensor& ids, const at::Tensor& wte, const at::Tensor& wpe) {
   return owned_kernels() && ids.defined() && ids.dim() == 2 && ids.scalar_type() == at::kLong &&
-         ids.device().is_cpu() && cpu_float(wte) && cpu_float(wpe) && wte.dim() == 2 && wpe.dim() == 2 &&
+         ids.device().is_cpu() && owned_float(wte) && owned_float(wpe) && wte.dim() == 2 && wpe.dim() == 2 &&
          wte.size(1) == wpe.size(1) && ids.size(1) <= wpe.size(0);
 }
 

@@ -110,11 +110,8 @@ void set_gemm_path(GemmPath path) { path_now.store(path, std::memory_order_relax
 GemmPath gemm_path() { return path_now.load(std::memory_order_relaxed); }
 
 bool owned_linear_applies(const at::Tensor& x, const at::Tensor& weight) {
-  if (gemm_path() != GemmPath::kOwned || !x.defined() || !weight.defined() || weight.dim() != 2 || x.dim() < 1)
-    return false;
-  for (const at::Tensor* t : {&x, &weight})
-    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->layout() != at::kStrided) return false;
-  return x.size(-1) == weight.size(1) && !compat::cpu_autocast_enabled();
+  return owned_kernels() && owned_float(x) && owned_float(weight) && weight.dim() == 2 && x.dim() >= 1 &&
+         x.size(-1) == weight.size(1) && !compat::cpu_autocast_enabled();
 }
 
 at::Tensor owned_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

@@ -21,6 +21,11 @@ GemmPath gemm_path();
 // the gradient norm (train/step.cpp) follow it too.
 inline bool owned_kernels() { return gemm_path() == GemmPath::kOwned; }
 
+// Whether t is a tensor version 2's CPU kernels compute on: defined, float32, CPU, strided.
+inline bool owned_float(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == at::kFloat && t.layout() == at::kStrided;
+}
+
 // Whether owned_linear takes x [..., K] and weight [N, K]: the owned path is on, both float32 CPU
 // strided tensors, and CPU autocast is off.
 bool owned_linear_applies(const at::Tensor& x, const at::Tensor& weight);

@@ -67,10 +67,9 @@ struct OwnedCrossEntropySum : torch::autograd::Function<OwnedCrossEntropySum> {
 }  // namespace
 
 bool owned_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& targets) {
-  return owned_kernels() && logits.defined() && targets.defined() && logits.dim() == 2 && targets.dim() == 1 &&
-         logits.size(0) == targets.size(0) && logits.size(1) >= 1 && logits.device().is_cpu() &&
-         targets.device().is_cpu() && logits.scalar_type() == at::kFloat && targets.scalar_type() == at::kLong &&
-         logits.layout() == at::kStrided && !compat::cpu_autocast_enabled();
+  return owned_kernels() && owned_float(logits) && targets.defined() && logits.dim() == 2 && targets.dim() == 1 &&
+         logits.size(0) == targets.size(0) && logits.size(1) >= 1 && targets.device().is_cpu() &&
+         targets.scalar_type() == at::kLong && !compat::cpu_autocast_enabled();
 }
 
 at::Tensor owned_cross_entropy_sum(const at::Tensor& logits, const at::Tensor& targets) {

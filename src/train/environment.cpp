@@ -174,11 +174,9 @@ KernelThreads kernel_threads(const RuntimeConfig& runtime) {
 
 std::string numerics_summary(const RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
-  std::string s = describe_numerics(n, plan_environment(n));
+  // Version 2's thread count is information, not one of the pins.
+  std::string s = describe_numerics(n, plan_environment(n), /*fixed_threads=*/numerics_version(runtime) != 2);
   if (numerics_version(runtime) == 2) {
-    // Version 2's thread count is information, not one of the pins (numerics.cpp names version 1's).
-    const std::string pinned_threads = ", fixed thread counts)";
-    if (const size_t at = s.find(pinned_threads); at != std::string::npos) s.replace(at, pinned_threads.size(), ")");
     const KernelThreads t = kernel_threads(runtime);
     // On CUDA the GEMMs are cuBLAS's: BLIS is neither loaded nor named.
     const std::string gemm = runtime.device == DeviceKind::kCpu

@@ -192,7 +192,7 @@ void pin_before_start(BlasKind blas) {
   fit_thread_timeout(blas, local_ranks_from_env());
 }
 
-std::string describe_numerics(Numerics n, const EnvPlan& plan) {
+std::string describe_numerics(Numerics n, const EnvPlan& plan, bool fixed_threads) {
   std::string s = std::string("numerics: ") + numerics_name(n);
   if (n == Numerics::kNative) return s + " (the kernels this machine picks; its bits are its own)";
   s += " (";
@@ -204,7 +204,7 @@ std::string describe_numerics(Numerics n, const EnvPlan& plan) {
     s += std::string(first ? "" : ", ") + pin.what + " " + value;
     first = false;
   }
-  s += ", BF16 matmuls on ATen's kernels, fixed thread counts)";
+  s += fixed_threads ? ", BF16 matmuls on ATen's kernels, fixed thread counts)" : ", BF16 matmuls on ATen's kernels)";
   for (const auto& [var, value] : plan.respected)
     s += "; " + var + "=" + value +
          " was set in the environment and is kept: the bits are portable only among "

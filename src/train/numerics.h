@@ -97,7 +97,8 @@ EnvPlan plan_environment(Numerics n);
 // variables of plan_environment(n) in place; returns when it already is. IoError when exec fails.
 void prepare_process(Numerics n, char** argv);
 
-// One line for people: the profile, what is pinned, what was respected.
-std::string describe_numerics(Numerics n, const EnvPlan& plan);
+// One line for people: the profile, what is pinned, what was respected; `fixed_threads` names the
+// thread counts among the pins (portable version 1: they are; version 2: information).
+std::string describe_numerics(Numerics n, const EnvPlan& plan, bool fixed_threads = true);
 
 }  // namespace retrace::train

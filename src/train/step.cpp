@@ -94,16 +94,11 @@ double owned_grad_norm(const std::vector<torch::Tensor>& grads) {
 }  // namespace
 
 double global_grad_norm(const std::vector<torch::Tensor>& params) {
-  if (model::owned_kernels()) {
-    const std::vector<torch::Tensor> grads = gradients(params);
-    bool cpu_float = true;
-    for (const torch::Tensor& g : grads)
-      cpu_float = cpu_float && g.device().is_cpu() && g.scalar_type() == torch::kFloat;
-    if (cpu_float) return owned_grad_norm(grads);
-  }
+  const std::vector<torch::Tensor> grads = gradients(params);
+  if (model::owned_kernels() && std::all_of(grads.begin(), grads.end(), model::owned_float))
+    return owned_grad_norm(grads);
   // Each gradient's norm is the one ATen call it always was, now on one of the two lanes; the
   // norms are stacked in parameter order, so the result has the same bits.
-  const std::vector<torch::Tensor> grads = gradients(params);
   if (grads.empty()) return 0.0;
   const std::vector<size_t> order = largest_first(grads);
   std::vector<torch::Tensor> norms(grads.size());
