@@ -162,6 +162,7 @@ retrace_torch_part(retrace_run
   src/run/inputs.cpp
   src/run/run.cpp
   src/run/loop_parts.cpp
+  src/run/async_save.cpp
   src/run/memory_report.cpp
 )
 target_link_libraries(retrace_run PUBLIC retrace_ckpt_torch retrace_trace retrace_distributed)

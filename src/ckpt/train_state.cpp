@@ -267,7 +267,7 @@ void gather_shards(train::Collective& sync, const ShardFileInfo& info, std::vect
 
 std::string save_snapshot(const StateSnapshot& snap, const std::string& root, const TracePosition& pos,
                           uint32_t keep_last, train::Collective* sync, RotationReport* rotation,
-                          const StateSnapshot* anchor) {
+                          const StateSnapshot* anchor, const std::function<void()>& before_commit) {
   const uint64_t step = snap.step;
   const uint32_t rank = snap.rank, world = snap.world_size;
   RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world,
@@ -284,6 +284,7 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
         {"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(), anchor->rng.size()});
   const ShardFileInfo info = write_shard(dir + "/" + shard_file_name(rank),
                                          shard_meta(snap, anchor, plan.anchor_apart, pos), plan.views);
+  if (before_commit) before_commit();
 
   // What this rank wrote: its file, and where each of its pieces is in it and its xxh3.
   std::vector<PieceRecord> records;

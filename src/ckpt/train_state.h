@@ -66,9 +66,12 @@ struct StateSnapshot {
 // same shard as "anchor/model/...", "anchor/optim/...", "anchor/rng/state" and metadata
 // "anchor.step" and "anchor.m.<key>"; an anchor at the snapshot's own step is stored as
 // "anchor.step" alone.
+// `before_commit`, when given, runs once this rank's shard is durable and before the ranks vote: an
+// Error it throws leaves the step directory without a manifest (an interrupted save, which
+// rotation removes) and propagates (a background save's check of its staged copy).
 std::string save_snapshot(const StateSnapshot& snapshot, const std::string& root, const TracePosition& pos,
                           uint32_t keep_last, train::Collective* sync = nullptr, RotationReport* rotation = nullptr,
-                          const StateSnapshot* anchor = nullptr);
+                          const StateSnapshot* anchor = nullptr, const std::function<void()>& before_commit = {});
 
 // A rank's state as a snapshot; `copy`: tensors are copies (an anchor kept in memory while
 // training goes on), else views of the live state (a save).

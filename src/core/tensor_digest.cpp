@@ -10,42 +10,61 @@ namespace retrace {
 namespace {
 constexpr uint64_t kUndefinedTag = 0xffffffffffffffffull;
 
-void header_into(Xxh3& h, torch::ScalarType dtype, c10::IntArrayRef shape) {
-  h.update_u64(static_cast<uint64_t>(dtype));
-  h.update_u64(static_cast<uint64_t>(shape.size()));
-  for (int64_t s : shape) h.update_u64(static_cast<uint64_t>(s));
+// Feeds a hasher and, when given, a second one the same words.
+struct Feed {
+  Xxh3& h;
+  Xxh3* also;
+  void u64(uint64_t v) {
+    h.update_u64(v);
+    if (also) also->update_u64(v);
+  }
+  void bytes(const void* p, size_t n) {
+    h.update(p, n);
+    if (also) also->update(p, n);
+  }
+};
+
+void header_into(Feed& f, torch::ScalarType dtype, c10::IntArrayRef shape) {
+  f.u64(static_cast<uint64_t>(dtype));
+  f.u64(static_cast<uint64_t>(shape.size()));
+  for (int64_t s : shape) f.u64(static_cast<uint64_t>(s));
 }
 }  // namespace
 
-void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind, const KnownSums* known) {
+void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind, const KnownSums* known, Xxh3* also) {
+  Feed f{h, also};
   if (!t.defined()) {
-    h.update_u64(kUndefinedTag);
+    f.u64(kUndefinedTag);
     return;
   }
-  header_into(h, t.scalar_type(), t.sizes());
+  header_into(f, t.scalar_type(), t.sizes());
   if (is_mixed(kind)) {
     uint64_t known_sum[16];
-    h.update_u64(known && (*known)(t, known_sum) ? known_sum[0] : tensor_mixed_sum(t, 0, mix_of(kind)));
+    f.u64(known && (*known)(t, known_sum) ? known_sum[0] : tensor_mixed_sum(t, 0, mix_of(kind)));
     return;
   }
   torch::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(torch::kCPU).contiguous();
   if (kind == DigestKind::kXxh3) {
-    h.update(c.data_ptr(), c.nbytes());
+    f.bytes(c.data_ptr(), c.nbytes());
     return;
   }
   uint64_t sums[16];
   if (!known || !(*known)(c, sums)) lane_sums(c.data_ptr(), c.nbytes(), sums);
-  h.update_u64(c.nbytes());
-  for (uint64_t s : sums) h.update_u64(s);
+  f.u64(c.nbytes());
+  for (uint64_t s : sums) f.u64(s);
 }
 
-Digest128 digest_named(NamedTensors tensors, DigestKind kind, const KnownSums* known) {
+Digest128 digest_named(NamedTensors tensors, DigestKind kind, const KnownSums* known, DigestParts* parts) {
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   Xxh3 h;
+  if (parts) parts->clear();
   for (const auto& [name, t] : tensors) {
-    h.update_u64(name.size());
-    h.update(name);
-    digest_tensor_into(h, t, kind, known);
+    Xxh3 part;
+    Feed f{h, parts ? &part : nullptr};
+    f.u64(name.size());
+    f.bytes(name.data(), name.size());
+    digest_tensor_into(h, t, kind, known, parts ? &part : nullptr);
+    if (parts) parts->emplace_back(name, part.digest());
   }
   return h.digest();
 }
@@ -132,7 +151,8 @@ Digest128 digest_mixed(std::vector<MixedEntry> entries) {
       h.update_u64(kUndefinedTag);
       continue;
     }
-    header_into(h, e.dtype, e.shape);
+    Feed f{h, nullptr};
+    header_into(f, e.dtype, e.shape);
     h.update_u64(e.sum);
   }
   return h.digest();

@@ -48,10 +48,25 @@ struct SliceOf {
 // the tensor's own positions in out[0]; false to have them computed.
 using KnownSums = std::function<bool(const torch::Tensor&, uint64_t out[16])>;
 
+// Each tensor's share of a digest_named digest, by name in the digest's order: xxh3-128 of what
+// the tensor fed into it (its name, dtype, shape and bytes or sums). Two sets of tensors with equal
+// digests have equal parts; where digests differ, the first differing part names the tensor.
+using DigestParts = std::vector<std::pair<std::string, Digest128>>;
+// The shares of one step's parameter and optimizer digests (under trace.digest_version 2 to 4, not
+// under ZeRO), kept after the step: a background save checks its staged copy against them and
+// names the tensor that differs (src/run/async_save.h). `step` 0: none kept.
+struct StepDigestParts {
+  uint64_t step = 0;
+  DigestParts model, optim;
+  bool with_optimizer = false;
+};
 // Sorts by name, then digests. Undefined tensors contribute their name and an "undefined" tag.
-Digest128 digest_named(NamedTensors tensors, DigestKind kind = DigestKind::kXxh3, const KnownSums* known = nullptr);
+// `parts`, when given, receives each tensor's share (the same pass, a few bytes more per tensor).
+Digest128 digest_named(NamedTensors tensors, DigestKind kind = DigestKind::kXxh3, const KnownSums* known = nullptr,
+                       DigestParts* parts = nullptr);
+// `also`, when given, is fed the same words as `h`.
 void digest_tensor_into(Xxh3& h, const torch::Tensor& t, DigestKind kind = DigestKind::kXxh3,
-                        const KnownSums* known = nullptr);
+                        const KnownSums* known = nullptr, Xxh3* also = nullptr);
 // mixed_sum (digest.h) of t's elements in flat row-major order at global positions
 // first_position, first_position + 1, ..., computed where t lives with torch's int64 ops (wrapping
 // multiplies, masked right shifts, an int64 sum), in chunks of 1M elements: on a GPU only the

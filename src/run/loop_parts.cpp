@@ -16,6 +16,7 @@
 #include "run/layout.h"
 #include "trace/trace_writer.h"
 #include "train/trainer.h"
+#include "records/records.h"
 
 namespace retrace::run {
 using LoopClock = std::chrono::steady_clock;
@@ -38,34 +39,149 @@ bool CheckpointCadence::due(uint64_t step, bool last, bool interrupt) {
 
 void CheckpointCadence::saved() { last_ = LoopClock::now(); }
 
-Checkpointer::Checkpointer(std::string run_dir, uint32_t keep_last, train::Collective* ranks)
-    : run_dir_(std::move(run_dir)), keep_last_(keep_last), ranks_(ranks) {}
+Checkpointer::Checkpointer(std::string run_dir, const train::CheckpointConfig& config, train::Collective* ranks,
+                           std::string sync_reason)
+    : run_dir_(std::move(run_dir)),
+      keep_last_(static_cast<uint32_t>(config.keep_last)),
+      on_error_(config.on_error),
+      ranks_(ranks),
+      background_(config.async_save && sync_reason.empty()) {}
 
-std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
-                               const Anchor& anchor, const RunCallbacks& cb) {
+std::string background_save_unavailable(const train::Config& config, train::Collective* ranks) {
+  if (!config.checkpoint.async_save) return {};
+  if (ranks && ranks->world_size() > 1)
+    return "the ranks' commit vote runs on the loop's process group (several ranks save synchronously)";
+  if (!config.trace.enabled || !config.trace.digests)
+    return "the trace holds no digests to check the staged copy against (trace.enabled and trace.digests)";
+  return {};
+}
+
+ckpt::TracePosition Checkpointer::position(trace::TraceWriter* writer) const {
   ckpt::TracePosition pos;
   if (writer) {
     writer->sync();  // the checkpoint points into the trace: that prefix must be durable
     pos.bytes = writer->bytes_written();
     pos.chain = writer->last_chain();
   }
-  ckpt::RotationReport rotation;
-  // An evaluation due at this step runs after the checkpoint: a kill or an error during it loses
-  // no step, and the resume redoes it (the checkpoint says it is due).
-  std::map<std::string, std::string> extra;
-  if (eval_due) extra[kEvalDueKey] = "1";
-  const auto start = LoopClock::now();
-  std::string dir = ckpt::save_checkpoint(trainer.state(), trainer.state_context(), checkpoint_root(run_dir_), pos,
-                                          keep_last_, extra, ranks_, &rotation, anchor ? &*anchor : nullptr);
-  if (cb.on_message && trainer.rank() == 0)
-    cb.on_message("checkpoint " + dir + " (" + bytes_and_speed(directory_bytes(dir), start) + ")");
+  return pos;
+}
+
+void Checkpointer::report_rotation(const ckpt::RotationReport& rotation, trace::TraceWriter* writer, uint64_t step,
+                                   const RunCallbacks& cb) {
   for (const auto& [path, why] : rotation.left) {
     if (!left_reported_.insert(path).second) continue;  // once per run, not at every save
     const std::string warn = "checkpoint rotation left " + path + " in place: " + why;
     if (writer) writer->append_event({step, "checkpoint", warn});
     if (cb.on_message) cb.on_message("warning: " + warn);
   }
+}
+
+std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
+                               const Anchor& anchor, const RunCallbacks& cb) {
+  take_finished(writer, step, cb, /*wait=*/true);
+  const ckpt::TracePosition pos = position(writer);
+  ckpt::RotationReport rotation;
+  // An evaluation due at this step runs after the checkpoint: a kill or an error during it loses
+  // no step, and the resume redoes it (the checkpoint says it is due).
+  std::map<std::string, std::string> extra;
+  if (eval_due) extra[kEvalDueKey] = "1";
+  if (const auto fault = trainer.corrupt_staging_due(step); fault && trainer.rank() == 0)
+    emit(writer, cb, step, "checkpoint",
+         "corrupt-staging@" + std::to_string(step) + " not injected: the save of step " + std::to_string(step) +
+             " is synchronous (no staging copy)");
+  if (trainer.crash_in_save_due(step) && trainer.rank() == 0)
+    emit(writer, cb, step, "checkpoint",
+         "crash-in-save@" + std::to_string(step) + " not injected: the save of step " + std::to_string(step) +
+             " is synchronous (no background save to kill)");
+  const auto start = LoopClock::now();
+  std::string dir = ckpt::save_checkpoint(trainer.state(), trainer.state_context(), checkpoint_root(run_dir_), pos,
+                                          keep_last_, extra, ranks_, &rotation, anchor ? &*anchor : nullptr);
+  last_committed_ = dir;
+  if (cb.on_message && trainer.rank() == 0)
+    cb.on_message("checkpoint " + dir + " (" + bytes_and_speed(directory_bytes(dir), start) + ")");
+  report_rotation(rotation, writer, step, cb);
   return dir;
+}
+
+void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWriter* writer,
+                                      const records::StepRecord& rec, bool eval_due, const Anchor& anchor,
+                                      const RunCallbacks& cb) {
+  const uint64_t step = trainer.step();
+  const auto start = LoopClock::now();
+  if (writer_thread_.in_flight()) {
+    take_finished(writer, step, cb, /*wait=*/true);
+    const double waited = std::chrono::duration<double>(LoopClock::now() - start).count();
+    if (waited > 0.01) {
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "waited %.2f s for the previous background save before step %llu's (the disk is slower than "
+                    "the cadence)",
+                    waited, static_cast<unsigned long long>(step));
+      emit(writer, cb, step, "checkpoint", text);
+    }
+  }
+  BackgroundSave::Job job;
+  job.position = position(writer);
+  ckpt::StateSnapshot live = ckpt::snapshot_of(trainer.state(), trainer.state_context(), /*copy=*/false);
+  if (eval_due) live.metadata[std::string("x.") + kEvalDueKey] = "1";
+  job.snapshot = staging_.stage(live);
+  job.anchor = anchor;  // the anchor's tensors are copies the loop never writes into
+  job.root = checkpoint_root(run_dir_);
+  job.keep_last = keep_last_;
+  job.proof.step = rec.step;
+  job.proof.kind = digest_kind_of(trainer.config().trace.digest_version);
+  job.proof.param = rec.param_digest;
+  job.proof.optim = rec.optim_digest;
+  job.proof.rng = rec.rng_digest;
+  job.proof.parts = trainer.state().digest_parts;
+  if (const auto tensor = trainer.corrupt_staging_due(step)) {
+    const std::string id = "corrupt-staging@" + std::to_string(step);
+    mark_fired_on_disk(run_dir_, id);
+    corrupt_staged(job.snapshot, *tensor);
+    emit(writer, cb, step, "checkpoint", id + ": flipped a bit of " + *tensor + " in the staging copy");
+  }
+  if (trainer.crash_in_save_due(step)) {
+    job.crash_run_dir = run_dir_;
+    job.crash_id = "crash-in-save@" + std::to_string(step);
+  }
+  blocked_seconds_ = std::chrono::duration<double>(LoopClock::now() - start).count();
+  writer_thread_.start(std::move(job));
+}
+
+void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait) {
+  if (!writer_thread_.in_flight() || (!wait && !writer_thread_.finished())) return;
+  SaveOutcome out = *writer_thread_.wait();
+  if (!out.error) {
+    last_committed_ = out.dir;
+    if (cb.on_message) {
+      char speed[200];
+      std::snprintf(speed, sizeof speed, "%.1f MB in %.2f s, %.0f MB/s, in the background; the loop was blocked %.3f s",
+                    static_cast<double>(out.bytes) / 1e6, out.seconds,
+                    out.seconds > 0 ? static_cast<double>(out.bytes) / 1e6 / out.seconds : 0.0, blocked_seconds_);
+      cb.on_message("checkpoint " + out.dir + " (" + speed + ")");
+    }
+    report_rotation(out.rotation, writer, step, cb);
+    return;
+  }
+  if (!out.disk_error || on_error_ == train::CkptOnError::kStop) {
+    try {
+      std::rethrow_exception(out.error);
+    } catch (const IoError& e) {
+      RETRACE_FAIL(IoError, "the background save of step ", out.step, " failed: ", e.what(), "; the run stops (",
+                   "checkpoint.on_error = \"stop\") at step ", step, ". ",
+                   last_committed_.empty() ? std::string("No checkpoint of this process committed")
+                                           : "The newest checkpoint committed is " + last_committed_,
+                   "; free space or fix the directory, then `retrace resume` (or set checkpoint.on_error = "
+                   "\"continue\" to train on when a save fails)");
+    }
+  }
+  try {
+    std::rethrow_exception(out.error);
+  } catch (const Error& e) {
+    emit(writer, cb, step, "checkpoint",
+         "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
+             e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
+  }
 }
 
 void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
@@ -124,8 +240,6 @@ bool Rollback::roll_back(train::Trainer& trainer, const records::StepRecord& spi
   return rolled;
 }
 
-namespace {
-// Marks a crash fault as fired in the run directory before the process kills itself.
 void mark_fired_on_disk(const std::string& run_dir, const std::string& id) {
   const std::string path = fired_path(run_dir);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -136,7 +250,6 @@ void mark_fired_on_disk(const std::string& run_dir, const std::string& id) {
   ::close(fd);
   RETRACE_CHECK(n == static_cast<ssize_t>(line.size()), IoError, "cannot write ", path);
 }
-}  // namespace
 
 void InjectedCrash::load_fired(train::Trainer& trainer) const {
   std::ifstream in(fired_path(run_dir_));

@@ -13,11 +13,15 @@
 #include <string>
 
 #include "ckpt/train_state.h"
+#include "run/async_save.h"
 #include "train/collective.h"
 #include "run/run.h"
 
 namespace retrace::trace {
 class TraceWriter;
+}
+namespace retrace::records {
+struct StepRecord;
 }
 
 namespace retrace::run {
@@ -55,17 +59,44 @@ class CheckpointCadence {
 // paths rotation left in place reported once per run (an event and a message).
 class Checkpointer {
  public:
-  Checkpointer(std::string run_dir, uint32_t keep_last, train::Collective* ranks);
-  // Returns the step directory written.
+  // `sync_reason`: why saves stay synchronous although checkpoint.async asks for the background
+  // (several ranks, no trace digests); empty where they go to the background.
+  Checkpointer(std::string run_dir, const train::CheckpointConfig& config, train::Collective* ranks,
+               std::string sync_reason);
+  // Whether due saves go to the background (save_in_background), the last and the interrupt's aside.
+  bool background() const { return background_; }
+  // A synchronous save, after the one in flight (taken first). Returns the step directory written.
   std::string save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
                    const Anchor& anchor, const RunCallbacks& cb);
+  // Waits for the save in flight (taken first), stages the state and hands it to the writer thread,
+  // which checks the copy against `rec`'s digests before it commits (async_save.h).
+  void save_in_background(train::Trainer& trainer, trace::TraceWriter* writer, const records::StepRecord& rec,
+                          bool eval_due, const Anchor& anchor, const RunCallbacks& cb);
+  // At a step boundary (`step`, the last traced): a finished background save is reported, or its
+  // failure raised (checkpoint.on_error = "stop", or not the disk's) or reported (continue). `wait`:
+  // waits for one in flight.
+  void take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait);
 
  private:
+  ckpt::TracePosition position(trace::TraceWriter* writer) const;
+  void report_rotation(const ckpt::RotationReport& rotation, trace::TraceWriter* writer, uint64_t step,
+                       const RunCallbacks& cb);
+
   std::string run_dir_;
   uint32_t keep_last_;
+  train::CkptOnError on_error_;
   train::Collective* ranks_;
+  bool background_;
   std::set<std::string> left_reported_;
+  StagingBuffer staging_;
+  BackgroundSave writer_thread_;
+  double blocked_seconds_ = 0;  // of the save in flight: its wait and its copy
+  std::string last_committed_;  // the newest step directory committed in this process
 };
+
+// Why checkpoint.async cannot apply to this run (empty: it can, or it is off): several ranks, or
+// no trace digests to prove the staged copy with.
+std::string background_save_unavailable(const train::Config& config, train::Collective* ranks);
 
 // An event into the trace (when this rank writes one) and to the callbacks as "kind: message".
 void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,
@@ -123,6 +154,10 @@ class InjectedCrash {
  private:
   std::string run_dir_;
 };
+
+// Marks a once-only process fault ("crash@17") as fired in the run directory, durably, before the
+// process kills itself: a resume does not fire it again.
+void mark_fired_on_disk(const std::string& run_dir, const std::string& id);
 
 // The bytes of the files in `dir` (not recursive).
 uint64_t directory_bytes(const std::string& dir);

@@ -102,7 +102,12 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   const auto start = Clock::now();
   CheckpointCadence cadence(config.checkpoint, control, pg);
   // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit.
-  Checkpointer checkpointer(run_dir, static_cast<uint32_t>(config.checkpoint.keep_last), pg);
+  const std::string sync_reason = background_save_unavailable(config, pg);
+  Checkpointer checkpointer(run_dir, config.checkpoint, pg, sync_reason);
+  if (!sync_reason.empty() && (config.checkpoint.every_steps > 0 || config.checkpoint.every_seconds > 0) &&
+      trainer.rank() == 0)
+    emit(writer, cb, trainer.step(), "checkpoint",
+         "saves are synchronous although checkpoint.async = true: " + sync_reason);
   Rollback rollback(config, run_dir, control.sabotage, std::move(anchor));
   const InjectedCrash crash(run_dir);
   double last_write_ms = 0;
@@ -129,6 +134,10 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     if (cb.on_step) cb.on_step(rec, trainer.total_steps());
     for (const auto& [kind, text] : trainer.take_events()) emit(writer, cb, rec.step, kind, text);
 
+    // A background save that finished is reported here; one in flight must land before a crash
+    // (which falls between two saves) and before a rollback (which may load the newest checkpoint).
+    const bool spike = records::skip_reason_of(rec.skip_reason) == records::SkipReason::kLossSpike;
+    checkpointer.take_finished(writer, rec.step, cb, spike || trainer.crash_due(rec.step).has_value());
     if (rollback.after_step(trainer, rec, writer, cb)) continue;
     crash.after_step(trainer, rec.step, writer, cb);
 
@@ -140,18 +149,24 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     rollback.keep_anchor_if_due(trainer, s);
 
     if (cadence.due(s, last, interrupt)) {
-      checkpointer.save(trainer, writer, s, eval_due, rollback.anchor(), cb);
+      // The last save and the interrupt's are waited for anyway: they run on the loop.
+      if (checkpointer.background() && !last && !interrupt)
+        checkpointer.save_in_background(trainer, writer, rec, eval_due, rollback.anchor(), cb);
+      else checkpointer.save(trainer, writer, s, eval_due, rollback.anchor(), cb);
       summary.checkpoints += 1;
       cadence.saved();
     }
     // An interrupt stops after the step's checkpoint and evaluation: an interrupted run's
     // evaluations are the uninterrupted run's.
+    // An evaluation overlaps a background save; the injected crash in it lands after the save.
+    if (eval_due && trainer.crash_in_eval_due(s)) checkpointer.take_finished(writer, s, cb, /*wait=*/true);
     if (eval_due) run_evaluation(trainer, writer, cb, summary, crash);
     if (interrupt) {
       summary.interrupted = true;
       break;
     }
   }
+  checkpointer.take_finished(writer, trainer.step(), cb, /*wait=*/true);
   if (writer) {
     writer->sync();
     summary.trace_bytes = writer->bytes_written();

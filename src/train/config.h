@@ -26,6 +26,7 @@ enum class AmpMode : uint8_t { kOff, kBf16, kFp16 };             // amp.mode: of
 enum class ScalerMode : uint8_t { kAuto, kOn, kOff };            // amp.scaler: auto | on | off
 enum class DeviceKind : uint8_t { kCpu, kCuda };                 // runtime.device: cpu | cuda
 enum class Invariance : uint8_t { kNone, kBatch };               // runtime.invariance: none | batch
+enum class CkptOnError : uint8_t { kStop, kContinue };           // checkpoint.on_error: stop | continue
 enum class ZeroReduce : uint8_t { kAllReduce, kReduceScatter };  // runtime.zero_reduce: all_reduce | reduce_scatter
 const char* optimizer_name(OptimizerKind k);
 const char* amp_name(AmpMode m);
@@ -193,6 +194,10 @@ struct CheckpointConfig {
   double every_seconds = 0;   // 0: none by time
   int64_t keep_last = 5;
   bool at_end = true;
+  // A save's file work on a background thread after a copy of the state (src/run/async_save.h);
+  // false: the loop waits for every save.
+  bool async_save = true;
+  CkptOnError on_error = CkptOnError::kStop;  // a background save that fails: stop the run, or go on
 };
 
 struct Config {

@@ -229,6 +229,20 @@ std::vector<Field> fields() {
                false, false, at(&C::checkpoint, &CheckpointConfig::keep_last)});
   f.push_back({"checkpoint.at_end", Kind::kBool, "save a checkpoint when the run ends", {}, 0, 0, false,
                false, at(&C::checkpoint, &CheckpointConfig::at_end)});
+  f.push_back({"checkpoint.async", Kind::kBool,
+               "save in the background: the loop copies the state into a staging buffer (blocked about as long "
+               "as a memcpy of it) and a writer thread writes, checks against the step's trace digests and "
+               "commits it while training goes on; false: the loop waits for each save. Synchronous anyway "
+               "with several ranks, without trace digests or under trace.digest_version 1, and for the last "
+               "and the interrupt's save (docs/checkpoints.md)",
+               {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::async_save), "false",
+               Field::Era::kCurrent, {}, true});
+  f.push_back({"checkpoint.on_error", Kind::kChoice,
+               "a background save that fails on the disk (full, read-only, I/O error), reported at the next "
+               "step: stop (exit 4, the newest committed checkpoint named) or continue (a warning and an event; "
+               "the next due save tries again)",
+               {"stop", "continue"}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::on_error), "'stop'",
+               Field::Era::kCurrent, {}, true});
   f.push_back({"eval.every_steps", Kind::kInt,
                "evaluate after every N steps (0: only at epoch ends, when eval.each_epoch, and at the end)", {}, 0,
                1e12, false, false, at(&C::eval, &EvalConfig::every_steps), "0"});

@@ -35,6 +35,10 @@ struct Field {
   enum class Era : uint8_t { kCurrent, kRetired, kSuccessor };
   Era era = Era::kCurrent;
   std::string counterpart = {};  // kRetired, kSuccessor: the other name
+  // A key that says how the run does its work, not what it computes (checkpoint.async): left out of
+  // the canonical text, so out of the config hash. A run directory's config.toml holds it, and a
+  // checkpoint saved under one value resumes under the other.
+  bool operational = false;
 };
 
 // Every configuration key, in the order to_toml writes them (config_fields.cpp).

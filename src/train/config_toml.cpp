@@ -332,7 +332,7 @@ std::string to_toml(const Config& cfg, TomlForm form) {
     std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
     std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
     const std::string value = field_text(f, c);
-    if (form == TomlForm::kCanonical && !f.legacy.empty() && value == f.legacy) continue;
+    if (form == TomlForm::kCanonical && ((!f.legacy.empty() && value == f.legacy) || f.operational)) continue;
     // A section's header comes with its first key written: a section whose keys all hold their
     // legacy values ([eval] of an older run) adds nothing to the text.
     if (sec != section) {

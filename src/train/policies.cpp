@@ -11,6 +11,8 @@ FaultKind kind_of(const std::string& kind) {
   if (kind == "crash") return FaultKind::kCrash;
   if (kind == "crash-in-eval") return FaultKind::kCrashInEval;
   if (kind == "perturb-param") return FaultKind::kPerturbParam;
+  if (kind == "crash-in-save") return FaultKind::kCrashInSave;
+  if (kind == "corrupt-staging") return FaultKind::kCorruptStaging;
   RETRACE_FAIL(InvariantError, "fault kind \"", kind, "\" passed parse_faults but has no FaultKind");
 }
 }  // namespace
@@ -24,9 +26,9 @@ std::optional<const PlannedFault*> FaultPlan::due(FaultKind kind, uint64_t step,
                                                   const std::set<std::string>& fired) const {
   for (const auto& f : faults_) {
     if (f.kind != kind || f.step != step) continue;
-    if ((kind == FaultKind::kSpike || kind == FaultKind::kCrash || kind == FaultKind::kCrashInEval) &&
-        fired.count(f.id))
-      continue;
+    const bool once = kind == FaultKind::kSpike || kind == FaultKind::kCrash || kind == FaultKind::kCrashInEval ||
+                      kind == FaultKind::kCrashInSave || kind == FaultKind::kCorruptStaging;
+    if (once && fired.count(f.id)) continue;
     return &f;
   }
   return std::nullopt;

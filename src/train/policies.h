@@ -19,7 +19,16 @@
 
 namespace retrace::train {
 
-enum class FaultKind : uint8_t { kNanLoss, kInfGrad, kSpike, kCrash, kPerturbParam, kCrashInEval };
+enum class FaultKind : uint8_t {
+  kNanLoss,
+  kInfGrad,
+  kSpike,
+  kCrash,
+  kPerturbParam,
+  kCrashInEval,
+  kCrashInSave,
+  kCorruptStaging
+};
 
 struct PlannedFault {
   FaultKind kind;

@@ -38,6 +38,8 @@ struct TrainState {
   // runtime.zero_stage = 1: this rank's range of the parameters, over whose views the optimizer
   // was built (zero.h); null otherwise.
   std::shared_ptr<ZeroShard> zero;
+  // The last traced step's digest shares by tensor (when its digests were taken tensor by tensor).
+  StepDigestParts digest_parts;
 };
 
 // A module's parameters, then its buffers, by name; and their names, shapes and dtypes.

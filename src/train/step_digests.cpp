@@ -79,12 +79,17 @@ ModuleIndex index_modules(const std::vector<records::ParamInfo>& tensors) {
 }
 
 void digest_step_tensors(const StepTensors& t, DigestKind kind, const KnownSums* known, const ModuleIndex* modules,
-                         records::StepRecord& rec) {
+                         records::StepRecord& rec, StepDigestParts* parts) {
   if (is_mixed(kind) && modules) return digest_by_module(t, mix_of(kind), *modules, rec);
   // digest_named under a mixed kind equals digest_mixed of the tensors' entries (tensor_digest.h).
-  rec.param_digest = digest_named(t.model, kind, known);
+  rec.param_digest = digest_named(t.model, kind, known, parts ? &parts->model : nullptr);
   if (is_mixed(kind)) rec.grad_digest = digest_named(t.grads, kind, known);
-  if (t.with_optimizer) rec.optim_digest = digest_named(t.optim, kind, known);
+  if (t.with_optimizer) rec.optim_digest = digest_named(t.optim, kind, known, parts ? &parts->optim : nullptr);
+  if (parts) {
+    parts->step = rec.step;
+    parts->with_optimizer = t.with_optimizer;
+    if (!t.with_optimizer) parts->optim.clear();
+  }
 }
 
 Digest128 rng_digest(const std::string& serialized_rng) {

@@ -33,9 +33,10 @@ struct StepTensors {
 // Into `rec`: param_digest; under the mixed kinds (trace.digest_version 3 and 4) grad_digest; the
 // optimizer's digest when with_optimizer; and, given `modules` under a mixed kind, every module's
 // share of the three (module_digests; the model's tensors in the index's order). `known`: sums
-// the tensors' owner already took (the fused AdamW's, tensor_digest.h), or nullptr.
+// the tensors' owner already took (the fused AdamW's, tensor_digest.h), or nullptr. `parts`, when
+// given and without `modules`: each tensor's share of the parameter and optimizer digests.
 void digest_step_tensors(const StepTensors& tensors, DigestKind kind, const KnownSums* known,
-                         const ModuleIndex* modules, records::StepRecord& rec);
+                         const ModuleIndex* modules, records::StepRecord& rec, StepDigestParts* parts = nullptr);
 
 // The record's rng_digest: xxh3-128 of the serialized RngState.
 Digest128 rng_digest(const std::string& serialized_rng);

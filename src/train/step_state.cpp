@@ -192,6 +192,7 @@ void step_digests(TrainState& s, const Policies& p, StateStepCalls& calls, recor
   // Every trace.optimizer_digest_every steps (1, every step, unless a config says otherwise),
   // zero in between.
   const bool with_optimizer = rec.step % p.optimizer_digest_every == 0;
+  s.digest_parts = {};
   if (s.zero) {
     // Each rank's sums of its ranges, added over the ranks (config validation asks for version 3
     // or 4).
@@ -213,7 +214,7 @@ void step_digests(TrainState& s, const Policies& p, StateStepCalls& calls, recor
         tensors.grads.emplace_back(item.key(), item.value().grad());
     tensors.with_optimizer = with_optimizer;
     if (with_optimizer) tensors.optim = optimizer_state(*s.optimizer, *s.model.module, p.optimizer);
-    digest_step_tensors(tensors, kind, &known, nullptr, rec);
+    digest_step_tensors(tensors, kind, &known, nullptr, rec, &s.digest_parts);
   }
   rec.rng_digest = rng_digest(rng_state(s, p.seed).serialize());
   if (p.digest_version >= 2) rec.state_digest = policy_digest(s);

@@ -87,6 +87,16 @@ class Trainer {
   bool crash_in_eval_due(uint64_t step) const {
     return policies_.faults.due(FaultKind::kCrashInEval, step, state_.fired).has_value();
   }
+  // Whether a crash-in-save fault is due in the background save of `step`.
+  bool crash_in_save_due(uint64_t step) const {
+    return policies_.faults.due(FaultKind::kCrashInSave, step, state_.fired).has_value();
+  }
+  // The tensor a corrupt-staging fault flips in the staging copy of `step`'s save, if one is due.
+  std::optional<std::string> corrupt_staging_due(uint64_t step) const {
+    auto f = policies_.faults.due(FaultKind::kCorruptStaging, step, state_.fired);
+    if (!f) return std::nullopt;
+    return (*f)->arg;
+  }
 
   // Bisection's probe for the next steps (nullptr: none). Not owned.
   void set_probe(StepProbe* probe) {

@@ -1,7 +1,11 @@
 // A disk that fills up or fails, for tests: LD_PRELOAD this library and writes to files whose
 // path contains RETRACE_FAIL_PATH fail with RETRACE_FAIL_ERRNO (ENOSPC or EIO) once
 // RETRACE_FAIL_AFTER bytes (default 0) have been written to such files in this process; with
-// RETRACE_FAIL_FSYNC=1 their fsync fails too. Every other file behaves normally.
+// RETRACE_FAIL_FSYNC=1 their fsync fails too. RETRACE_FAIL_ERRNO=EROFS is a read-only file system:
+// creating such a file fails. A slow disk: writes to files whose path contains RETRACE_SLOW_PATH
+// sleep RETRACE_SLOW_US microseconds each (a background save that is still in flight a few steps
+// later). Every other file behaves normally. Writes may come from several threads (the trace on
+// the loop, a background save on its writer).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -14,7 +18,8 @@
 
 #define MAX_FD 4096
 static char doomed[MAX_FD];
-static long long written;
+static char slow[MAX_FD];
+static long long written;  // updated with atomic builtins: several threads write
 
 static int matches(const char* path) {
   const char* want = getenv("RETRACE_FAIL_PATH");
@@ -23,11 +28,17 @@ static int matches(const char* path) {
 
 static int fail_errno(void) {
   const char* e = getenv("RETRACE_FAIL_ERRNO");
+  if (e && strcmp(e, "EROFS") == 0) return EROFS;
   return e && strcmp(e, "EIO") == 0 ? EIO : ENOSPC;
 }
 
+static int read_only(const char* path, int flags) { return (flags & O_CREAT) && matches(path) && fail_errno() == EROFS; }
+
 static void track(int fd, const char* path) {
-  if (fd >= 0 && fd < MAX_FD) doomed[fd] = (char)matches(path);
+  if (fd < 0 || fd >= MAX_FD) return;
+  doomed[fd] = (char)matches(path);
+  const char* want = getenv("RETRACE_SLOW_PATH");
+  slow[fd] = (char)(want && *want && path && strstr(path, want) != NULL);
 }
 
 // open and open64 are the same call under two names; either may be the one a caller binds to.
@@ -42,6 +53,10 @@ static void track(int fd, const char* path) {
       mode = va_arg(ap, mode_t);                          \
       va_end(ap);                                         \
     }                                                     \
+    if (read_only(path, flags)) {                         \
+      errno = EROFS;                                      \
+      return -1;                                          \
+    }                                                     \
     int fd = real(path, flags, mode);                     \
     track(fd, path);                                      \
     return fd;                                            \
@@ -52,11 +67,16 @@ RETRACE_TRACKED_OPEN(open64)
 ssize_t write(int fd, const void* buf, size_t n) {
   static ssize_t (*real)(int, const void*, size_t);
   if (!real) real = dlsym(RTLD_NEXT, "write");
-  if (fd >= 0 && fd < MAX_FD && doomed[fd]) {
+  if (fd >= 0 && fd < MAX_FD && slow[fd]) {
+    const char* us = getenv("RETRACE_SLOW_US");
+    usleep(us ? (useconds_t)atoll(us) : 100000);
+  }
+  if (fd >= 0 && fd < MAX_FD && doomed[fd] && fail_errno() != EROFS) {
     const char* a = getenv("RETRACE_FAIL_AFTER");
     long long after = a ? atoll(a) : 0;
-    if (written + (long long)n > after) {
-      long long room = after - written;
+    long long so_far = __atomic_load_n(&written, __ATOMIC_SEQ_CST);
+    if (so_far + (long long)n > after) {
+      long long room = after - so_far;
       if (room <= 0) {
         errno = fail_errno();
         return -1;
@@ -64,7 +84,7 @@ ssize_t write(int fd, const void* buf, size_t n) {
       n = (size_t)room;  // a short write first, as a filling disk does
     }
     ssize_t got = real(fd, buf, n);
-    if (got > 0) written += got;
+    if (got > 0) __atomic_add_fetch(&written, got, __ATOMIC_SEQ_CST);
     return got;
   }
   return real(fd, buf, n);

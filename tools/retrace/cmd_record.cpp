@@ -97,7 +97,8 @@ void add_record(CLI::App& app, RecordArgs& args) {
                 ".retrace-scratch), never anything else");
   rec->add_option("--inject", r.inject,
                   "faults: KIND@STEP[:ARG],... with KIND nan-loss, inf-grad[:PARAM], spike[:FACTOR], crash, "
-                  "perturb-param:PARAM (sets faults.inject; recorded and replayed)");
+                  "perturb-param:PARAM, crash-in-eval, crash-in-save, corrupt-staging:TENSOR (sets faults.inject; "
+                  "recorded and replayed)");
   rec->add_flag("--plain", r.plain, "print one row per step even on a terminal");
   rec->add_flag("--print-config", r.print_config, "print the resolved config and exit");
   rec->add_flag("--help-config", r.help_config,

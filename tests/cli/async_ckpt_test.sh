@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Background saves (checkpoint.async, issue 52) end to end: an async run and a synchronous one end
+# on one hash chain with the same checkpoint contents; a bit flipped in the staging copy is caught
+# and names the tensor; kills during a background save (injected before its commit, and from
+# outside during its write on a slow disk) and a full or read-only disk during one lose nothing, and
+# every resume ends on the chain of a run that never failed; an interrupt waits for the save in
+# flight; several ranks say they save synchronously. The disk is the LD_PRELOAD shim
+# tests/testing/failing_io.c (its slow mode keeps a save in flight for a few steps).
+set -u
+RETRACE=${1:?usage: async_ckpt_test.sh path/to/retrace path/to/libretrace_failing_io.so}
+SHIM=${2:?shim}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/../testing/expect.sh"
+run=(--total-steps 40 --set checkpoint.every_steps=10 --set train.eval_each_epoch=false --set "model.hidden=[32]" --plain)
+chain() { "$RETRACE" inspect "$1/trace.rtrace" --json | grep -o '"chain_digest": *"[0-9a-f]*"' | tail -1; }
+# Each piece's tensor, place and xxh3, and the config hash: what a checkpoint holds, without the
+# trace position (frames hold timings, so two runs' traces differ in size).
+content() { python3 - "$1" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(m["config_hash"])
+for t in m["tensors"]:
+    for p in t["pieces"]:
+        print(t["name"], p["begin"], p["xxh3"])
+EOF
+}
+check() {
+  if [[ "$2" == "$3" ]]; then echo "ok   $1"; passes=$((passes+1)); else echo "FAIL $1: '$2' vs '$3'"; fails=$((fails+1)); fi
+}
+check_true() {  # name, then a command that must succeed
+  local name=$1; shift
+  if "$@"; then echo "ok   $name"; passes=$((passes+1)); else echo "FAIL $name"; fails=$((fails+1)); fi
+}
+step() { printf '%s/checkpoints/step-%08d' "$1" "$2"; }
+committed() { [[ -f "$(step "$1" "$2")/manifest.json" ]]; }
+not_committed() { [[ ! -f "$(step "$1" "$2")/manifest.json" ]]; }
+
+# 1. The default saves in the background, and ends where a synchronous run ends: one chain, the
+#    same tensors in every checkpoint, the same config hash (checkpoint.async is outside it).
+expect async-run 0 "in the background; the loop was blocked" -- "$RETRACE" record "${run[@]}" --out "$tmp/async"
+expect sync-run 0 "checkpoint .*MB/s\)" -- "$RETRACE" record "${run[@]}" --set checkpoint.async=false --out "$tmp/sync"
+check async-chain-is-sync-chain "$(chain "$tmp/async")" "$(chain "$tmp/sync")"
+for s in 10 20 30 40; do
+  check "step-$s-same-content" "$(content "$(step "$tmp/async" $s)/manifest.json")" \
+    "$(content "$(step "$tmp/sync" $s)/manifest.json")"
+done
+expect async-verifies 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/async" 30)"
+check_true config-keeps-async grep -q "^async = true" "$tmp/async/config.toml"
+check_true sync-config-says-so grep -q "^async = false" "$tmp/sync/config.toml"
+expect bad-on-error 2 "checkpoint.on_error.*stop.*continue" -- \
+  "$RETRACE" record "${run[@]}" --set checkpoint.on_error=maybe --out "$tmp/bad"
+
+# 2. A bit flipped in the staging copy of step 20: refused before the commit, the tensor named
+#    (exit 3); step 20 has no manifest, LATEST still names step 10; the resume does not inject it
+#    again and ends on the chain of the same config saved synchronously (where the fault does nothing).
+flip=(--inject corrupt-staging@20:model/layers.0.weight)
+expect corrupt-staging 3 "staged copy of model/layers.0.weight differs" -- \
+  "$RETRACE" record "${run[@]}" "${flip[@]}" --out "$tmp/flip"
+check_true corrupt-staging-not-committed not_committed "$tmp/flip" 20
+check corrupt-staging-latest "$(cat "$tmp/flip/checkpoints/LATEST")" "step-00000010"
+expect flip-sync-ref 0 "not injected: the save of step 20 is synchronous" -- \
+  "$RETRACE" record "${run[@]}" "${flip[@]}" --set checkpoint.async=false --out "$tmp/flip-ref"
+expect corrupt-staging-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/flip" --plain
+check corrupt-staging-resume-bitwise "$(chain "$tmp/flip")" "$(chain "$tmp/flip-ref")"
+
+# 3. Killed during step 20's background save, its shard durable, before its manifest: step 10
+#    loads, the resume ends on the chain of the same config saved synchronously.
+kill20=(--inject crash-in-save@20)
+expect crash-in-save 137 "" -- "$RETRACE" record "${run[@]}" "${kill20[@]}" --out "$tmp/kill"
+check_true crash-in-save-shard-there test -f "$(step "$tmp/kill" 20)/shard-rank00000.safetensors"
+check_true crash-in-save-not-committed not_committed "$tmp/kill" 20
+expect crash-in-save-keeps-10 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/kill" 10)"
+expect kill-sync-ref 0 "" -- "$RETRACE" record "${run[@]}" "${kill20[@]}" --set checkpoint.async=false --out "$tmp/kill-ref"
+expect crash-in-save-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/kill" --plain
+check crash-in-save-resume-bitwise "$(chain "$tmp/kill")" "$(chain "$tmp/kill-ref")"
+check_true crash-in-save-resume-commits-20 committed "$tmp/kill" 20
+
+ref=$(chain "$tmp/sync")
+# 4. The disk fills up during step 30's background save. on_error = continue: a warning and an
+#    event, no step 30, step 40 committed (the end's save), exit 0; the trace is the reference's.
+expect enospc-continue 0 "background save of step 30 failed and was not committed: .*No space left on device" -- \
+  env LD_PRELOAD="$SHIM" RETRACE_FAIL_PATH="step-00000030/shard-rank" RETRACE_FAIL_ERRNO=ENOSPC \
+  RETRACE_FAIL_AFTER=1000 "$RETRACE" record "${run[@]}" --set checkpoint.on_error=continue --out "$tmp/full"
+check_true enospc-continue-no-30 not_committed "$tmp/full" 30
+expect enospc-continue-40 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/full" 40)"
+check enospc-continue-chain "$(chain "$tmp/full")" "$ref"
+check_true enospc-continue-event grep -q "background save of step 30 failed" \
+  <("$RETRACE" inspect "$tmp/full/trace.rtrace" --json 2>&1)
+
+# 5. A read-only directory for step 30's shard, on_error = stop (the default): exit 4 at a later
+#    step naming the save and the newest committed checkpoint; 10 and 20 verify; resume is bitwise.
+expect erofs-stop 4 "background save of step 30 failed: .*Read-only file system.*newest checkpoint committed is .*step-00000020" -- \
+  env LD_PRELOAD="$SHIM" RETRACE_FAIL_PATH="step-00000030/shard-rank" RETRACE_FAIL_ERRNO=EROFS \
+  "$RETRACE" record "${run[@]}" --out "$tmp/ro"
+check_true erofs-no-30 not_committed "$tmp/ro" 30
+expect erofs-keeps-20 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/ro" 20)"
+expect erofs-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/ro" --plain
+check erofs-resume-bitwise "$(chain "$tmp/ro")" "$ref"
+
+# 6. A slow disk keeps step 20's save in flight: the interrupt at 25 waits for it, then saves 25;
+#    both commit, and the resume is bitwise. Saves every 2 steps on it wait for each other, and say so.
+slow=(env LD_PRELOAD="$SHIM" RETRACE_SLOW_PATH="step-00000020/shard-rank" RETRACE_SLOW_US=1500000)
+expect interrupt-waits 0 "" -- "${slow[@]}" "$RETRACE" record "${run[@]}" --interrupt-at 25 --out "$tmp/int"
+check_true interrupt-commits-20 committed "$tmp/int" 20
+check_true interrupt-commits-25 committed "$tmp/int" 25
+expect interrupt-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/int" --plain
+check interrupt-resume-bitwise "$(chain "$tmp/int")" "$ref"
+expect waits-are-said 0 "checkpoint: waited [0-9.]+ s for the previous background save before step 22" -- \
+  "${slow[@]}" "$RETRACE" record "${run[@]}" --set checkpoint.every_steps=2 --out "$tmp/wait"
+
+# 7. SIGKILL from outside while step 20's shard is being written (slow disk): the torn .tmp is
+#    never loaded, LATEST names step 10, and the resume is bitwise.
+env LD_PRELOAD="$SHIM" RETRACE_SLOW_PATH="step-00000020/shard-rank" RETRACE_SLOW_US=3000000 \
+  "$RETRACE" record "${run[@]}" --out "$tmp/sigkill" >"$tmp/sigkill.log" 2>&1 &
+pid=$!
+seen=no
+for _ in $(seq 1 600); do
+  if compgen -G "$(step "$tmp/sigkill" 20)/*.tmp" >/dev/null; then seen=yes; break; fi
+  sleep 0.05
+done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+check sigkill-while-the-shard-is-written "$seen" yes
+check_true sigkill-during-write-not-committed not_committed "$tmp/sigkill" 20
+check sigkill-latest "$(cat "$tmp/sigkill/checkpoints/LATEST")" "step-00000010"
+expect sigkill-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/sigkill" --plain
+check sigkill-resume-bitwise "$(chain "$tmp/sigkill")" "$ref"
+
+# 8. Several ranks: synchronous saves, said once.
+expect two-ranks-say-sync 0 "saves are synchronous although checkpoint.async = true: the ranks' commit vote" -- \
+  "$RETRACE" record "${run[@]:2}" --total-steps 12 --world-size 2 --out "$tmp/two"
+
+echo "async_ckpt: $passes passed, $fails failed"
+[[ $fails -eq 0 ]]
