@@ -221,6 +221,7 @@ GptImpl::GptImpl(const GptOptions& options) : options_(options) {
     head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, options_.vocab_size)));
 
   // GPT-2 style initialization, in named_parameters() order (a fixed order of draws).
+  if (!options_.initialize) return;
   torch::NoGradGuard no_grad;
   for (auto& p : named_parameters(/*recurse=*/true)) {
     const std::string& name = p.key();

@@ -56,6 +56,8 @@ struct GptOptions {
   // The output layer is the token embedding's weight (logits = x wte^T, no bias), as GPT-2: no
   // "head" parameters. Off: a Linear head of its own with a bias.
   bool tie_embeddings = false;
+  // false: skip the GPT-2 initialization (a resume, whose checkpoint sets every parameter).
+  bool initialize = true;
 };
 
 // Throws ConfigError naming the key ("model.n_heads", ...) for an invalid option.

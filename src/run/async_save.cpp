@@ -78,8 +78,8 @@ void check_staged(const ckpt::StateSnapshot& staged, const StepProof& proof, con
   check_group(staged.model, "model/", proof.kind, proof.param, proof.parts.model, proof.step, where);
   if (proof.parts.with_optimizer)
     check_group(staged.optim, "optim/", proof.kind, proof.optim, proof.parts.optim, proof.step, where);
-  RETRACE_CHECK(train::rng_digest(staged.rng) == proof.rng, IntegrityError, "the background save of step ",
-                proof.step, " in ", where, " is not step ", proof.step,
+  RETRACE_CHECK(train::rng_digest(staged.rng) == proof.rng, IntegrityError, "the background save of step ", proof.step,
+                " in ", where, " is not step ", proof.step,
                 "'s state: its RNG state differs from the digest the trace holds for that step; nothing was "
                 "committed");
 }

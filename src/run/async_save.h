@@ -52,12 +52,12 @@ void corrupt_staged(ckpt::StateSnapshot& staged, const std::string& name);
 // What a background save came to.
 struct SaveOutcome {
   uint64_t step = 0;
-  std::string dir;              // the committed step directory (empty on error)
-  uint64_t bytes = 0;           // of the step directory's files
-  double seconds = 0;           // the writer's wall time
+  std::string dir;     // the committed step directory (empty on error)
+  uint64_t bytes = 0;  // of the step directory's files
+  double seconds = 0;  // the writer's wall time
   ckpt::RotationReport rotation;
-  std::exception_ptr error;     // what stopped it, or null
-  bool disk_error = false;      // the error is the disk's (IoError): checkpoint.on_error applies
+  std::exception_ptr error;  // what stopped it, or null
+  bool disk_error = false;   // the error is the disk's (IoError): checkpoint.on_error applies
 };
 
 // The writer thread of one save at a time.

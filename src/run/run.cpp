@@ -584,7 +584,11 @@ RunSummary resume(const std::string& run_dir, const LoopControl& control, const 
   if (rank == 0 && !control.run_locked) lock = RunLock::acquire(run_dir, "resume");
   check_config_present(run_dir, "resume");
   ResumeInputs in = check_resume_inputs(run_dir, control, cb, pg, registry);
-  Trainer trainer(in.resolved, in.data, registry, pg);
+  // The checkpoint sets every parameter and generator: no initialization draws, and no fit forward
+  // where the recording ran it over the same built-in model, loss and inputs.
+  const bool builtin = (in.config().model.kind == "mlp" || in.config().model.kind == "gpt") &&
+                       in.config().train.loss == "cross_entropy";
+  Trainer trainer(in.resolved, in.data, registry, pg, ModelStart{false, !(builtin && in.changes.empty())});
   ChosenCheckpoint chosen = choose_checkpoint(run_dir, in, trainer, control, cb, pg);
   InjectedCrash(run_dir).load_fired(trainer);
 

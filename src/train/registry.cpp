@@ -103,7 +103,9 @@ model::ModelHandle make_mlp(const ModelContext& ctx) {
 }
 
 model::ModelHandle make_gpt(const ModelContext& ctx) {
-  auto gpt = std::make_shared<model::GptImpl>(gpt_options(ctx.config, ctx.data.vocab_size));
+  model::GptOptions options = gpt_options(ctx.config, ctx.data.vocab_size);
+  options.initialize = ctx.initialize;
+  auto gpt = std::make_shared<model::GptImpl>(options);
   return {gpt, [gpt](const torch::Tensor& x) { return gpt->forward(x); }, gpt->describe(), nullptr};
 }
 
@@ -211,8 +213,9 @@ void check_state_dtypes(const torch::nn::Module& module, const std::string& mode
 }
 
 void check_model_fits(const Config& config, const model::ModelHandle& model, const LossFn& loss,
-                      const data::Dataset& data) {
+                      const data::Dataset& data, bool forward) {
   check_state_dtypes(*model.module, config.model.path);
+  if (!forward) return;
   const int64_t n = std::min<int64_t>(2, data.train.size());
   const data::Samples first = data.train.range(0, n);
   const torch::Tensor& x = first.inputs;

@@ -28,6 +28,9 @@ namespace retrace::train {
 struct ModelContext {
   const Config& config;
   const data::Dataset& data;
+  // false: the parameters' values do not matter (a resume loads every one from a checkpoint), so
+  // a built-in model skips its own initialization draws (torch::nn's constructors still draw).
+  bool initialize = true;
 };
 
 using ModelFactory = std::function<model::ModelHandle(const ModelContext&)>;
@@ -83,7 +86,8 @@ void check_state_dtypes(const torch::nn::Module& module, const std::string& mode
 // back afterwards) and the loss on its outputs, so that a model that does not fit the data or the
 // loss fails before anything is written: ConfigError naming model.kind, train.loss, the shapes and
 // LibTorch's message.
+// `forward` false: the dtype check alone (a resume that may skip the forward, Trainer::ModelStart).
 void check_model_fits(const Config& config, const model::ModelHandle& model, const LossFn& loss,
-                      const data::Dataset& data);
+                      const data::Dataset& data, bool forward = true);
 
 }  // namespace retrace::train

@@ -14,9 +14,9 @@ namespace retrace::train {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-TrainState initial_state(const Config& c, const data::Dataset& data, const Registry& registry) {
+TrainState initial_state(const Config& c, const data::Dataset& data, const Registry& registry, bool initialize) {
   rng::seed_cpu_and_device(static_cast<uint64_t>(c.seed), cuda_index(c.runtime));
-  model::ModelHandle model = registry.model(c.model.kind)(ModelContext{c, data});
+  model::ModelHandle model = registry.model(c.model.kind)(ModelContext{c, data, initialize});
   auto optimizer = make_optimizer(c.optim, *model.module, numerics_version(c.runtime) == 2);
   return TrainState{std::move(model),
                     std::move(optimizer),
@@ -35,7 +35,7 @@ Trainer::Trainer(const Config& config, const data::Dataset& data, const Registry
     : Trainer(resolved(config), data, registry, ranks) {}
 
 Trainer::Trainer(const ResolvedConfig& resolved_config, const data::Dataset& data, const Registry& registry,
-                 Collective* ranks)
+                 Collective* ranks, ModelStart start)
     : config_(resolved_config),
       data_(data),
       ranks_(ranks),
@@ -46,9 +46,9 @@ Trainer::Trainer(const ResolvedConfig& resolved_config, const data::Dataset& dat
                config_.config.data.last_batch, rank_, world_size_, config_.config.data.order),
       total_steps_(total_steps_for(config_.config, sampler_.batches_per_epoch())),
       policies_(make_policies(config_.config, registry, total_steps_)),
-      state_(initial_state(config_.config, data, registry)) {
+      state_(initial_state(config_.config, data, registry, start.initialize)) {
   const Config& config = config_.config;
-  check_model_fits(config, state_.model, policies_.loss, data);
+  check_model_fits(config, state_.model, policies_.loss, data, start.check_fit);
   if (rank_ > 0)
     rng::seed_cpu_and_device(rank_seed(static_cast<uint64_t>(config.seed), rank_), cuda_index(config.runtime));
   // The optimizer was built on the CPU parameters; moving the module moves them in place.

@@ -34,6 +34,16 @@
 
 namespace retrace::train {
 
+// How a trainer's model starts. A resume sets `initialize` false: the checkpoint overwrites every
+// parameter and restores every generator, so the GPT's initialization draws are skipped.
+// `check_fit` false skips check_model_fits' forward (its dtype check stays): safe where the
+// recording passed it with the same model code and inputs: a built-in model (mlp, gpt) and loss
+// over inputs whose sha256 equal the recorded ones (resume decides, run.cpp).
+struct ModelStart {
+  bool initialize = true;
+  bool check_fit = true;
+};
+
 class Trainer {
  public:
   // Seeds every generator from config.seed, then builds the model (from the factory `registry`
@@ -43,7 +53,7 @@ class Trainer {
   // masks. `data` and `ranks` (the other ranks of a data-parallel run, nullptr for one process)
   // must outlive the trainer; the registry need not.
   Trainer(const ResolvedConfig& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
-          Collective* ranks = nullptr);
+          Collective* ranks = nullptr, ModelStart start = {});
   // A config whose thread counts are resolved (tests, benchmarks): its texts and hash are made here.
   Trainer(const Config& config, const data::Dataset& data, const Registry& registry = builtin_registry(),
           Collective* ranks = nullptr);
