@@ -13,7 +13,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/../testing/expect.sh"
 run=(--total-steps 40 --set checkpoint.every_steps=10 --set train.eval_each_epoch=false --set "model.hidden=[32]" --plain)
-chain() { "$RETRACE" inspect "$1/trace.rtrace" --json | grep -o '"chain_digest": *"[0-9a-f]*"' | tail -1; }
 # Each piece's tensor, place and xxh3, and the config hash: what a checkpoint holds, without the
 # trace position (frames hold timings, so two runs' traces differ in size).
 content() { python3 - "$1" <<'EOF'
@@ -24,9 +23,6 @@ for t in m["tensors"]:
     for p in t["pieces"]:
         print(t["name"], p["begin"], p["xxh3"])
 EOF
-}
-check() {
-  if [[ "$2" == "$3" ]]; then echo "ok   $1"; passes=$((passes+1)); else echo "FAIL $1: '$2' vs '$3'"; fails=$((fails+1)); fi
 }
 check_true() {  # name, then a command that must succeed
   local name=$1; shift
@@ -40,9 +36,9 @@ not_committed() { [[ ! -f "$(step "$1" "$2")/manifest.json" ]]; }
 #    same tensors in every checkpoint, the same config hash (checkpoint.async is outside it).
 expect async-run 0 "in the background; the loop was blocked" -- "$RETRACE" record "${run[@]}" --out "$tmp/async"
 expect sync-run 0 "checkpoint .*MB/s\)" -- "$RETRACE" record "${run[@]}" --set checkpoint.async=false --out "$tmp/sync"
-check async-chain-is-sync-chain "$(chain "$tmp/async")" "$(chain "$tmp/sync")"
+check_eq async-chain-is-sync-chain "$(last_chain "$tmp/async")" "$(last_chain "$tmp/sync")"
 for s in 10 20 30 40; do
-  check "step-$s-same-content" "$(content "$(step "$tmp/async" $s)/manifest.json")" \
+  check_eq "step-$s-same-content" "$(content "$(step "$tmp/async" $s)/manifest.json")" \
     "$(content "$(step "$tmp/sync" $s)/manifest.json")"
 done
 expect async-verifies 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/async" 30)"
@@ -58,11 +54,11 @@ flip=(--inject corrupt-staging@20:model/layers.0.weight)
 expect corrupt-staging 3 "staged copy of model/layers.0.weight differs" -- \
   "$RETRACE" record "${run[@]}" "${flip[@]}" --out "$tmp/flip"
 check_true corrupt-staging-not-committed not_committed "$tmp/flip" 20
-check corrupt-staging-latest "$(cat "$tmp/flip/checkpoints/LATEST")" "step-00000010"
+check_eq corrupt-staging-latest "$(cat "$tmp/flip/checkpoints/LATEST")" "step-00000010"
 expect flip-sync-ref 0 "not injected: the save of step 20 is synchronous" -- \
   "$RETRACE" record "${run[@]}" "${flip[@]}" --set checkpoint.async=false --out "$tmp/flip-ref"
 expect corrupt-staging-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/flip" --plain
-check corrupt-staging-resume-bitwise "$(chain "$tmp/flip")" "$(chain "$tmp/flip-ref")"
+check_eq corrupt-staging-resume-bitwise "$(last_chain "$tmp/flip")" "$(last_chain "$tmp/flip-ref")"
 
 # 3. Killed during step 20's background save, its shard durable, before its manifest: step 10
 #    loads, the resume ends on the chain of the same config saved synchronously.
@@ -73,10 +69,10 @@ check_true crash-in-save-not-committed not_committed "$tmp/kill" 20
 expect crash-in-save-keeps-10 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/kill" 10)"
 expect kill-sync-ref 0 "" -- "$RETRACE" record "${run[@]}" "${kill20[@]}" --set checkpoint.async=false --out "$tmp/kill-ref"
 expect crash-in-save-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/kill" --plain
-check crash-in-save-resume-bitwise "$(chain "$tmp/kill")" "$(chain "$tmp/kill-ref")"
+check_eq crash-in-save-resume-bitwise "$(last_chain "$tmp/kill")" "$(last_chain "$tmp/kill-ref")"
 check_true crash-in-save-resume-commits-20 committed "$tmp/kill" 20
 
-ref=$(chain "$tmp/sync")
+ref=$(last_chain "$tmp/sync")
 # 4. The disk fills up during step 30's background save. on_error = continue: a warning and an
 #    event, no step 30, step 40 committed (the end's save), exit 0; the trace is the reference's.
 expect enospc-continue 0 "background save of step 30 failed and was not committed: .*No space left on device" -- \
@@ -84,7 +80,7 @@ expect enospc-continue 0 "background save of step 30 failed and was not committe
   RETRACE_FAIL_AFTER=1000 "$RETRACE" record "${run[@]}" --set checkpoint.on_error=continue --out "$tmp/full"
 check_true enospc-continue-no-30 not_committed "$tmp/full" 30
 expect enospc-continue-40 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/full" 40)"
-check enospc-continue-chain "$(chain "$tmp/full")" "$ref"
+check_eq enospc-continue-chain "$(last_chain "$tmp/full")" "$ref"
 check_true enospc-continue-event grep -q "background save of step 30 failed" \
   <("$RETRACE" inspect "$tmp/full/trace.rtrace" --json 2>&1)
 
@@ -96,7 +92,7 @@ expect erofs-stop 4 "background save of step 30 failed: .*Read-only file system.
 check_true erofs-no-30 not_committed "$tmp/ro" 30
 expect erofs-keeps-20 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/ro" 20)"
 expect erofs-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/ro" --plain
-check erofs-resume-bitwise "$(chain "$tmp/ro")" "$ref"
+check_eq erofs-resume-bitwise "$(last_chain "$tmp/ro")" "$ref"
 
 # 6. A slow disk keeps step 20's save in flight: the interrupt at 25 waits for it, then saves 25;
 #    both commit, and the resume is bitwise. Saves every 2 steps on it wait for each other, and say so.
@@ -105,7 +101,7 @@ expect interrupt-waits 0 "" -- "${slow[@]}" "$RETRACE" record "${run[@]}" --inte
 check_true interrupt-commits-20 committed "$tmp/int" 20
 check_true interrupt-commits-25 committed "$tmp/int" 25
 expect interrupt-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/int" --plain
-check interrupt-resume-bitwise "$(chain "$tmp/int")" "$ref"
+check_eq interrupt-resume-bitwise "$(last_chain "$tmp/int")" "$ref"
 expect waits-are-said 0 "checkpoint: waited [0-9.]+ s for the previous background save before step 22" -- \
   "${slow[@]}" "$RETRACE" record "${run[@]}" --set checkpoint.every_steps=2 --out "$tmp/wait"
 
@@ -121,11 +117,11 @@ for _ in $(seq 1 600); do
 done
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
-check sigkill-while-the-shard-is-written "$seen" yes
+check_eq sigkill-while-the-shard-is-written "$seen" yes
 check_true sigkill-during-write-not-committed not_committed "$tmp/sigkill" 20
-check sigkill-latest "$(cat "$tmp/sigkill/checkpoints/LATEST")" "step-00000010"
+check_eq sigkill-latest "$(cat "$tmp/sigkill/checkpoints/LATEST")" "step-00000010"
 expect sigkill-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/sigkill" --plain
-check sigkill-resume-bitwise "$(chain "$tmp/sigkill")" "$ref"
+check_eq sigkill-resume-bitwise "$(last_chain "$tmp/sigkill")" "$ref"
 
 # 8. Several ranks: synchronous saves, said once.
 expect two-ranks-say-sync 0 "saves are synchronous although checkpoint.async = true: the ranks' commit vote" -- \

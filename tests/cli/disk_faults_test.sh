@@ -10,12 +10,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/../testing/expect.sh"
 run=(--total-steps 40 --set checkpoint.every_steps=10 --set train.eval_each_epoch=false --set "model.hidden=[32]" --plain)
-chain() { "$RETRACE" inspect "$1/trace.rtrace" --json | grep -o '"chain_digest": *"[0-9a-f]*"' | tail -1; }
-check_eq() {
-  if [[ "$2" == "$3" ]]; then echo "ok   $1"; passes=$((passes+1)); else echo "FAIL $1: '$2' vs '$3'"; fails=$((fails+1)); fi
-}
 "$RETRACE" record "${run[@]}" --out "$tmp/ref" >/dev/null || { echo "reference run failed"; exit 1; }
-ref=$(chain "$tmp/ref")
+ref=$(last_chain "$tmp/ref")
 
 case_() {  # name, path text, errno, bytes, fsync?, message pattern
   local name=$1 path=$2 err=$3 after=$4 fsync=$5 pattern=$6
@@ -28,7 +24,7 @@ case_() {  # name, path text, errno, bytes, fsync?, message pattern
     fi
   done
   expect "$name-resume" 0 "resumed and recorded" -- "$RETRACE" resume "$out" --plain
-  check_eq "$name-resume-bitwise" "$(chain "$out")" "$ref"
+  check_eq "$name-resume-bitwise" "$(last_chain "$out")" "$ref"
 }
 
 # The disk fills up in the middle of step 30's shard: the save fails, 10 and 20 stay.

@@ -14,3 +14,10 @@ expect() {
   fi
   echo "ok   $name (exit $rc)"; passes=$((passes+1))
 }
+# `check_eq NAME GOT WANT`: counts a pass when the two texts are equal.
+check_eq() {
+  if [[ "$2" == "$3" ]]; then echo "ok   $1"; passes=$((passes+1)); else echo "FAIL $1: '$2' vs '$3'"; fails=$((fails+1)); fi
+}
+# `last_chain RUN`: the chain digest of the run's last frame (as `inspect --json` prints it), with
+# the script's $RETRACE.
+last_chain() { "$RETRACE" inspect "$1/trace.rtrace" --json | grep -o '"chain_digest": *"[0-9a-f]*"' | tail -1; }
