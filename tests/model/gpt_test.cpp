@@ -153,6 +153,28 @@ TEST(Gpt, InitializationIsAFunctionOfTheSeed) {
   for (const auto& p : b->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), pa[p.key()])) << p.key();
 }
 
+// A resume builds the model with initialize = false: the GPT-2 draws are skipped (the checkpoint
+// sets every parameter), so the weights are torch::nn's own and fewer numbers are drawn.
+TEST(Gpt, WithoutInitializationTheGpt2DrawsAreSkipped) {
+  seed(3);
+  Gpt drawn(tiny());
+  const torch::Tensor after_drawn = torch::rand({4});
+  GptOptions o = tiny();
+  o.initialize = false;
+  seed(3);
+  Gpt skipped(o);
+  const torch::Tensor after_skipped = torch::rand({4});
+  EXPECT_FALSE(torch::equal(after_drawn, after_skipped));  // the generator drew less
+  auto pd = drawn->named_parameters();
+  int64_t weights = 0;
+  for (const auto& p : skipped->named_parameters()) {
+    if (p.value().dim() != 2) continue;
+    ++weights;
+    EXPECT_FALSE(torch::equal(p.value(), pd[p.key()])) << p.key();
+  }
+  EXPECT_GT(weights, 0);
+}
+
 void expect_bitwise_equal(const StepResult& want, const StepResult& got) {
   EXPECT_TRUE(torch::equal(want.logits, got.logits));
   EXPECT_TRUE(torch::equal(want.loss, got.loss)) << want.loss.item<double>() << " vs " << got.loss.item<double>();
