@@ -53,6 +53,9 @@ std::string background_save_unavailable(const train::Config& config, train::Coll
     return "the ranks' commit vote runs on the loop's process group (several ranks save synchronously)";
   if (!config.trace.enabled || !config.trace.digests)
     return "the trace holds no digests to check the staged copy against (trace.enabled and trace.digests)";
+  if (config.runtime.zero_stage != 0)
+    return "under runtime.zero_stage = 1 the trace's digests are sums over the ranks' slices, not kept tensor by "
+           "tensor for the staged copy's check";
   return {};
 }
 

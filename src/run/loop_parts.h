@@ -94,8 +94,8 @@ class Checkpointer {
   std::string last_committed_;  // the newest step directory committed in this process
 };
 
-// Why checkpoint.async cannot apply to this run (empty: it can, or it is off): several ranks, or
-// no trace digests to prove the staged copy with.
+// Why checkpoint.async cannot apply to this run (empty: it can, or it is off): several ranks, no
+// trace digests to prove the staged copy with, or ZeRO's (sums over slices, no tensor's share kept).
 std::string background_save_unavailable(const train::Config& config, train::Collective* ranks);
 
 // An event into the trace (when this rank writes one) and to the callbacks as "kind: message".

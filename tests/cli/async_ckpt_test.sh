@@ -127,5 +127,10 @@ check_eq sigkill-resume-bitwise "$(last_chain "$tmp/sigkill")" "$ref"
 expect two-ranks-say-sync 0 "saves are synchronous although checkpoint.async = true: the ranks' commit vote" -- \
   "$RETRACE" record "${run[@]:2}" --total-steps 12 --world-size 2 --out "$tmp/two"
 
+# ZeRO-1 (here on one rank): its digests are sums over the ranks' slices, with no share per tensor
+# kept, so its saves are synchronous and say so.
+expect zero-says-sync 0 "saves are synchronous although checkpoint.async = true: under runtime.zero_stage = 1" -- \
+  "$RETRACE" record "${run[@]:2}" --total-steps 12 --set runtime.zero_stage=1 --out "$tmp/zero"
+
 echo "async_ckpt: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]
