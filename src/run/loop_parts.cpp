@@ -170,10 +170,15 @@ void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, cons
     try {
       std::rethrow_exception(out.error);
     } catch (const IoError& e) {
+      // The newest this process committed, else the newest on disk (a resumed run's first save).
+      std::string newest = last_committed_;
+      if (newest.empty())
+        if (const auto m = ckpt::newest_checkpoint_manifest(checkpoint_root(run_dir_)))
+          newest = checkpoint_root(run_dir_) + "/" + ckpt::step_dir_name(m->step);
       RETRACE_FAIL(IoError, "the background save of step ", out.step, " failed: ", e.what(), "; the run stops (",
                    "checkpoint.on_error = \"stop\") at step ", step, ". ",
-                   last_committed_.empty() ? std::string("No checkpoint of this process committed")
-                                           : "The newest checkpoint committed is " + last_committed_,
+                   newest.empty() ? std::string("No checkpoint is committed yet")
+                                  : "The newest checkpoint committed is " + newest,
                    "; free space or fix the directory, then `retrace resume` (or set checkpoint.on_error = "
                    "\"continue\" to train on when a save fails)");
     }

@@ -91,6 +91,10 @@ expect erofs-stop 4 "background save of step 30 failed: .*Read-only file system.
   "$RETRACE" record "${run[@]}" --out "$tmp/ro"
 check_true erofs-no-30 not_committed "$tmp/ro" 30
 expect erofs-keeps-20 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/ro" 20)"
+cp -r "$tmp/ro" "$tmp/ro-again"
+expect erofs-again-after-resume 4 "background save of step 30 failed: .*newest checkpoint committed is .*step-00000020" -- \
+  env LD_PRELOAD="$SHIM" RETRACE_FAIL_PATH="step-00000030/shard-rank" RETRACE_FAIL_ERRNO=EROFS \
+  "$RETRACE" resume "$tmp/ro-again" --plain
 expect erofs-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/ro" --plain
 check_eq erofs-resume-bitwise "$(last_chain "$tmp/ro")" "$ref"
 
