@@ -40,8 +40,10 @@ uint64_t stage_into(NamedTensors& into, const NamedTensors& from) {
 }
 
 // The first name whose share differs between the two lists (both sorted by name), or a note that
-// the lists hold different tensors.
+// the lists hold different tensors. No shares kept (trace.digest_version 1): which one is unknown.
 std::string first_difference(const DigestParts& got, const DigestParts& want) {
+  if (want.empty() && !got.empty())
+    return "* (which tensor is unknown: trace.digest_version = 1 keeps no digest per tensor)";
   for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
     if (got[i].first != want[i].first) return "the tensors differ from the step's (" + got[i].first + ")";
     if (got[i].second != want[i].second) return got[i].first;

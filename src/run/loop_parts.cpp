@@ -166,29 +166,27 @@ void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, cons
     report_rotation(out.rotation, writer, step, cb);
     return;
   }
-  if (!out.disk_error || on_error_ == train::CkptOnError::kStop) {
-    try {
-      std::rethrow_exception(out.error);
-    } catch (const IoError& e) {
-      // The newest this process committed, else the newest on disk (a resumed run's first save).
-      std::string newest = last_committed_;
-      if (newest.empty())
-        if (const auto m = ckpt::newest_checkpoint_manifest(checkpoint_root(run_dir_)))
-          newest = checkpoint_root(run_dir_) + "/" + ckpt::step_dir_name(m->step);
-      RETRACE_FAIL(IoError, "the background save of step ", out.step, " failed: ", e.what(), "; the run stops (",
-                   "checkpoint.on_error = \"stop\") at step ", step, ". ",
-                   newest.empty() ? std::string("No checkpoint is committed yet")
-                                  : "The newest checkpoint committed is " + newest,
-                   "; free space or fix the directory, then `retrace resume` (or set checkpoint.on_error = "
-                   "\"continue\" to train on when a save fails)");
-    }
-  }
+  // A failure other than the disk's (a staging mismatch, a bug) leaves this rethrow as it is.
   try {
     std::rethrow_exception(out.error);
-  } catch (const Error& e) {
-    emit(writer, cb, step, "checkpoint",
-         "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
-             e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
+  } catch (const IoError& e) {
+    if (on_error_ == train::CkptOnError::kContinue) {
+      emit(writer, cb, step, "checkpoint",
+           "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
+               e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
+      return;
+    }
+    // The newest this process committed, else the newest on disk (a resumed run's first save).
+    std::string newest = last_committed_;
+    if (newest.empty())
+      if (const auto m = ckpt::newest_checkpoint_manifest(checkpoint_root(run_dir_)))
+        newest = checkpoint_root(run_dir_) + "/" + ckpt::step_dir_name(m->step);
+    RETRACE_FAIL(IoError, "the background save of step ", out.step, " failed: ", e.what(), "; the run stops (",
+                 "checkpoint.on_error = \"stop\") at step ", step, ". ",
+                 newest.empty() ? std::string("No checkpoint is committed yet")
+                                : "The newest checkpoint committed is " + newest,
+                 "; free space or fix the directory, then `retrace resume` (or set checkpoint.on_error = "
+                 "\"continue\" to train on when a save fails)");
   }
 }
 

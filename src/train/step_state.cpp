@@ -214,7 +214,13 @@ void step_digests(TrainState& s, const Policies& p, StateStepCalls& calls, recor
         tensors.grads.emplace_back(item.key(), item.value().grad());
     tensors.with_optimizer = with_optimizer;
     if (with_optimizer) tensors.optim = optimizer_state(*s.optimizer, *s.model.module, p.optimizer);
-    digest_step_tensors(tensors, kind, &known, nullptr, rec, &s.digest_parts);
+    // Each tensor's share costs a few words under the sums (versions 2 to 4); under version 1 it would
+    // hash every byte a second time each step, so none is kept there.
+    digest_step_tensors(tensors, kind, &known, nullptr, rec, kind == DigestKind::kXxh3 ? nullptr : &s.digest_parts);
+    if (kind == DigestKind::kXxh3) {
+      s.digest_parts.step = rec.step;
+      s.digest_parts.with_optimizer = with_optimizer;
+    }
   }
   rec.rng_digest = rng_digest(rng_state(s, p.seed).serialize());
   if (p.digest_version >= 2) rec.state_digest = policy_digest(s);
