@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <exception>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -232,33 +233,88 @@ std::map<std::string, std::string> shard_meta(const StateSnapshot& snap, const S
   return meta;
 }
 
-// Phase one of a sharded save: every shard is durable (write_shard fsyncs); the ranks gather what
-// each wrote (its file, size and sha256, and each piece's place and xxh3) into `shards` and
-// `records`, which hold this rank's on entry.
-void gather_shards(train::Collective& sync, const ShardFileInfo& info, std::vector<ShardEntry>& shards,
-                   std::vector<PieceRecord>& records) {
-  std::string said = info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256 + "\n";
-  for (const PieceRecord& p : records)
-    said += std::to_string(p.begin) + '\t' + std::to_string(p.offset) + '\t' + p.xxh3 + '\t' + p.name + '\n';
+// A sharded save stops together: each rank's status ("ok", or "failed", the error's kind and its
+// message on one line) goes into every exchange of the save, so that a rank whose part failed (a
+// full disk, a refused staging copy) still answers, and every rank fails with it instead of
+// waiting for a vote that never comes.
+std::string status_of(const std::exception_ptr& failed) {
+  if (!failed) return "ok";
+  std::string kind = "internal error", text;
+  try {
+    std::rethrow_exception(failed);
+  } catch (const Error& e) {
+    kind = e.kind();
+    text = e.what();
+  } catch (const std::exception& e) {
+    text = e.what();
+  } catch (...) {
+    text = "an exception of unknown type";
+  }
+  for (char& c : text)
+    if (c == '\n' || c == '\t') c = ' ';
+  return "failed\t" + kind + "\t" + text;
+}
+
+// Throws when a rank's status is a failure: this rank's own error as it was thrown, else the first
+// failing rank's as an error of the same kind that names the rank. `statuses` is indexed by rank.
+void throw_if_failed(const std::vector<std::string>& statuses, const std::exception_ptr& mine,
+                     const std::string& what) {
+  if (mine) std::rethrow_exception(mine);
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    if (statuses[r] == "ok") continue;
+    const size_t a = statuses[r].find('\t'), b = statuses[r].find('\t', a + 1);
+    const std::string kind = b == std::string::npos ? "" : statuses[r].substr(a + 1, b - a - 1);
+    const std::string text = what + " failed on rank " + std::to_string(r) + ": " +
+                             (b == std::string::npos ? statuses[r] : statuses[r].substr(b + 1)) +
+                             "; nothing was committed";
+    if (kind == IoError("").kind()) throw IoError(text);
+    if (kind == IntegrityError("").kind()) throw IntegrityError(text);
+    if (kind == ConfigError("").kind()) throw ConfigError(text);
+    if (kind == FormatError("").kind()) throw FormatError(text);
+    throw InvariantError(text);
+  }
+}
+
+// Every rank's status at one point of a sharded save (one all-gather); throws as throw_if_failed.
+void agree(train::Collective& sync, const std::exception_ptr& mine, const std::string& what) {
+  throw_if_failed(sync.allgather(status_of(mine)), mine, what);
+}
+
+// Phase one of a sharded save: every shard is durable (write_shard fsyncs), or a rank says why
+// its is not (`failed`); the ranks gather each one's status and what it wrote (its file, size and
+// sha256, and each piece's place and xxh3) into `shards` and `records`, which hold this rank's on
+// entry. Throws (throw_if_failed) when any rank failed.
+void gather_shards(train::Collective& sync, const std::exception_ptr& failed, const ShardFileInfo& info,
+                   std::vector<ShardEntry>& shards, std::vector<PieceRecord>& records, const std::string& what) {
+  std::string said = status_of(failed) + "\n";
+  if (!failed) {
+    said += info.file + "\n" + std::to_string(info.size) + "\n" + info.sha256 + "\n";
+    for (const PieceRecord& p : records)
+      said += std::to_string(p.begin) + '\t' + std::to_string(p.offset) + '\t' + p.xxh3 + '\t' + p.name + '\n';
+  }
   const auto all = sync.allgather(said);
+  std::vector<std::string> statuses;
+  for (const std::string& one : all) statuses.push_back(one.substr(0, one.find('\n')));
+  throw_if_failed(statuses, failed, what);
   shards.clear();
   records.clear();
   for (uint32_t r = 0; r < all.size(); ++r) {
     std::istringstream in(all[r]);
     ShardEntry e;
     e.rank = r;
-    std::string size, line;
+    std::string status, size, line;
+    std::getline(in, status);
     std::getline(in, e.file);
     std::getline(in, size);
     std::getline(in, e.sha256);
-    const std::string what = "rank " + std::to_string(r) + "'s report of its shard";
-    e.size = parse_u64_field(size, "the size in " + what);
+    const std::string what_rank = "rank " + std::to_string(r) + "'s report of its shard";
+    e.size = parse_u64_field(size, "the size in " + what_rank);
     shards.push_back(e);
     while (std::getline(in, line)) {
       const size_t a = line.find('\t'), b = line.find('\t', a + 1), c = line.find('\t', b + 1);
-      RETRACE_CHECK(c != std::string::npos, InvariantError, what, ": a piece line without four fields");
-      records.push_back({line.substr(c + 1), r, parse_u64_field(line.substr(0, a), what),
-                         parse_u64_field(line.substr(a + 1, b - a - 1), what), line.substr(b + 1, c - b - 1)});
+      RETRACE_CHECK(c != std::string::npos, InvariantError, what_rank, ": a piece line without four fields");
+      records.push_back({line.substr(c + 1), r, parse_u64_field(line.substr(0, a), what_rank),
+                         parse_u64_field(line.substr(a + 1, b - a - 1), what_rank), line.substr(b + 1, c - b - 1)});
     }
   }
 }
@@ -273,27 +329,46 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   RETRACE_CHECK(world == 1 || sync, InvariantError, "a sharded save of ", world,
                 " ranks needs the ranks (a train::Collective)");
   std::string dir = root + "/" + step_dir_name(step);
-  if (rank == 0) dir = prepare_checkpoint_dir(root, step);
-  if (sync) sync->barrier();
+  const std::string what = "the save of step " + std::to_string(step) + " in " + dir;
+  std::exception_ptr failed;
+  if (rank == 0) {
+    try {
+      dir = prepare_checkpoint_dir(root, step);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  if (sync) agree(*sync, failed, what);
+  else if (failed) std::rethrow_exception(failed);
 
   ShardPlan plan = plan_shard(snap, anchor, sync, dir);
-  check_manifest_fits(snap, pos, plan.layouts, dir);
-  plan.views.push_back({"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
-  if (plan.anchor_apart)
+  ShardFileInfo info;
+  try {
+    check_manifest_fits(snap, pos, plan.layouts, dir);
     plan.views.push_back(
-        {"anchor/rng/state", "U8", {static_cast<int64_t>(anchor->rng.size())}, anchor->rng.data(), anchor->rng.size()});
-  const ShardFileInfo info = write_shard(dir + "/" + shard_file_name(rank),
-                                         shard_meta(snap, anchor, plan.anchor_apart, pos), plan.views);
-  if (before_commit) before_commit();
+        {"rng/state", "U8", {static_cast<int64_t>(snap.rng.size())}, snap.rng.data(), snap.rng.size()});
+    if (plan.anchor_apart)
+      plan.views.push_back({"anchor/rng/state",
+                            "U8",
+                            {static_cast<int64_t>(anchor->rng.size())},
+                            anchor->rng.data(),
+                            anchor->rng.size()});
+    info = write_shard(dir + "/" + shard_file_name(rank), shard_meta(snap, anchor, plan.anchor_apart, pos), plan.views);
+    if (before_commit) before_commit();
+  } catch (...) {
+    if (!sync) throw;
+    failed = std::current_exception();  // said in the vote, so that no rank waits for this one's
+  }
 
   // What this rank wrote: its file, and where each of its pieces is in it and its xxh3.
   std::vector<PieceRecord> records;
-  for (size_t v = 0; v < plan.own_pieces.size(); ++v)
-    records.push_back({plan.own_pieces[v].first, rank, plan.own_pieces[v].second, info.offsets[v], info.xxh3[v]});
+  if (!failed)
+    for (size_t v = 0; v < plan.own_pieces.size(); ++v)
+      records.push_back({plan.own_pieces[v].first, rank, plan.own_pieces[v].second, info.offsets[v], info.xxh3[v]});
   std::vector<ShardEntry> shards = {{rank, info.file, info.size, info.sha256}};
-  if (sync) gather_shards(*sync, info, shards, records);
+  if (sync) gather_shards(*sync, failed, info, shards, records, what);
   if (rank != 0) {
-    if (sync) sync->barrier();
+    if (sync) agree(*sync, nullptr, what);  // rank 0's commit, or why it failed
     return dir;
   }
   Manifest m;
@@ -308,8 +383,14 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   set_piece_records(plan.layouts, records, dir);
   m.tensors = std::move(plan.layouts);
   // Phase two: the manifest is the commit point.
-  std::string committed = commit_checkpoint(root, m, keep_last, rotation);
-  if (sync) sync->barrier();
+  std::string committed;
+  try {
+    committed = commit_checkpoint(root, m, keep_last, rotation);
+  } catch (...) {
+    if (!sync) throw;
+    failed = std::current_exception();
+  }
+  if (sync) agree(*sync, failed, what);
   return committed;
 }
 

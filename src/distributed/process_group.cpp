@@ -118,16 +118,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
       return;
     }
 #endif
-    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    if (endpoint_.chosen_by == "GLOO_SOCKET_IFNAME") {
-      for (const auto& name : endpoint_.interfaces)
-        opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
-    } else {
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(endpoint_.address));
-    }
-    opts->threads = 1;
-    impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, static_cast<int>(env.rank),
-                                                            static_cast<int>(env.world_size), opts);
+    connect_gloo();
   } catch (const retrace::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -140,6 +131,41 @@ ProcessGroup::ProcessGroup(const DistEnv& env, std::chrono::milliseconds timeout
                            compat::libtorch_version() + " speaks its protocol"
                      : "; check that every rank started and that the address and port are reachable");
   }
+}
+
+void ProcessGroup::connect_gloo() {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+  if (endpoint_.chosen_by == "GLOO_SOCKET_IFNAME") {
+    for (const auto& name : endpoint_.interfaces)
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  } else {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(endpoint_.address));
+  }
+  opts->threads = 1;
+  impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, static_cast<int>(env_.rank),
+                                                          static_cast<int>(env_.world_size), opts);
+}
+
+ProcessGroup::ProcessGroup(const ProcessGroup& parent, const std::string& prefix)
+    : env_(parent.env_),
+      timeout_(parent.timeout_),
+      launcher_(parent.launcher_),
+      endpoint_(parent.endpoint_),
+      peers_(parent.peers_),
+      impl_(new Impl) {
+  try {
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>(prefix, parent.impl_->store);
+    connect_gloo();
+  } catch (const retrace::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    RETRACE_FAIL(IoError, "rank ", env_.rank, " of ", env_.world_size, " (", endpoint_.describe(),
+                 ") could not make its second process group (", prefix, "): ", message_of(e), "; peers: ", peers_);
+  }
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::side_group(const std::string& prefix) const {
+  return std::unique_ptr<ProcessGroup>(new ProcessGroup(*this, prefix));
 }
 
 ProcessGroup::~ProcessGroup() = default;

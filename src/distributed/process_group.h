@@ -58,6 +58,12 @@ class ProcessGroup final : public train::Collective {
   const std::string& peers() const { return peers_; }
   // "gloo", or "nccl 2.28.9" on CUDA.
   std::string backend() const;
+  // A second group of the same ranks on the same store, its keys under `prefix`: Gloo on the CPU,
+  // whatever this one's backend. For collectives issued from another thread than this group's
+  // (a background save's commit vote): c10d matches a group's collectives by their order of issue,
+  // which two threads would interleave differently on each rank. Every rank calls it at the same
+  // point (it connects to the others, as the constructor does).
+  std::unique_ptr<ProcessGroup> side_group(const std::string& prefix) const;
 
   // Sums every defined gradient over the ranks, in place, flattening them into buckets of at most
   // bucket_bytes in parameter order. Adds to stats.
@@ -81,6 +87,8 @@ class ProcessGroup final : public train::Collective {
   void barrier() override;
 
  private:
+  ProcessGroup(const ProcessGroup& parent, const std::string& prefix);
+  void connect_gloo();
   template <typename Fn>
   auto collective(const char* what, Fn&& fn) -> decltype(fn());
 

@@ -127,9 +127,9 @@ void BackgroundSave::start(Job job) {
           ::raise(SIGKILL);
         }
       };
-      outcome_.dir = ckpt::save_snapshot(job.snapshot, job.root, job.position, job.keep_last, nullptr,
+      outcome_.dir = ckpt::save_snapshot(job.snapshot, job.root, job.position, job.keep_last, job.sync,
                                          &outcome_.rotation, job.anchor ? &*job.anchor : nullptr, before_commit);
-      outcome_.bytes = directory_bytes(outcome_.dir);
+      if (job.snapshot.rank == 0) outcome_.bytes = directory_bytes(outcome_.dir);
     } catch (const IoError&) {
       outcome_.error = std::current_exception();
       outcome_.disk_error = true;

@@ -69,6 +69,8 @@ class BackgroundSave {
     std::string root;
     ckpt::TracePosition position;
     uint32_t keep_last = 1;
+    // Several ranks: the group the writer threads vote on (never the loop's), else nullptr.
+    train::Collective* sync = nullptr;
     StepProof proof;
     // crash-in-save: marked fired in this run directory, then SIGKILL before the commit.
     std::string crash_run_dir, crash_id;

@@ -40,17 +40,16 @@ bool CheckpointCadence::due(uint64_t step, bool last, bool interrupt) {
 void CheckpointCadence::saved() { last_ = LoopClock::now(); }
 
 Checkpointer::Checkpointer(std::string run_dir, const train::CheckpointConfig& config, train::Collective* ranks,
-                           std::string sync_reason)
+                           train::Collective* save_group, std::string sync_reason)
     : run_dir_(std::move(run_dir)),
       keep_last_(static_cast<uint32_t>(config.keep_last)),
       on_error_(config.on_error),
-      ranks_(ranks),
-      background_(config.async_save && sync_reason.empty()) {}
+      ranks_(ranks && ranks->world_size() > 1 ? ranks : nullptr),
+      save_group_(save_group),
+      background_(config.async_save && sync_reason.empty() && (!ranks_ || save_group_)) {}
 
-std::string background_save_unavailable(const train::Config& config, train::Collective* ranks) {
+std::string background_save_unavailable(const train::Config& config) {
   if (!config.checkpoint.async_save) return {};
-  if (ranks && ranks->world_size() > 1)
-    return "the ranks' commit vote runs on the loop's process group (several ranks save synchronously)";
   if (!config.trace.enabled || !config.trace.digests)
     return "the trace holds no digests to check the staged copy against (trace.enabled and trace.digests)";
   if (config.runtime.zero_stage != 0)
@@ -120,7 +119,7 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
                     "waited %.2f s for the previous background save before step %llu's (the disk is slower than "
                     "the cadence)",
                     waited, static_cast<unsigned long long>(step));
-      emit(writer, cb, step, "checkpoint", text);
+      if (leader()) emit(writer, cb, step, "checkpoint", text);
     }
   }
   BackgroundSave::Job job;
@@ -131,6 +130,7 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
   job.anchor = anchor;  // the anchor's tensors are copies the loop never writes into
   job.root = checkpoint_root(run_dir_);
   job.keep_last = keep_last_;
+  job.sync = save_group_;
   job.proof.step = rec.step;
   job.proof.kind = digest_kind_of(trainer.config().trace.digest_version);
   job.proof.param = rec.param_digest;
@@ -141,7 +141,7 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
     const std::string id = "corrupt-staging@" + std::to_string(step);
     mark_fired_on_disk(run_dir_, id);
     corrupt_staged(job.snapshot, *tensor);
-    emit(writer, cb, step, "checkpoint", id + ": flipped a bit of " + *tensor + " in the staging copy");
+    if (leader()) emit(writer, cb, step, "checkpoint", id + ": flipped a bit of " + *tensor + " in the staging copy");
   }
   if (trainer.crash_in_save_due(step)) {
     job.crash_run_dir = run_dir_;
@@ -152,11 +152,19 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
 }
 
 void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait) {
-  if (!writer_thread_.in_flight() || (!wait && !writer_thread_.finished())) return;
+  if (!writer_thread_.in_flight()) return;
+  if (!wait) {
+    bool done = writer_thread_.finished();
+    if (ranks_) {
+      train::CollectiveStats ignored;  // not the step's collectives
+      done = ranks_->allreduce_sum(done ? 1.0f : 0.0f, ignored) == static_cast<float>(ranks_->world_size());
+    }
+    if (!done) return;
+  }
   SaveOutcome out = *writer_thread_.wait();
   if (!out.error) {
     last_committed_ = out.dir;
-    if (cb.on_message) {
+    if (cb.on_message && leader()) {
       char speed[200];
       std::snprintf(speed, sizeof speed, "%.1f MB in %.2f s, %.0f MB/s, in the background; the loop was blocked %.3f s",
                     static_cast<double>(out.bytes) / 1e6, out.seconds,
@@ -171,9 +179,10 @@ void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, cons
     std::rethrow_exception(out.error);
   } catch (const IoError& e) {
     if (on_error_ == train::CkptOnError::kContinue) {
-      emit(writer, cb, step, "checkpoint",
-           "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
-               e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
+      if (leader())
+        emit(writer, cb, step, "checkpoint",
+             "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
+                 e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
       return;
     }
     // The newest this process committed, else the newest on disk (a resumed run's first save).

@@ -60,9 +60,11 @@ class CheckpointCadence {
 class Checkpointer {
  public:
   // `sync_reason`: why saves stay synchronous although checkpoint.async asks for the background
-  // (several ranks, no trace digests); empty where they go to the background.
+  // (no trace digests, ZeRO); empty where they go to the background. `save_group`: with several
+  // ranks, a second group of them (ProcessGroup::side_group) on which the writer threads agree on
+  // the commit, apart from the loop's collectives; without it several ranks save synchronously.
   Checkpointer(std::string run_dir, const train::CheckpointConfig& config, train::Collective* ranks,
-               std::string sync_reason);
+               train::Collective* save_group, std::string sync_reason);
   // Whether due saves go to the background (save_in_background), the last and the interrupt's aside.
   bool background() const { return background_; }
   // A synchronous save, after the one in flight (taken first). Returns the step directory written.
@@ -74,7 +76,9 @@ class Checkpointer {
                           bool eval_due, const Anchor& anchor, const RunCallbacks& cb);
   // At a step boundary (`step`, the last traced): a finished background save is reported, or its
   // failure raised (checkpoint.on_error = "stop", or not the disk's) or reported (continue). `wait`:
-  // waits for one in flight.
+  // waits for one in flight. With several ranks every rank takes the outcome at the same step (one
+  // scalar all-reduce per step while a save is in flight: is every rank's writer done?), and the
+  // commit vote gave every rank the same outcome, so all stop or all go on together.
   void take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait);
 
  private:
@@ -85,7 +89,10 @@ class Checkpointer {
   std::string run_dir_;
   uint32_t keep_last_;
   train::CkptOnError on_error_;
+  bool leader() const { return !ranks_ || ranks_->rank() == 0; }
+
   train::Collective* ranks_;
+  train::Collective* save_group_;
   bool background_;
   std::set<std::string> left_reported_;
   StagingBuffer staging_;
@@ -94,9 +101,9 @@ class Checkpointer {
   std::string last_committed_;  // the newest step directory committed in this process
 };
 
-// Why checkpoint.async cannot apply to this run (empty: it can, or it is off): several ranks, no
-// trace digests to prove the staged copy with, or ZeRO's (sums over slices, no tensor's share kept).
-std::string background_save_unavailable(const train::Config& config, train::Collective* ranks);
+// Why checkpoint.async cannot apply to this run (empty: it can, or it is off): no trace digests to
+// prove the staged copy with, or ZeRO's (sums over slices, no tensor's share kept).
+std::string background_save_unavailable(const train::Config& config);
 
 // An event into the trace (when this rank writes one) and to the callbacks as "kind: message".
 void emit(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& kind,

@@ -95,15 +95,25 @@ void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallb
   if (cb.on_eval) cb.on_eval(e);
 }
 
+// The group on which background saves' writer threads vote, on several ranks (made on every rank
+// at the same point: it connects them); null where saves stay synchronous or there is one rank.
+std::unique_ptr<distributed::ProcessGroup> save_group_for(const Config& config, distributed::ProcessGroup* pg,
+                                                          const std::string& sync_reason) {
+  if (!pg || pg->world_size() < 2 || !config.checkpoint.async_save || !sync_reason.empty()) return nullptr;
+  return pg->side_group("retrace/checkpoint/");
+}
+
 // The loop shared by record and resume: step, trace, checkpoint, evaluate.
 void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer, const std::string& run_dir,
               const LoopControl& control, const RunCallbacks& cb, RunSummary& summary, distributed::ProcessGroup* pg,
               Anchor anchor, bool redo_evaluation = false) {
   const auto start = Clock::now();
   CheckpointCadence cadence(config.checkpoint, control, pg);
-  // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit.
-  const std::string sync_reason = background_save_unavailable(config, pg);
-  Checkpointer checkpointer(run_dir, config.checkpoint, pg, sync_reason);
+  // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit;
+  // a background save's writer threads agree on a second group, made here on every rank.
+  const std::string sync_reason = background_save_unavailable(config);
+  const auto save_group = save_group_for(config, pg, sync_reason);
+  Checkpointer checkpointer(run_dir, config.checkpoint, pg, save_group.get(), sync_reason);
   if (!sync_reason.empty() && (config.checkpoint.every_steps > 0 || config.checkpoint.every_seconds > 0) &&
       trainer.rank() == 0)
     emit(writer, cb, trainer.step(), "checkpoint",

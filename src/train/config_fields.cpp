@@ -232,9 +232,9 @@ std::vector<Field> fields() {
   f.push_back({"checkpoint.async", Kind::kBool,
                "save in the background: the loop copies the state into a staging buffer (blocked about as long "
                "as a memcpy of it) and a writer thread writes, checks against the step's trace digests and "
-               "commits it while training goes on; false: the loop waits for each save. Synchronous anyway "
-               "with several ranks, without trace digests or under trace.digest_version 1, and for the last "
-               "and the interrupt's save (docs/checkpoints.md)",
+               "commits it while training goes on (several ranks vote on a process group of their own); false: "
+               "the loop waits for each save. Synchronous anyway under runtime.zero_stage = 1, without trace "
+               "digests, and for the last and the interrupt's save (docs/checkpoints.md)",
                {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::async_save), "false",
                Field::Era::kCurrent, {}, true});
   f.push_back({"checkpoint.on_error", Kind::kChoice,

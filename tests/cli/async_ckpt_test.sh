@@ -4,7 +4,8 @@
 # and names the tensor; kills during a background save (injected before its commit, and from
 # outside during its write on a slow disk) and a full or read-only disk during one lose nothing, and
 # every resume ends on the chain of a run that never failed; an interrupt waits for the save in
-# flight; several ranks say they save synchronously. The disk is the LD_PRELOAD shim
+# flight; two ranks save in the background, stop together when one rank's disk fails, and lose
+# nothing when killed during a save; ZeRO says it saves synchronously. The disk is the LD_PRELOAD shim
 # tests/testing/failing_io.c (its slow mode keeps a save in flight for a few steps).
 set -u
 RETRACE=${1:?usage: async_ckpt_test.sh path/to/retrace path/to/libretrace_failing_io.so}
@@ -127,9 +128,43 @@ check_eq sigkill-latest "$(cat "$tmp/sigkill/checkpoints/LATEST")" "step-0000001
 expect sigkill-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/sigkill" --plain
 check_eq sigkill-resume-bitwise "$(last_chain "$tmp/sigkill")" "$ref"
 
-# 8. Several ranks: synchronous saves, said once.
-expect two-ranks-say-sync 0 "saves are synchronous although checkpoint.async = true: the ranks' commit vote" -- \
-  "$RETRACE" record "${run[@]:2}" --total-steps 12 --world-size 2 --out "$tmp/two"
+# 8. Two ranks save in the background too (their writer threads vote on a process group of their
+#    own): the run ends on the chain of a synchronous two-rank run, with the same checkpoints.
+two=("${run[@]}" --world-size 2)
+expect two-ranks-async 0 "in the background; the loop was blocked" -- "$RETRACE" record "${two[@]}" --out "$tmp/two"
+expect two-ranks-sync 0 "" -- "$RETRACE" record "${two[@]}" --set checkpoint.async=false --out "$tmp/two-sync"
+ref2=$(last_chain "$tmp/two-sync")
+check_eq two-ranks-chain "$(last_chain "$tmp/two")" "$ref2"
+for s in 10 20 30 40; do
+  check_eq "two-ranks-step-$s-same-content" "$(content "$(step "$tmp/two" $s)/manifest.json")" \
+    "$(content "$(step "$tmp/two-sync" $s)/manifest.json")"
+done
+expect two-ranks-verify 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/two" 30)"
+
+# 9. Rank 1's disk alone fills up during step 30's background save. The commit vote carries the
+#    failure, so both ranks take it at one step: under stop both stop (exit 4, rank 1 named), and
+#    the resume is bitwise; under continue both go on, with no step 30.
+full1=(env LD_PRELOAD="$SHIM" RETRACE_FAIL_PATH="step-00000030/shard-rank00001" RETRACE_FAIL_ERRNO=ENOSPC
+  RETRACE_FAIL_AFTER=1000)
+expect two-enospc-stop 4 "background save of step 30 failed: .*failed on rank 1: .*No space left on device" -- \
+  "${full1[@]}" "$RETRACE" record "${two[@]}" --out "$tmp/two-full"
+check_true two-enospc-stop-no-30 not_committed "$tmp/two-full" 30
+expect two-enospc-stop-keeps-20 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/two-full" 20)"
+expect two-enospc-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/two-full" --world-size 2 --plain
+check_eq two-enospc-resume-bitwise "$(last_chain "$tmp/two-full")" "$ref2"
+expect two-enospc-continue 0 "background save of step 30 failed and was not committed: .*rank 1" -- \
+  "${full1[@]}" "$RETRACE" record "${two[@]}" --set checkpoint.on_error=continue --out "$tmp/two-cont"
+check_true two-enospc-continue-no-30 not_committed "$tmp/two-cont" 30
+expect two-enospc-continue-40 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/two-cont" 40)"
+check_eq two-enospc-continue-chain "$(last_chain "$tmp/two-cont")" "$ref2"
+
+# 10. Both ranks killed in step 20's background save, their shards durable, before the commit:
+#     step 10 loads, and the resume is bitwise.
+expect two-crash-in-save 4 "" -- "$RETRACE" record "${two[@]}" --inject crash-in-save@20 --out "$tmp/two-kill"
+check_true two-crash-in-save-not-committed not_committed "$tmp/two-kill" 20
+check_eq two-crash-in-save-latest "$(cat "$tmp/two-kill/checkpoints/LATEST")" "step-00000010"
+expect two-crash-in-save-resume 0 "resumed and recorded" -- "$RETRACE" resume "$tmp/two-kill" --world-size 2 --plain
+check_eq two-crash-in-save-resume-bitwise "$(last_chain "$tmp/two-kill")" "$ref2"
 
 # ZeRO-1 (here on one rank): its digests are sums over the ranks' slices, with no share per tensor
 # kept, so its saves are synchronous and say so.

@@ -2,15 +2,28 @@
 // copy against its step's digests, and a save on the writer thread whose shard is byte for byte
 // the synchronous save's.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <iostream>
+#include <random>
+#include <thread>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <string>
 
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/verify.h"
 #include "core/error.h"
 #include "run/async_save.h"
+#include "testing/fake_ranks.h"
 #include "testing/temp_dir.h"
 #include "train/step_digests.h"
 
@@ -168,6 +181,197 @@ TEST(AsyncSave, ADigestPartNamesItsTensorAndThePartsDoNotChangeTheDigest) {
   ASSERT_EQ(parts.size(), 2u);
   EXPECT_EQ(parts[0].first, "fc.bias");
   EXPECT_NE(parts[0].second, parts[1].second);
+}
+
+// A rank of a FakeWorld for a writer thread, which takes no turns otherwise: each collective takes
+// the world's turn around it. A writer votes with all-gathers and barriers only.
+class WriterRank final : public train::Collective {
+ public:
+  WriterRank(testing::FakeWorld& world, int rank) : world_(world), rank_(world, rank) {}
+  uint32_t rank() const override { return rank_.rank(); }
+  uint32_t world_size() const override { return rank_.world_size(); }
+  void allreduce_grads(const std::vector<torch::Tensor>&, uint64_t, train::CollectiveStats&) override { no(); }
+  float allreduce_sum(float, train::CollectiveStats&) override { no(); }
+  std::vector<torch::Tensor> alltoall(const std::vector<torch::Tensor>&, const std::vector<int64_t>&,
+                                      train::CollectiveStats&) override {
+    no();
+  }
+  torch::Tensor alltoall_rows(const torch::Tensor&, train::CollectiveStats&) override { no(); }
+  std::vector<torch::Tensor> allgather_tensor(const torch::Tensor&, train::CollectiveStats&) override { no(); }
+  std::vector<std::string> allgather(const std::string& mine) override {
+    std::lock_guard<std::mutex> turn(world_.turn);
+    return rank_.allgather(mine);
+  }
+  void barrier() override {
+    std::lock_guard<std::mutex> turn(world_.turn);
+    rank_.barrier();
+  }
+
+ private:
+  [[noreturn]] static void no() {
+    RETRACE_FAIL(InvariantError, "a writer thread's vote used a collective of the loop's");
+  }
+  testing::FakeWorld& world_;
+  testing::FakeRank rank_;
+};
+
+// Two ranks' writer threads vote on a group of their own: a save whose staged copy is refused on
+// rank 1 alone fails on both ranks (rank 0 names rank 1 and the tensor) and commits nothing; the
+// same save untouched commits once, for both.
+TEST(AsyncSave, TwoRanksWriterThreadsCommitTogetherOrNotAtAll) {
+  TempDir root;
+  for (const bool corrupt : {true, false}) {
+    testing::FakeWorld world(2);
+    WriterRank ranks[2] = {{world, 0}, {world, 1}};
+    BackgroundSave writers[2];
+    for (uint32_t r = 0; r < 2; ++r) {
+      ckpt::StateSnapshot live = a_state(20, 1.0f);
+      live.rank = r;
+      live.world_size = 2;
+      live.rng = "rng of rank " + std::to_string(r);
+      BackgroundSave::Job job;
+      job.snapshot = StagingBuffer().stage(live);
+      if (corrupt && r == 1) corrupt_staged(job.snapshot, "model/fc.bias");
+      job.root = root.path();
+      job.keep_last = 3;
+      job.sync = &ranks[r];
+      job.proof = proof_of(live, DigestKind::kLanes);
+      writers[r].start(std::move(job));
+    }
+    const SaveOutcome out0 = *writers[0].wait(), out1 = *writers[1].wait();
+    const std::string manifest = root.path() + "/" + ckpt::step_dir_name(20) + "/manifest.json";
+    if (corrupt) {
+      ASSERT_TRUE(out0.error && out1.error);
+      for (const auto& [rank, out] : {std::pair{0, &out0}, std::pair{1, &out1}}) {
+        try {
+          std::rethrow_exception(out->error);
+        } catch (const IntegrityError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("staged copy of model/fc.bias differs"), std::string::npos) << what;
+          EXPECT_EQ(what.find("failed on rank 1") != std::string::npos, rank == 0) << what;
+        }
+      }
+      EXPECT_FALSE(fsys::exists(manifest));
+    } else {
+      ASSERT_FALSE(out0.error || out1.error);
+      EXPECT_EQ(out0.dir, out1.dir);
+      ASSERT_TRUE(fsys::exists(manifest));
+      EXPECT_EQ(ckpt::verify_checkpoint(out0.dir, 2).shards.size(), 2u);
+    }
+  }
+}
+
+// --- SIGKILL during background saves -------------------------------------------------------
+// A child process (this test binary again, told by RETRACE_ASYNC_SAVE_CHILD=ROOT) saves step after
+// step in the background, as the loop does: stage the step's state, hand it to the writer, then
+// "train" on (the live tensors change while the writer writes the staged copy), and take the
+// outcome. The parent SIGKILLs it at random moments: every committed checkpoint verifies, LATEST
+// names a committed one, and the newest holds exactly its own step's state (not the state the
+// loop went on to), so a resume from it is bitwise.
+
+constexpr int64_t kSigkillElements = 1 << 21;  // 8 MB a tensor, 32 MB a checkpoint
+
+ckpt::StateSnapshot state_of_step(uint64_t step) {
+  ckpt::StateSnapshot s;
+  s.step = step;
+  const float at = static_cast<float>(step);
+  s.model = {{"a", torch::arange(kSigkillElements, torch::kFloat32).add_(at)},
+             {"b", torch::full({kSigkillElements}, at * 0.5f)}};
+  s.optim = {{"a/exp_avg", torch::full({kSigkillElements}, -at)},
+             {"b/exp_avg", torch::full({kSigkillElements}, at + 1)}};
+  s.rng = "rng of step " + std::to_string(step);
+  s.config_hash = "cafe";
+  s.metadata = {{"epoch", "0"}, {"batch_in_epoch", std::to_string(step)}, {"samples_seen", "1"}, {"optim", "adamw"}};
+  return s;
+}
+
+[[noreturn]] void child_background_saves(const std::string& root) {
+  try {
+    const auto newest = ckpt::find_newest_valid(root, 1);
+    StagingBuffer staging;
+    BackgroundSave writer;
+    for (uint64_t step = newest ? newest->manifest.step + 1 : 1;; ++step) {
+      ckpt::StateSnapshot live = state_of_step(step);
+      BackgroundSave::Job job;
+      job.snapshot = staging.stage(live);
+      job.proof = proof_of(live, DigestKind::kLanes);
+      job.root = root;
+      job.keep_last = 3;
+      writer.start(std::move(job));
+      for (auto& [name, t] : live.model) t.add_(1);  // the next step writes into the live state
+      if (writer.wait()->error) _exit(2);
+    }
+  } catch (...) {
+    _exit(3);
+  }
+}
+
+const bool kIsSaverChild = [] {
+  if (const char* root = std::getenv("RETRACE_ASYNC_SAVE_CHILD")) child_background_saves(root);
+  return false;
+}();
+
+TEST(AsyncSave, SigkillDuringBackgroundSavesLeavesTheNewestCommittedStepsOwnState) {
+  const uint64_t seed = std::random_device{}();
+  std::mt19937_64 rng(seed);
+  TempDir tmp;
+  const std::string root = tmp.path() + "/checkpoints";
+  fsys::create_directories(root);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    TempDir probe;
+    save_on_writer(StagingBuffer().stage(state_of_step(1)), proof_of(state_of_step(1), DigestKind::kLanes),
+                   probe.path());
+  }
+  const double save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::uniform_real_distribution<double> kill_after(0.0, 3.0 * save_ms);
+  const std::string variable = "RETRACE_ASYNC_SAVE_CHILD=" + root;
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) env.push_back(*e);
+  env.push_back(const_cast<char*>(variable.c_str()));
+  env.push_back(nullptr);
+  char self[] = "/proc/self/exe";
+  char* argv[] = {self, nullptr};
+  int resumable = 0, interrupted = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, env.data()), 0);
+    // The child's process start (LibTorch's) first, then a point within its saves.
+    std::this_thread::sleep_for(std::chrono::milliseconds(400) +
+                                std::chrono::duration<double, std::milli>(kill_after(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the saving child ended by itself with status " << status << ", seed " << seed;
+    uint64_t newest = 0;
+    for (const auto& [step, dir] : ckpt::list_step_dirs(root)) {
+      if (!fsys::exists(dir + "/manifest.json")) {
+        interrupted += step > newest;
+        continue;
+      }
+      newest = std::max(newest, step);
+      EXPECT_NO_THROW(ckpt::verify_checkpoint(dir, 1)) << dir << ", seed " << seed;
+    }
+    if (newest == 0) continue;
+    ++resumable;
+    // LATEST is written after the commit, so a kill between them leaves it naming the one before:
+    // a hint, but never a step without a manifest.
+    const std::string latest = file_bytes(root + "/LATEST").substr(0, 13);
+    EXPECT_TRUE(fsys::exists(root + "/" + latest + "/manifest.json")) << latest << ", seed " << seed;
+    const ckpt::LoadedSnapshot back = ckpt::load_snapshot(root + "/" + ckpt::step_dir_name(newest), 1, 0);
+    const ckpt::StateSnapshot want = state_of_step(newest);
+    ASSERT_EQ(back.model.size(), want.model.size());
+    for (size_t i = 0; i < want.model.size(); ++i)
+      EXPECT_TRUE(torch::equal(back.model[i].second, want.model[i].second))
+          << want.model[i].first << " of step " << newest << ", seed " << seed;
+    for (size_t i = 0; i < want.optim.size(); ++i)
+      EXPECT_TRUE(torch::equal(back.optim[i].second, want.optim[i].second)) << want.optim[i].first;
+    EXPECT_EQ(back.rng, want.rng);
+  }
+  std::cout << "background-save kills: one save took " << save_ms << " ms; " << resumable
+            << " kills left a committed checkpoint, " << interrupted << " an interrupted save beyond it; seed " << seed
+            << "\n";
+  EXPECT_GT(resumable, 0) << "no kill left a committed checkpoint (one save took " << save_ms << " ms)";
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 """The standing fault campaign against retrace's checkpoints and traces.
 
   tools/campaign/campaign.py RETRACE [--smoke [--quick] | --long] [--work DIR] [--kills N] [--seed S]
-                             [--only TEXT ...]
+                             [--only TEXT ...] [--shim LIB]
 
 (a) kills: a run is SIGKILLed at random moments (many of them inside checkpoint saves and
     rotation, which every step does here), then resumed; every resume must load an untorn
@@ -24,6 +24,12 @@
     an edited RUN/config.toml; traces cut at several positions around each checkpoint (resume
     falls back to the newest checkpoint within the intact trace, bitwise); a checkpoint's tensor
     table permuted and resealed (verify must refuse what a load refuses).
+(d) background saves (issue 52): runs saving every 5 steps in the background on one and two
+    ranks, on a disk the failing_io shim makes slow, are SIGKILLed at random moments (mostly with a
+    save in flight), and others meet a full, failing or read-only disk under a random save and
+    rank with either checkpoint.on_error; nothing committed may be torn or lost, LATEST never
+    names an uncommitted save, and every run ends (resumed where it stopped) on the chain of a
+    run without the fault.
 
 Prints one line per trial and ends with the summary line
   campaign: trials T, detected D, accepted by design A, missed 0, crashed 0, lost checkpoints 0
@@ -469,6 +475,127 @@ class Campaign:
             self.verdict(name, "detected" if skipped else "accepted",
                          "resumed bitwise" + (" past an interrupted save" if skipped else ""))
 
+    # ------------------------------------------------------------------ (d) background saves
+    # Runs that save every 5 steps in the background (checkpoint.async, the default), on one rank
+    # and on two, on a disk made slow (the failing_io shim's RETRACE_SLOW_PATH: each shard write
+    # takes 0.3 s), so that a save is in flight at most moments: kills at random moments, and a
+    # full, failing or read-only disk under a random save, rank, and checkpoint.on_error.
+    ASYNC = ["--total-steps", "40", "--set", "checkpoint.every_steps=5", "--set", "checkpoint.keep_last=2",
+             "--set", "train.eval_each_epoch=false", "--set", "model.hidden=[256]"]
+
+    def async_ref(self, world):
+        ref = os.path.join(self.work, f"async-ref-{world}")
+        if not os.path.isdir(ref):
+            rc, text = self.run(["record", "--out", ref, "--plain", "--world-size", str(world), *self.ASYNC])
+            if rc != 0:
+                raise SystemExit(f"campaign: base run failed ({rc}):\n{text[-2000:]}")
+        return self.final_chain(ref)
+
+    def untorn(self, run):
+        """Why the run's checkpoints are not as a kill may leave them (None: they are): a committed one
+        that does not verify, or LATEST naming one that is not committed."""
+        for d in sorted(self.committed(run)):
+            rc, text = self.run(["verify", os.path.join(run, "checkpoints", d)])
+            if rc != 0:
+                return f"{d} committed but torn ({text.strip().splitlines()[-1][:120]})"
+        latest = os.path.join(run, "checkpoints", "LATEST")
+        if os.path.isfile(latest):
+            named = open(latest).read().strip()
+            if named not in self.committed(run):
+                return f"LATEST names {named}, which is not committed"
+        return None
+
+    def async_kills(self, n, shim):
+        for i in range(n):
+            world = 1 + i % 2
+            name = f"async kill {i + 1}/{n} ({world} rank{'s' if world > 1 else ''})"
+            ref_chain = self.async_ref(world)
+            run = os.path.join(self.work, "async-kill")
+            shutil.rmtree(run, ignore_errors=True)
+            env = dict(os.environ, LD_PRELOAD=shim, RETRACE_SLOW_PATH="shard-rank", RETRACE_SLOW_US="300000")
+            log = os.path.join(self.work, "async-kill.log")
+            with open(log, "w") as out:
+                p = subprocess.Popen([self.retrace, "record", "--out", run, "--plain", "--world-size", str(world),
+                                      *self.ASYNC], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)  # the launcher and its ranks, killed as one
+                time.sleep(self.rng.uniform(1.0 * world, 2.5 + 1.5 * world))  # a 2-rank start takes about 2 s
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            if not os.path.isfile(os.path.join(run, "config.toml")):
+                self.verdict(name, "accepted", "killed before the run directory existed")
+                continue
+            why = self.untorn(run)
+            reported = [line.split("checkpoint ", 1)[1].split(" (")[0] for line in open(log, errors="replace")
+                        if "in the background; the loop was blocked" in line]
+            if not why and reported and os.path.basename(reported[-1]) not in self.committed(run):
+                why = f"{reported[-1]} was reported committed and is gone"
+            if why:
+                self.verdict(name, "lost", why)
+                continue
+            rc, text = self.run(["resume", run, "--plain", "--world-size", str(world)])
+            if rc == 3 and "no complete checkpoint" in text:
+                self.verdict(name, "accepted", "killed before the first checkpoint: nothing to resume")
+                continue
+            if rc != 0:
+                self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
+                             f"resume exit {rc}: {text.strip().splitlines()[-1][:160] if text.strip() else ''}")
+                continue
+            if self.final_chain(run) != ref_chain:
+                self.verdict(name, "missed", "the resumed trace ends on another chain digest than the uninterrupted run")
+                continue
+            self.verdict(name, "detected" if "skipped checkpoint" in text else "accepted",
+                         f"killed with {len(reported)} background save(s) reported; resumed bitwise" +
+                         (" past an interrupted save" if "skipped checkpoint" in text else ""))
+
+    def async_disk_faults(self, n, shim):
+        for i in range(n):
+            world = 1 + i % 2
+            step = self.rng.choice(range(5, 40, 5))
+            fault = self.rng.choice(["ENOSPC", "EIO", "EROFS"])
+            on_error = self.rng.choice(["stop", "continue"])
+            rank = self.rng.choice(["", "00000", "00001"][:world + 1])
+            where = f"rank {int(rank)}" if rank else "every rank"
+            name = f"async disk {i + 1}/{n}: {fault} at step {step} on {where} of {world}, on_error {on_error}"
+            ref_chain = self.async_ref(world)
+            run = os.path.join(self.work, "async-disk")
+            shutil.rmtree(run, ignore_errors=True)
+            env = dict(os.environ, LD_PRELOAD=shim, RETRACE_FAIL_PATH=f"step-{step:08d}/shard-rank{rank}",
+                       RETRACE_FAIL_ERRNO=fault, RETRACE_FAIL_AFTER=str(self.rng.randrange(0, 200000)))
+            try:
+                p = subprocess.run([self.retrace, "record", "--out", run, "--plain", "--world-size", str(world),
+                                    *self.ASYNC, "--set", f"checkpoint.on_error={on_error}"], env=env,
+                                   capture_output=True, text=True, errors="replace", timeout=300)
+                rc, text = p.returncode, p.stdout + p.stderr
+            except subprocess.TimeoutExpired:
+                rc, text = 124, "timed out"
+            want_rc = 0 if on_error == "continue" else 4
+            said = f"background save of step {step} failed"
+            if rc != want_rc or said not in text:
+                self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
+                             f"exit {rc} (wanted {want_rc} saying '{said}'): "
+                             f"{text.strip().splitlines()[-1][:160] if text.strip() else ''}")
+                continue
+            why = self.untorn(run)
+            if not why and f"step-{step:08d}" in self.committed(run):
+                why = f"step {step} is committed although its save failed"
+            if why:
+                self.verdict(name, "lost", why)
+                continue
+            if on_error == "stop":
+                rc, text = self.run(["resume", run, "--plain", "--world-size", str(world)])
+                if rc == 3 and "no complete checkpoint" in text and step == 5:
+                    self.verdict(name, "detected", "stopped cleanly at the first save: nothing to resume from")
+                    continue
+                if rc != 0:
+                    self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
+                                 f"resume exit {rc}: {text.strip().splitlines()[-1][:160] if text.strip() else ''}")
+                    continue
+            if self.final_chain(run) != ref_chain:
+                self.verdict(name, "missed", "the trace ends on another chain digest than the run without the fault")
+                continue
+            self.verdict(name, "detected", "stopped cleanly and resumed bitwise" if on_error == "stop"
+                         else "trained on past the failed save, bitwise")
+
     # ------------------------------------------------------------------ (c) hostile inputs
     def hostile(self, smoke):
         self.concurrent_writers()
@@ -781,8 +908,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--only", action="append", default=None,
                     help="only the damage cases whose name contains this text (repeatable), and no kills")
-    ap.add_argument("--classes", default="damage,kills,hostile",
-                    help="which parts to run, comma-separated: damage, kills, hostile (default: all three)")
+    ap.add_argument("--classes", default="damage,kills,hostile,async",
+                    help="which parts to run, comma-separated: damage, kills, hostile, async (default: all four)")
+    ap.add_argument("--shim", default=None,
+                    help="the failing_io library (tests/testing/failing_io.c) for the background-save trials; "
+                         "default: libretrace_failing_io.so beside RETRACE, and without it they are left out")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="retrace-campaign-")
     os.makedirs(work, exist_ok=True)
@@ -796,6 +926,14 @@ def main():
             c.kills(a.kills if a.kills is not None else (1000 if a.long else (smoke_kills if a.smoke else 50)))
         if not a.only and "hostile" in parts:
             c.hostile(smoke=a.quick)
+        shim = a.shim or os.path.join(os.path.dirname(os.path.abspath(a.retrace)), "libretrace_failing_io.so")
+        if not a.only and "async" in parts:
+            if os.path.isfile(shim):
+                trials = 2 if a.quick else (4 if a.smoke else (200 if a.long else 20))
+                c.async_kills(trials, os.path.abspath(shim))
+                c.async_disk_faults(trials, os.path.abspath(shim))
+            else:
+                print(f"campaign: no {shim}: the background-save trials are left out")
     finally:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)
