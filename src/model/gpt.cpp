@@ -41,8 +41,42 @@ void validate(const GptOptions& o) {
                 " (need >= 1 layers per segment)");
 }
 
+namespace layers {
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool initialize) : in_(in), out_(out), initialize_(initialize) {
+  reset();
+}
+
+void LinearImpl::reset() {
+  weight = register_parameter("weight", torch::empty({out_, in_}));
+  bias = register_parameter("bias", torch::empty({out_}));
+  if (!initialize_) return;
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_));
+  torch::nn::init::uniform_(bias, -bound, bound);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return F::linear(x, weight, bias); }
+
+EmbeddingImpl::EmbeddingImpl(int64_t rows, int64_t dim, bool initialize)
+    : rows_(rows), dim_(dim), initialize_(initialize) {
+  reset();
+}
+
+void EmbeddingImpl::reset() {
+  weight = register_parameter("weight", torch::empty({rows_, dim_}));
+  if (!initialize_) return;
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(weight);
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) { return F::embedding(ids, weight); }
+
+}  // namespace layers
+
 BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl, GeluImpl gelu_impl,
-                     AttentionMatmul attention_matmul)
+                     AttentionMatmul attention_matmul, bool initialize)
     : d_model_(d_model),
       n_heads_(n_heads),
       dropout_(dropout),
@@ -51,11 +85,11 @@ BlockImpl::BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutIm
       attention_matmul_(attention_matmul) {
   // One statement per layer, in a fixed order: each draws its initial weights in turn.
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-  qkv_ = register_module("attn_qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model)));
-  proj_ = register_module("attn_proj", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model)));
+  qkv_ = register_module("attn_qkv", layers::Linear(d_model, 3 * d_model, initialize));
+  proj_ = register_module("attn_proj", layers::Linear(d_model, d_model, initialize));
   ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-  fc_ = register_module("mlp_fc", torch::nn::Linear(torch::nn::LinearOptions(d_model, 4 * d_model)));
-  fc_out_ = register_module("mlp_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * d_model, d_model)));
+  fc_ = register_module("mlp_fc", layers::Linear(d_model, 4 * d_model, initialize));
+  fc_out_ = register_module("mlp_proj", layers::Linear(4 * d_model, d_model, initialize));
 }
 
 torch::Tensor BlockImpl::batched_matmul(const torch::Tensor& a, const torch::Tensor& b) const {
@@ -131,19 +165,18 @@ torch::Tensor residual(const torch::Tensor& x, torch::Tensor& branch) {
 // on one thread. The block runs the GEMM here and adds the bias inside the fused function that
 // reads the GEMM's output next, with the same rounding (fused.h); where no fused function applies
 // (bf16 under autocast, CUDA), add_bias is that in-place add.
-torch::Tensor BlockImpl::gemm(const torch::nn::Linear& layer, const torch::Tensor& x) {
+torch::Tensor BlockImpl::gemm(const layers::Linear& layer, const torch::Tensor& x) {
   if (owned_linear_applies(x, layer->weight)) return owned_linear(x, layer->weight, {});
   return x.matmul(layer->weight.t());
 }
 
-torch::Tensor& BlockImpl::add_bias(torch::Tensor& y, const torch::nn::Linear& layer) { return y += layer->bias; }
+torch::Tensor& BlockImpl::add_bias(torch::Tensor& y, const layers::Linear& layer) { return y += layer->bias; }
 
-bool BlockImpl::takes_bias(const torch::Tensor& y, const torch::nn::Linear& layer) {
+bool BlockImpl::takes_bias(const torch::Tensor& y, const layers::Linear& layer) {
   return fused_applies(y) && fused_applies(layer->bias);
 }
 
-torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const torch::nn::Linear& layer,
-                                          const torch::Tensor& x) {
+torch::Tensor BlockImpl::dropout_residual(torch::Tensor branch, const layers::Linear& layer, const torch::Tensor& x) {
   if (dropout_impl_ == DropoutImpl::kPhilox && is_training() && dropout_ > 0.0 && takes_bias(branch, layer) &&
       fused_applies(x) && branch.sizes() == x.sizes()) {
     // One pass on the lanes: the bias, the mask, the product and the sum, with the bits of the ops
@@ -208,17 +241,17 @@ torch::Tensor BlockImpl::forward_out_of_place(const torch::Tensor& x) {
 GptImpl::GptImpl(const GptOptions& options) : options_(options) {
   validate(options_);
   const int64_t d = options_.d_model;
-  wte_ = register_module("wte", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.vocab_size, d)));
-  wpe_ = register_module("wpe", torch::nn::Embedding(torch::nn::EmbeddingOptions(options_.context, d)));
+  wte_ = register_module("wte", layers::Embedding(options_.vocab_size, d, options_.initialize));
+  wpe_ = register_module("wpe", layers::Embedding(options_.context, d, options_.initialize));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < options_.n_layers; ++i) {
     Block block(d, options_.n_heads, options_.dropout, options_.dropout_impl, options_.gelu_impl,
-                options_.attention_matmul);
+                options_.attention_matmul, options_.initialize);
     blocks_->push_back(block);
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   if (!options_.tie_embeddings)
-    head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, options_.vocab_size)));
+    head_ = register_module("head", layers::Linear(d, options_.vocab_size, options_.initialize));
 
   // GPT-2 style initialization, in named_parameters() order (a fixed order of draws).
   if (!options_.initialize) return;

@@ -27,10 +27,9 @@
 // forward and its backward: the recomputation reads the mode at backward time.
 #pragma once
 
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
@@ -56,17 +55,58 @@ struct GptOptions {
   // The output layer is the token embedding's weight (logits = x wte^T, no bias), as GPT-2: no
   // "head" parameters. Off: a Linear head of its own with a bias.
   bool tie_embeddings = false;
-  // false: skip the GPT-2 initialization (a resume, whose checkpoint sets every parameter).
+  // false: no initial draws at all, neither the GPT-2 initialization nor LibTorch's of the layers
+  // (a resume, whose checkpoint sets every parameter and every generator).
   bool initialize = true;
 };
 
 // Throws ConfigError naming the key ("model.n_heads", ...) for an invalid option.
 void validate(const GptOptions& options);
 
+namespace layers {
+// torch::nn::Linear's parameters ("weight" [out, in], then "bias" [out]) and forward, made either
+// with LibTorch's initial draws, the calls of torch::nn::Linear's reset_parameters in its order
+// (kaiming_uniform_ of the weight with a = sqrt(5), then uniform_ of the bias in +-1/sqrt(in)), so
+// the same bits and the same generator state after it (gpt_test holds both against torch::nn's),
+// or without them: torch::empty, for a resume, whose checkpoint sets every value (no draws and no
+// pass over the bytes: a third of a gpt2-124m resume's time before its load). The module type is
+// still called Linear (the probe's module types).
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool initialize = true);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_, out_;
+  bool initialize_;
+};
+TORCH_MODULE(Linear);
+
+// torch::nn::Embedding's parameter ("weight" [rows, dim]) and forward (no padding index, no max
+// norm), with its initial draw (torch::nn::init::normal_) or without it, as LinearImpl.
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(int64_t rows, int64_t dim, bool initialize = true);
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;
+
+ private:
+  int64_t rows_, dim_;
+  bool initialize_;
+};
+TORCH_MODULE(Embedding);
+}  // namespace layers
+
 class BlockImpl : public torch::nn::Module {
  public:
+  // initialize: LibTorch's initial draws of its Linear layers (layers::LinearImpl); false for a
+  // resume.
   BlockImpl(int64_t d_model, int64_t n_heads, double dropout, DropoutImpl dropout_impl = DropoutImpl::kPhilox,
-            GeluImpl gelu_impl = GeluImpl::kRetrace, AttentionMatmul attention_matmul = AttentionMatmul::kLanes);
+            GeluImpl gelu_impl = GeluImpl::kRetrace, AttentionMatmul attention_matmul = AttentionMatmul::kLanes,
+            bool initialize = true);
   // x [B, T, d_model] -> [B, T, d_model]. With checkpoint_attention, the attention core is run
   // through checkpoint() (the selective policy).
   torch::Tensor forward(const torch::Tensor& x, bool checkpoint_attention = false);
@@ -87,14 +127,14 @@ class BlockImpl : public torch::nn::Module {
   // is "lanes" and it applies, torch::matmul otherwise.
   torch::Tensor batched_matmul(const torch::Tensor& a, const torch::Tensor& b) const;
   // A linear layer in two parts (gpt.cpp says why): its GEMM, and its in-place bias add.
-  static torch::Tensor gemm(const torch::nn::Linear& layer, const torch::Tensor& x);
-  static torch::Tensor& add_bias(torch::Tensor& y, const torch::nn::Linear& layer);
+  static torch::Tensor gemm(const layers::Linear& layer, const torch::Tensor& x);
+  static torch::Tensor& add_bias(torch::Tensor& y, const layers::Linear& layer);
   // Whether the fused functions add the layer's bias to y, its GEMM's output.
-  static bool takes_bias(const torch::Tensor& y, const torch::nn::Linear& layer);
+  static bool takes_bias(const torch::Tensor& y, const layers::Linear& layer);
   // x + dropout(branch + layer's bias), branch the layer's GEMM output: in training with philox
   // dropout on float32 CPU tensors one pass on the lanes (model::dropout_residual), else the bias
   // add, dropout() and then the sum.
-  torch::Tensor dropout_residual(torch::Tensor branch, const torch::nn::Linear& layer, const torch::Tensor& x);
+  torch::Tensor dropout_residual(torch::Tensor branch, const layers::Linear& layer, const torch::Tensor& x);
 
   int64_t d_model_;
   int64_t n_heads_;
@@ -103,11 +143,11 @@ class BlockImpl : public torch::nn::Module {
   GeluImpl gelu_impl_;
   AttentionMatmul attention_matmul_;
   torch::nn::LayerNorm ln_1_{nullptr};
-  torch::nn::Linear qkv_{nullptr};
-  torch::nn::Linear proj_{nullptr};
+  layers::Linear qkv_{nullptr};
+  layers::Linear proj_{nullptr};
   torch::nn::LayerNorm ln_2_{nullptr};
-  torch::nn::Linear fc_{nullptr};
-  torch::nn::Linear fc_out_{nullptr};
+  layers::Linear fc_{nullptr};
+  layers::Linear fc_out_{nullptr};
 };
 TORCH_MODULE(Block);
 
@@ -123,11 +163,11 @@ class GptImpl : public torch::nn::Module {
   torch::Tensor run_blocks(torch::Tensor x, int64_t begin, int64_t end, bool checkpoint_attention);
 
   GptOptions options_;
-  torch::nn::Embedding wte_{nullptr};
-  torch::nn::Embedding wpe_{nullptr};
+  layers::Embedding wte_{nullptr};
+  layers::Embedding wpe_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  layers::Linear head_{nullptr};
 };
 TORCH_MODULE(Gpt);
 

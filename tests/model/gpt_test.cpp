@@ -173,6 +173,36 @@ TEST(Gpt, WithoutInitializationTheGpt2DrawsAreSkipped) {
     EXPECT_FALSE(torch::equal(p.value(), pd[p.key()])) << p.key();
   }
   EXPECT_GT(weights, 0);
+  // No draw at all: neither GPT-2's nor LibTorch's of the layers.
+  seed(3);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), after_skipped));
+}
+
+// The GPT's own Linear and Embedding draw what torch::nn's draw, in the same order: equal bits, and
+// the same generator state after (so a recording's initial weights and the generator state its
+// trace digests are those of torch::nn's modules, on both LibTorch builds).
+TEST(Gpt, ItsLayersDrawWhatTorchNnDraws) {
+  seed(11);
+  torch::nn::Linear theirs(torch::nn::LinearOptions(48, 20));
+  torch::nn::Embedding their_table(torch::nn::EmbeddingOptions(30, 12));
+  const torch::Tensor their_next = torch::rand({8});
+  seed(11);
+  model::layers::Linear ours(48, 20);
+  model::layers::Embedding our_table(30, 12);
+  const torch::Tensor our_next = torch::rand({8});
+  EXPECT_TRUE(torch::equal(ours->weight, theirs->weight));
+  EXPECT_TRUE(torch::equal(ours->bias, theirs->bias));
+  EXPECT_TRUE(torch::equal(our_table->weight, their_table->weight));
+  EXPECT_TRUE(torch::equal(our_next, their_next));
+  // The same parameter names in the same order, and the same forward.
+  std::vector<std::string> names, their_names;
+  for (const auto& p : ours->named_parameters()) names.push_back(p.key());
+  for (const auto& p : theirs->named_parameters()) their_names.push_back(p.key());
+  EXPECT_EQ(names, their_names);
+  const torch::Tensor x = torch::randn({5, 48});
+  EXPECT_TRUE(torch::equal(ours->forward(x), theirs->forward(x)));
+  const torch::Tensor ids = torch::randint(30, {3, 4}, torch::kLong);
+  EXPECT_TRUE(torch::equal(our_table->forward(ids), their_table->forward(ids)));
 }
 
 void expect_bitwise_equal(const StepResult& want, const StepResult& got) {
