@@ -452,28 +452,27 @@ class Campaign:
                              if not os.path.exists(run) else "killed before the run directory existed")
                 continue
             # Every committed checkpoint (one with a manifest) must verify: a kill never tears one.
-            torn = []
-            for d in sorted(self.committed(run)):
-                rc, text = self.run(["verify", os.path.join(run, "checkpoints", d)])
-                if rc != 0:
-                    torn.append(f"{d} ({text.strip().splitlines()[-1][:120]})")
-            if torn:
-                self.verdict(name, "lost", "committed but torn: " + "; ".join(torn))
+            why = self.untorn(run)
+            if why:
+                self.verdict(name, "lost", why)
                 continue
-            rc, text = self.run(["resume", run, "--plain"])
-            if rc == 3 and "no complete checkpoint" in text:
-                self.verdict(name, "accepted", "killed before the first checkpoint: nothing to resume")
-                continue
-            if rc != 0:
-                self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
-                             f"resume exit {rc}: {text.strip().splitlines()[-1][:160] if text.strip() else ''}")
-                continue
-            if self.final_chain(run) != ref_chain:
-                self.verdict(name, "missed", "the resumed trace ends on another chain digest than the uninterrupted run")
-                continue
+            self.judge_resume(name, run, ref_chain)
+
+    def judge_resume(self, name, run, ref_chain, args=(), done=""):
+        """Resumes a killed run: it must continue from a checkpoint (or say there is none yet) and end
+        on the uninterrupted run's chain; skipping an interrupted save on the way is detection."""
+        rc, text = self.run(["resume", run, "--plain", *args])
+        if rc == 3 and "no complete checkpoint" in text:
+            self.verdict(name, "accepted", "killed before the first checkpoint: nothing to resume")
+        elif rc != 0:
+            self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
+                         f"resume exit {rc}: {text.strip().splitlines()[-1][:160] if text.strip() else ''}")
+        elif self.final_chain(run) != ref_chain:
+            self.verdict(name, "missed", "the resumed trace ends on another chain digest than the uninterrupted run")
+        else:
             skipped = "skipped checkpoint" in text
             self.verdict(name, "detected" if skipped else "accepted",
-                         "resumed bitwise" + (" past an interrupted save" if skipped else ""))
+                         done + "resumed bitwise" + (" past an interrupted save" if skipped else ""))
 
     # ------------------------------------------------------------------ (d) background saves
     # Runs that save every 5 steps in the background (checkpoint.async, the default), on one rank
@@ -532,20 +531,8 @@ class Campaign:
             if why:
                 self.verdict(name, "lost", why)
                 continue
-            rc, text = self.run(["resume", run, "--plain", "--world-size", str(world)])
-            if rc == 3 and "no complete checkpoint" in text:
-                self.verdict(name, "accepted", "killed before the first checkpoint: nothing to resume")
-                continue
-            if rc != 0:
-                self.verdict(name, "crashed" if rc not in DOCUMENTED else "missed",
-                             f"resume exit {rc}: {text.strip().splitlines()[-1][:160] if text.strip() else ''}")
-                continue
-            if self.final_chain(run) != ref_chain:
-                self.verdict(name, "missed", "the resumed trace ends on another chain digest than the uninterrupted run")
-                continue
-            self.verdict(name, "detected" if "skipped checkpoint" in text else "accepted",
-                         f"killed with {len(reported)} background save(s) reported; resumed bitwise" +
-                         (" past an interrupted save" if "skipped checkpoint" in text else ""))
+            self.judge_resume(name, run, ref_chain, ["--world-size", str(world)],
+                              f"killed with {len(reported)} background save(s) reported; ")
 
     def async_disk_faults(self, n, shim):
         for i in range(n):
