@@ -119,7 +119,7 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
                     "waited %.2f s for the previous background save before step %llu's (the disk is slower than "
                     "the cadence)",
                     waited, static_cast<unsigned long long>(step));
-      if (leader()) emit(writer, cb, step, "checkpoint", text);
+      say(writer, cb, step, text);
     }
   }
   BackgroundSave::Job job;
@@ -141,7 +141,7 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
     const std::string id = "corrupt-staging@" + std::to_string(step);
     mark_fired_on_disk(run_dir_, id);
     corrupt_staged(job.snapshot, *tensor);
-    if (leader()) emit(writer, cb, step, "checkpoint", id + ": flipped a bit of " + *tensor + " in the staging copy");
+    say(writer, cb, step, id + ": flipped a bit of " + *tensor + " in the staging copy");
   }
   if (trainer.crash_in_save_due(step)) {
     job.crash_run_dir = run_dir_;
@@ -149,6 +149,11 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
   }
   blocked_seconds_ = std::chrono::duration<double>(LoopClock::now() - start).count();
   writer_thread_.start(std::move(job));
+}
+
+void Checkpointer::say(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step,
+                       const std::string& text) const {
+  if (leader()) emit(writer, cb, step, "checkpoint", text);
 }
 
 void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait) {
@@ -179,10 +184,9 @@ void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, cons
     std::rethrow_exception(out.error);
   } catch (const IoError& e) {
     if (on_error_ == train::CkptOnError::kContinue) {
-      if (leader())
-        emit(writer, cb, step, "checkpoint",
-             "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
-                 e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
+      say(writer, cb, step,
+          "warning: the background save of step " + std::to_string(out.step) + " failed and was not committed: " +
+              e.what() + "; training goes on (checkpoint.on_error = \"continue\"), the next due save tries again");
       return;
     }
     // The newest this process committed, else the newest on disk (a resumed run's first save).

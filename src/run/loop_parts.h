@@ -90,6 +90,8 @@ class Checkpointer {
   uint32_t keep_last_;
   train::CkptOnError on_error_;
   bool leader() const { return !ranks_ || ranks_->rank() == 0; }
+  // A checkpoint event and line, from rank 0 only (every rank sees the same saves).
+  void say(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& text) const;
 
   train::Collective* ranks_;
   train::Collective* save_group_;

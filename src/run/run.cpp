@@ -95,11 +95,20 @@ void run_evaluation(Trainer& trainer, trace::TraceWriter* writer, const RunCallb
   if (cb.on_eval) cb.on_eval(e);
 }
 
+// Whether a save other than the last and the interrupt's (which run on the loop) can come.
+bool saves_during_run(const Config& config, const LoopControl& control) {
+  return config.checkpoint.every_steps > 0 || config.checkpoint.every_seconds > 0 || !control.checkpoint_at.empty();
+}
+
 // The group on which background saves' writer threads vote, on several ranks (made on every rank
-// at the same point: it connects them); null where saves stay synchronous or there is one rank.
-std::unique_ptr<distributed::ProcessGroup> save_group_for(const Config& config, distributed::ProcessGroup* pg,
+// at the same point: it connects them); null where saves stay synchronous, none can go to the
+// background, or there is one rank.
+std::unique_ptr<distributed::ProcessGroup> save_group_for(const Config& config, const LoopControl& control,
+                                                          distributed::ProcessGroup* pg,
                                                           const std::string& sync_reason) {
-  if (!pg || pg->world_size() < 2 || !config.checkpoint.async_save || !sync_reason.empty()) return nullptr;
+  if (!pg || pg->world_size() < 2 || !config.checkpoint.async_save || !sync_reason.empty() ||
+      !saves_during_run(config, control))
+    return nullptr;
   return pg->side_group("retrace/checkpoint/");
 }
 
@@ -112,10 +121,9 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
   // With ranks, a save is sharded: every rank writes its own, and the ranks agree on the commit;
   // a background save's writer threads agree on a second group, made here on every rank.
   const std::string sync_reason = background_save_unavailable(config);
-  const auto save_group = save_group_for(config, pg, sync_reason);
+  const auto save_group = save_group_for(config, control, pg, sync_reason);
   Checkpointer checkpointer(run_dir, config.checkpoint, pg, save_group.get(), sync_reason);
-  if (!sync_reason.empty() && (config.checkpoint.every_steps > 0 || config.checkpoint.every_seconds > 0) &&
-      trainer.rank() == 0)
+  if (!sync_reason.empty() && saves_during_run(config, control) && trainer.rank() == 0)
     emit(writer, cb, trainer.step(), "checkpoint",
          "saves are synchronous although checkpoint.async = true: " + sync_reason);
   Rollback rollback(config, run_dir, control.sabotage, std::move(anchor));
