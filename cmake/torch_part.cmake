@@ -95,6 +95,7 @@ retrace_torch_part(retrace_model
   src/model/residual_kernel.cpp
   src/model/owned_linear.cpp
   src/model/owned_loss.cpp
+  src/model/chunk_layout.cpp
   src/model/owned_layers.cpp
   src/model/mlp.cpp
   src/model/gpt.cpp

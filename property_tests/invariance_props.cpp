@@ -9,6 +9,9 @@
 // collective (tests/testing/fake_ranks.h: shared memory; the ranks take turns computing, because
 // torch's CPU generator is one per process); tests/distributed/distributed_test.cpp runs real Gloo ranks.
 //
+// The two properties run twice: with LibTorch's kernels, and with version 2's (where one rank
+// computes a micro-batch in one piece and several ranks chunk by chunk).
+//
 // Negative controls, each of which must FAIL the property (so it can fail):
 //   - the ranks' gradients summed as an all-reduce of per-rank sums would sum them
 //     (ChunkOrder::kRankSums) instead of the fold over all chunks in global order;
@@ -29,6 +32,7 @@
 #include <thread>
 
 #include "data/dataset.h"
+#include "model/owned_linear.h"
 #include "train/config.h"
 #include "train/invariant.h"
 #include "train/numerics.h"
@@ -191,6 +195,16 @@ int main(int, char** argv) {
                   [] { check_layout_invariance(*gen_case(false), "batch", train::ChunkOrder::kGlobalFold); });
   ok &= rc::check("invariant: two ranks of whole chunks each give the bits of one rank",
                   [] { check_layout_invariance(*gen_case(true), "batch", train::ChunkOrder::kGlobalFold); });
+  // Version 2's kernels (BLIS GEMMs, the owned loss and column sums): a layout of one rank computes
+  // each micro-batch in one piece (model/chunk_layout.h), several ranks chunk by chunk, and the
+  // reference (one rank, one micro-batch) in one piece, so these hold the two paths against each
+  // other as well as the layouts.
+  model::set_gemm_path(model::GemmPath::kOwned);
+  ok &= rc::check("version 2: any world size and accumulation count give the bits of one rank, one micro-batch",
+                  [] { check_layout_invariance(*gen_case(false), "batch", train::ChunkOrder::kGlobalFold); });
+  ok &= rc::check("version 2: two ranks of whole chunks each give the bits of one rank",
+                  [] { check_layout_invariance(*gen_case(true), "batch", train::ChunkOrder::kGlobalFold); });
+  model::set_gemm_path(model::GemmPath::kAten);
   std::cout << "\nnegative control 1 (expected to FAIL: per-rank sums added in rank order, an all-reduce's sum):\n";
   const bool control1 = rc::check("control: rank sums instead of the global fold", [] {
     check_layout_invariance(*gen_case(true), "batch", train::ChunkOrder::kRankSums);

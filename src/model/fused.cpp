@@ -582,6 +582,32 @@ at::Tensor owned_column_sums(const at::Tensor& grad, int64_t n) {
   return out;
 }
 
+void fold_chunk_column_sums(const at::Tensor& grad, int64_t n, int64_t chunks, at::Tensor& out, bool fresh) {
+  // owned_column_sums of each chunk's rows, as above, folded into `out` in float chunk by chunk.
+  constexpr int64_t kTile = 64;
+  const int64_t rows = grad.numel() / std::max<int64_t>(n, 1);
+  RETRACE_CHECK(chunks > 0 && rows % chunks == 0 && out.numel() == n && out.is_contiguous(), InvariantError,
+                "fold_chunk_column_sums: ", rows, " rows in ", chunks, " chunks into ", out.sizes());
+  const int64_t per_chunk = rows / chunks;
+  const float* g = grad.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for_each_tile(n, kTile, [&](int64_t c0, int64_t c1, int) {
+    const int64_t w = c1 - c0;
+    float fold[kTile];
+    for (int64_t c = 0; c < w; ++c) fold[c] = fresh ? 0.0f : o[c0 + c];
+    for (int64_t j = 0; j < chunks; ++j) {
+      double acc[kTile] = {};
+      for (int64_t r = j * per_chunk; r < (j + 1) * per_chunk; ++r) {
+        const float* row = g + r * n + c0;
+        for (int64_t c = 0; c < w; ++c) acc[c] += row[c];
+      }
+      for (int64_t c = 0; c < w; ++c)
+        fold[c] = fresh && j == 0 ? static_cast<float>(acc[c]) : fold[c] + static_cast<float>(acc[c]);
+    }
+    for (int64_t c = 0; c < w; ++c) o[c0 + c] = fold[c];
+  });
+}
+
 at::Tensor gelu(const at::Tensor& x, GeluImpl impl) {
   return fused_applies(x) ? Gelu::apply(x, bias_or_empty(at::Tensor(), x), static_cast<int64_t>(impl)) : torch::gelu(x);
 }

@@ -86,6 +86,10 @@ at::Tensor bias_gradient(const at::Tensor& grad, int64_t n);
 // order in double, rounded once to float; columns in tiles of 64 on the lanes. Version 2's bias
 // and column reductions: the same bits at any lane count and on both LibTorch builds.
 at::Tensor owned_column_sums(const at::Tensor& grad, int64_t n);
+// Batch invariance in one piece (chunk_layout.h): the owned_column_sums of each of `chunks` equal
+// runs of grad's rows, folded in float in chunk order into out [n] (written when `fresh`, else
+// added to): bias_gradient chunk by chunk, added up, in one pass.
+void fold_chunk_column_sums(const at::Tensor& grad, int64_t n, int64_t chunks, at::Tensor& out, bool fresh);
 
 // GELU as model.gelu_impl asks: fused_gelu where fused_applies, torch::gelu anywhere else (CUDA,
 // BF16 under autocast: there "retrace" is LibTorch's GELU too, as "philox" dropout is LibTorch's

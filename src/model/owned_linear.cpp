@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "kernels/chunk_fold.h"
 #include "kernels/gemm.h"
+#include "model/chunk_layout.h"
 #include "model/fused.h"
 #include "model/lanes.h"
 
@@ -34,22 +37,78 @@ constexpr int64_t kTileWork = int64_t{1} << 21;
 // kernels/gemm.h, GemmTiles), so the tiles follow the lane count: columns in multiples of BLIS's
 // micro-tile width (16), or rows in multiples of its height (6) when C is narrow.
 void gemm_on_lanes(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa, int64_t csa, const float* b,
-                   int64_t rsb, int64_t csb, float* c) {
+                   int64_t rsb, int64_t csb, float* c, bool accumulate = false) {
   const int64_t work = m * n * k;
   const int64_t tiles = std::min<int64_t>(lanes(), work / kTileWork);
-  auto whole = [&] { kernels::gemm(m, n, k, a, rsa, csa, b, rsb, csb, c, n, 1); };
+  auto whole = [&] { kernels::gemm(m, n, k, a, rsa, csa, b, rsb, csb, c, n, 1, accumulate); };
   if (work < kOneCallBelow || tiles < 2) return whole();
   auto cut = [tiles](int64_t size, int64_t unit) { return (size + tiles * unit - 1) / (tiles * unit) * unit; };
   if (n >= 16 * tiles) {
     for_each_tile(n, cut(n, 16), [&](int64_t j0, int64_t j1, int) {
-      kernels::gemm(m, j1 - j0, k, a, rsa, csa, b + j0 * csb, rsb, csb, c + j0, n, 1);
+      kernels::gemm(m, j1 - j0, k, a, rsa, csa, b + j0 * csb, rsb, csb, c + j0, n, 1, accumulate);
     });
   } else if (m >= 6 * tiles) {
     for_each_tile(m, cut(m, 6), [&](int64_t i0, int64_t i1, int) {
-      kernels::gemm(i1 - i0, n, k, a + i0 * rsa, rsa, csa, b, rsb, csb, c + i0 * n, n, 1);
+      kernels::gemm(i1 - i0, n, k, a + i0 * rsa, rsa, csa, b, rsb, csb, c + i0 * n, n, 1, accumulate);
     });
   } else {
     whole();
+  }
+}
+
+// Batch invariance in one piece (chunk_layout.h): the largest chunk of rows whose product one
+// accumulating call (C += A B, beta 1) adds to C with the bits of C + (the chunk's product alone):
+// within one of BLIS's k panels (kc = 256 for float in the haswell configuration) the micro-kernel
+// sums the chunk's products in registers and adds C once. A longer chunk is computed apart and
+// added, since BLIS would fold C into its panels one by one. ChunkedLinear checks both against the
+// piecewise sums.
+constexpr int64_t kFoldInCallUpTo = 256;
+
+// dW [n, k] folded over the chunks of the m rows of dY [m, n] and X [m, k]: each chunk's dY^T X
+// added in order into the sink, the first written when the sink is new. Chunks within one k panel
+// fold in registers (kernels/chunk_fold.h) where the CPU has AVX2 and FMA, else by BLIS calls.
+void fold_weight_gradient(const at::Tensor& gy, const at::Tensor& rows, int64_t chunks, ChunkSink& sink) {
+  const int64_t m = rows.size(0), k = rows.size(1), n = gy.size(1);
+  const int64_t r = rows_per_chunk(m, chunks);
+  float* c = sink.target.data_ptr<float>();
+  if (r <= kernels::kFoldChunkRowsMax && kernels::chunk_fold_supported()) {
+    // C in registers across the chunks (kernels/chunk_fold.h): tiles of C's rows on the lanes.
+    constexpr int64_t kRows = kernels::kFoldTileRows;
+    const int64_t groups = (n + kRows - 1) / kRows;
+    const int64_t per_tile = std::max<int64_t>(1, kTileWork / std::max<int64_t>(1, kRows * k * m));
+    std::vector<float> packed(static_cast<size_t>(kernels::packed_b_floats(m, k)));
+    kernels::pack_b(m, k, rows.data_ptr<float>(), packed.data());
+    for_each_tile(groups, per_tile, [&](int64_t g0, int64_t g1, int) {
+      kernels::fold_chunk_products(g0 * kRows, std::min(n, g1 * kRows), m, n, k, r, gy.data_ptr<float>(), packed.data(),
+                                   c, !sink.into_grad);
+    });
+    return;
+  }
+  at::Tensor part;
+  for (int64_t j = 0; j < chunks; ++j) {
+    const float* a = gy.data_ptr<float>() + j * r * n;  // the chunk's dY, read by columns
+    const float* b = rows.data_ptr<float>() + j * r * k;
+    const bool fresh = j == 0 && !sink.into_grad;
+    if (fresh || r <= kFoldInCallUpTo) {
+      gemm_on_lanes(n, k, r, a, 1, n, b, k, 1, c, /*accumulate=*/!fresh);
+      continue;
+    }
+    if (!part.defined()) part = at::empty({n, k}, gy.options());
+    gemm_on_lanes(n, k, r, a, 1, n, b, k, 1, part.data_ptr<float>());
+    sink.target.add_(part);
+  }
+}
+
+// db folded over the chunks: each chunk's column sums (bias_gradient) added in order; in one pass
+// where bias_gradient is owned_column_sums.
+void fold_bias_gradient(const at::Tensor& gy, int64_t chunks, ChunkSink& sink) {
+  if (owned_kernels() && fused_applies(gy))
+    return fold_chunk_column_sums(gy, gy.size(1), chunks, sink.target, !sink.into_grad);
+  const int64_t r = rows_per_chunk(gy.size(0), chunks);
+  for (int64_t j = 0; j < chunks; ++j) {
+    at::Tensor part = bias_gradient(gy.narrow(0, j * r, r), gy.size(1));
+    if (j == 0 && !sink.into_grad) sink.target = part;
+    else sink.target.add_(part);
   }
 }
 
@@ -76,6 +135,12 @@ struct OwnedLinear : torch::autograd::Function<OwnedLinear> {
     if (bias.defined()) y.add_(bias);
     ctx->save_for_backward({rows, w});
     ctx->saved_data["bias"] = bias.defined();
+    if (const ChunkLayout* layout = chunk_layout(); layout && layout->chunks() > 1) {
+      // The parameters themselves (leaves: no cycle through the graph), for their .grad sinks.
+      ctx->saved_data["chunks"] = layout->chunks();
+      ctx->saved_data["weight"] = weight;
+      if (bias.defined()) ctx->saved_data["bias_param"] = bias;
+    }
     return y;
   }
 
@@ -94,12 +159,23 @@ struct OwnedLinear : torch::autograd::Function<OwnedLinear> {
       shape.back() = k;
       gx = gx.view(shape);
     }
-    if (ctx->needs_input_grad(1)) {  // dW = dY^T X: A = dY read by columns
+    const int64_t chunks = ctx->saved_data.count("chunks") ? ctx->saved_data["chunks"].toInt() : 1;
+    if (ctx->needs_input_grad(1) && chunks > 1) {
+      ChunkSink sink = chunk_sink(ctx->saved_data["weight"].toTensor());
+      fold_weight_gradient(gy, rows, chunks, sink);
+      if (!sink.into_grad) gw = sink.target;
+    } else if (ctx->needs_input_grad(1)) {  // dW = dY^T X: A = dY read by columns
       gw = at::empty({n, k}, gy.options());
       gemm_on_lanes(n, k, m, gy.data_ptr<float>(), 1, n, rows.data_ptr<float>(), k, 1, gw.data_ptr<float>());
     }
     if (!ctx->saved_data["bias"].toBool()) return {gx, gw};
-    if (ctx->needs_input_grad(2)) gb = bias_gradient(gy, n);
+    if (ctx->needs_input_grad(2) && chunks > 1) {
+      ChunkSink sink = chunk_sink(ctx->saved_data["bias_param"].toTensor());
+      fold_bias_gradient(gy, chunks, sink);
+      if (!sink.into_grad) gb = sink.target;
+    } else if (ctx->needs_input_grad(2)) {
+      gb = bias_gradient(gy, n);
+    }
     return {gx, gw, gb};
   }
 };

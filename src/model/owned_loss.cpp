@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "kernels/reduce.h"
+#include "model/chunk_layout.h"
 #include "model/lanes.h"
 #include "model/owned_linear.h"
 
@@ -39,10 +40,19 @@ struct OwnedCrossEntropySum : torch::autograd::Function<OwnedCrossEntropySum> {
     for_each_tile(rows, rows_per_tile(classes), [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) l[r] = kernels::log_sum_exp(x + r * classes, classes);
     });
-    double total = 0.0;  // rows in order
-    for (int64_t r = 0; r < rows; ++r) total += l[r] - static_cast<double>(x[r * classes + t[r]]);
+    // Batch invariance in one piece (chunk_layout.h): one sum per chunk, each chunk's rows in order.
+    const ChunkLayout* layout = chunk_layout();
+    const int64_t chunks = layout ? layout->chunks() : 1;
+    const int64_t per_chunk = rows_per_chunk(rows, chunks);
+    at::Tensor sums = at::empty({chunks}, logits.options());
+    for (int64_t c = 0; c < chunks; ++c) {
+      double total = 0.0;  // rows in order
+      for (int64_t r = c * per_chunk; r < (c + 1) * per_chunk; ++r)
+        total += l[r] - static_cast<double>(x[r * classes + t[r]]);
+      sums.data_ptr<float>()[c] = static_cast<float>(total);
+    }
     ctx->save_for_backward({logits, targets, lse});
-    return at::scalar_tensor(static_cast<float>(total), logits.options());
+    return layout ? sums : at::scalar_tensor(sums.data_ptr<float>()[0], logits.options());
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
@@ -50,7 +60,10 @@ struct OwnedCrossEntropySum : torch::autograd::Function<OwnedCrossEntropySum> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& logits = saved[0];
     const int64_t rows = logits.size(0), classes = logits.size(1);
-    const double scale = grads[0].item<float>();
+    // One incoming gradient per chunk (one in all outside batch invariance's one-piece path).
+    const at::Tensor scales = grads[0].to(at::kFloat).contiguous().view({-1});
+    const float* scale = scales.data_ptr<float>();
+    const int64_t per_chunk = rows_per_chunk(rows, scales.numel());
     at::Tensor g = at::empty_like(logits);
     const float* x = logits.data_ptr<float>();
     const int64_t* t = saved[1].data_ptr<int64_t>();
@@ -58,7 +71,7 @@ struct OwnedCrossEntropySum : torch::autograd::Function<OwnedCrossEntropySum> {
     float* out = g.data_ptr<float>();
     for_each_tile(rows, rows_per_tile(classes), [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r)
-        kernels::cross_entropy_row_grad(x + r * classes, classes, l[r], t[r], scale, out + r * classes);
+        kernels::cross_entropy_row_grad(x + r * classes, classes, l[r], t[r], scale[r / per_chunk], out + r * classes);
     });
     return {g, at::Tensor()};
   }

@@ -14,7 +14,8 @@ namespace retrace::model {
 // the CPU, targets [rows] int64, CPU autocast off.
 bool owned_cross_entropy_applies(const at::Tensor& logits, const at::Tensor& targets);
 
-// sum over rows of (log sum_j exp(logits[r, j]) - logits[r, targets[r]]), a float32 scalar.
+// sum over rows of (log sum_j exp(logits[r, j]) - logits[r, targets[r]]), a float32 scalar; inside
+// a ChunkScope (chunk_layout.h) a float32 vector instead, one such sum per chunk of rows.
 // ConfigError naming the row and the class count for a target outside [0, classes).
 at::Tensor owned_cross_entropy_sum(const at::Tensor& logits, const at::Tensor& targets);
 

@@ -203,6 +203,13 @@ bool owned_step(const Config& c, uint32_t world_size) {
          c.amp.mode == AmpMode::kOff;
 }
 
+bool chunked_sums_apply(const Config& c) {
+  return c.runtime.invariance == Invariance::kBatch && numerics_version(c.runtime) == 2 &&
+         c.runtime.device == DeviceKind::kCpu && c.model.kind == "mlp" &&
+         c.model.dropout_impl == model::DropoutImpl::kPhilox && c.train.loss == "cross_entropy" &&
+         c.amp.mode == AmpMode::kOff;
+}
+
 ThreadLayout resolve_threads(RuntimeConfig& runtime) {
   const Numerics n = runtime.numerics;
   // Version 2: ATen and OpenBLAS run one thread, retrace's kernels runtime.threads, which stays as

@@ -46,6 +46,14 @@ KernelThreads kernel_threads(const RuntimeConfig& runtime);
 // its LibTorch version and BLAS stay numerics fields of the fingerprint.
 bool owned_step(const Config& c, uint32_t world_size);
 
+// Whether batch invariance may run in one piece (model/chunk_layout.h, StepPolicy::chunked_sums):
+// runtime.invariance = "batch" under version 2 on the CPU, the MLP with philox dropout, the
+// cross-entropy loss and no autocast, so that every kernel that sums over samples is one that sums
+// by chunks. Data parallelism and bisection's probe still compute chunks piecewise (train_step's
+// caller checks those); so does the GPT, whose LayerNorm, embedding and tied head sum over samples
+// in kernels that do not yet.
+bool chunked_sums_apply(const Config& c);
+
 // runtime.elementwise_threads resolved: the lanes of model/lanes.h, 1 or 2 (never changes bits).
 int elementwise_threads(const RuntimeConfig& runtime);
 

@@ -1,6 +1,7 @@
 #include "train/policies.h"
 
 #include "core/error.h"
+#include "train/environment.h"
 
 namespace retrace::train {
 namespace {
@@ -66,6 +67,7 @@ Policies make_policies(const Config& c, const Registry& registry, uint64_t total
              c.runtime.invariance == Invariance::kBatch ? c.runtime.invariance_chunk : 0};
   p.bucket_bytes = static_cast<uint64_t>(c.runtime.bucket_mb * 1024 * 1024);
   p.zero_reduce_scatter = c.runtime.zero_reduce == ZeroReduce::kReduceScatter;
+  p.chunked_sums = chunked_sums_apply(c);
   return p;
 }
 

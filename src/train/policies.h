@@ -69,6 +69,9 @@ struct Policies {
   // Batch invariance's fold as the ranks' own sums (invariant.h ChunkOrder::kRankSums) instead of
   // the global fold: only the invariance property's negative control sets it.
   bool chunk_rank_sums = false;
+  // Batch invariance in one piece where the model's kernels allow it (chunked_sums_apply); the
+  // step takes it on one process without a probe.
+  bool chunked_sums = false;
 };
 
 Policies make_policies(const Config& config, const Registry& registry, uint64_t total_steps);

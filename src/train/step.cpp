@@ -1,5 +1,6 @@
 #include "train/step.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "kernels/reduce.h"
+#include "model/chunk_layout.h"
 #include "model/lanes.h"
 #include "model/owned_linear.h"
 #include "train/environment.h"
@@ -164,6 +166,10 @@ class StepRun {
   // batch's item count: the losses still to be backpropagated. Records the micro-batch's size and
   // mean loss, and returns its loss (the sum of its pieces' losses) in `loss_value`.
   std::vector<torch::Tensor> forward(const MicroBatch& mb, size_t i, float& loss_value) {
+    // The owned kernels are process-wide (train::apply_environment): a caller that never applied the
+    // environment computes piecewise.
+    if (policy_.chunk > 0 && policy_.chunked_sums && model::owned_kernels())
+      return forward_in_one_piece(mb, i, loss_value);
     const auto t = Clock::now();
     const std::vector<MicroBatch> pieces = pieces_of(mb, policy_.chunk);
     std::vector<torch::Tensor> losses;
@@ -186,11 +192,56 @@ class StepRun {
       else total_ = total_ + loss.detach().to(torch::kCPU);
       losses.push_back(std::move(loss));
     }
+    record_micro_batch(mb, loss_value, t);
+    return losses;
+  }
+
+  // Batch invariance in one piece (StepPolicy::chunked_sums): the micro-batch's chunks keyed as
+  // the piecewise path keys them, each chunk's generator kept for its dropout masks; one forward
+  // under the ChunkScope, whose loss is one sum per chunk. The same chunk losses, loss value and
+  // gradients as the piecewise path, bit for bit (Invariance tests, accumulation grid).
+  std::vector<torch::Tensor> forward_in_one_piece(const MicroBatch& mb, size_t i, float& loss_value) {
+    const auto t = Clock::now();
+    const int64_t samples = mb.targets.size(0);
+    const int64_t chunks = static_cast<int64_t>(pieces_of(mb, policy_.chunk).size());
+    model::ChunkLayout layout{samples, policy_.chunk, {}};
+    for (int64_t c = 0; c < chunks; ++c) {
+      calls_.before_chunk(next_chunk_++);
+      layout.generators.push_back(at::detail::getDefaultCPUGenerator().clone());
+    }
+    if (policy_.probe) policy_.probe->set_phase("forward");
+    torch::Tensor loss;
+    {
+      model::ChunkScope scope(std::move(layout));
+      compat::AutocastGuard autocast(policy_.device, policy_.autocast_dtype);
+      torch::Tensor logits = forward_(mb.inputs);
+      loss = policy_.loss ? policy_.loss(logits, mb.targets) : cross_entropy_sum(logits, mb.targets);
+    }
+    RETRACE_CHECK(loss.dim() == 1 && loss.numel() == chunks, InvariantError,
+                  "batch invariance in one piece: the loss came back as ", loss.sizes(), ", not one sum for each of ",
+                  chunks, " chunks");
+    loss = loss * inv_count_;
+    if (i == 0 && faults_.nan_loss) {  // the first chunk's loss, as the piecewise path spoils it
+      torch::Tensor spoil = torch::ones({chunks}, loss.options());
+      spoil[0] = std::numeric_limits<float>::quiet_NaN();
+      loss = loss * spoil;
+    }
+    if (faults_.loss_factor != 1.0) loss = loss * faults_.loss_factor;
+    const torch::Tensor values = loss.detach().to(torch::kCPU).contiguous();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float v = values.data_ptr<float>()[c];
+      loss_value = c == 0 ? v : loss_value + v;
+      chunk_losses_.push_back(v);
+    }
+    record_micro_batch(mb, loss_value, t);
+    return {loss.sum()};  // its gradient reaches every chunk's loss as 1, as each chunk's own would
+  }
+
+  void record_micro_batch(const MicroBatch& mb, float loss_value, Clock::time_point t) {
     r.micro_sizes.push_back(static_cast<uint32_t>(mb.targets.size(0)));
     r.micro_losses.push_back(static_cast<double>(loss_value) * static_cast<double>(count_) /
                              static_cast<double>(mb.targets.numel()));
     r.forward_ms += ms_since(t);
-    return losses;
   }
 
   // After a micro-batch's forward: whether the step is skipped before any backward. A non-finite

@@ -80,6 +80,11 @@ struct StepPolicy {
   // global index of this rank's first chunk.
   int64_t chunk = 0;
   uint64_t first_chunk = 0;
+  // Batch invariance in one piece (model/chunk_layout.h): each micro-batch goes through one forward
+  // and one backward under a ChunkScope, and the kernels sum over samples chunk by chunk, with the
+  // piecewise path's bits. Only where every kernel of the model does (chunked_sums_apply), on one
+  // process, without a probe; the loss must return one sum per chunk (InvariantError otherwise).
+  bool chunked_sums = false;
   // ZeRO (train/zero.h): the tensors the optimizer steps (empty: the model's parameters).
   std::vector<torch::Tensor> optimizer_params;
   // ZeRO's reduce-scatter (runtime.zero_reduce): the tensors whose gradients this rank holds

@@ -159,6 +159,7 @@ StepPolicy policy_for(TrainState& s, const Policies& p, const Batch& batch, Stat
   if (p.invariance_chunk > 0) {
     policy.chunk = p.invariance_chunk;
     policy.first_chunk = batch.global_offset / static_cast<uint64_t>(p.invariance_chunk);
+    policy.chunked_sums = p.chunked_sums && !calls.loss_over_ranks() && probe == nullptr;
   }
   if (s.zero) policy.optimizer_params = s.zero->views();
   if (calls.holds_range_grads()) policy.grad_params = s.zero->views();
