@@ -12,6 +12,10 @@
 //   GemmAccuracy      against a double-precision product within k * 2^-23 * sum |a| |b| per element.
 //   Reductions        kernels/reduce.h's sum of squares and log-sum-exp against long double.
 //   Rows              the causal softmax, its backward and LayerNorm's output moments.
+//   ChunkFold         kernels/chunk_fold.h's weight-gradient fold (C kept in registers across
+//                     chunks of up to 256 rows) gives the bits of one accumulating BLIS call per
+//                     chunk, for random shapes, chunk counts, C fresh or accumulated, and any tiling
+//                     of C's rows (the lanes' tiles).
 //
 // Negative control, which must FAIL (so the comparison can fail): the same product with k cut in
 // two panels summed afterwards, the way a k-splitting library would thread it, against one call.
@@ -27,6 +31,7 @@
 #include <iostream>
 #include <vector>
 
+#include "kernels/chunk_fold.h"
 #include "kernels/gemm.h"
 #include "kernels/reduce.h"
 
@@ -212,6 +217,32 @@ void rows_accurate() {
   RC_ASSERT(std::fabs(v - 1.0) <= 1e-3);  // eps = 1e-5 against values of variance about 1/3
 }
 
+void chunk_fold() {
+  const int64_t r = *rc::gen::oneOf(rc::gen::inRange<int64_t>(1, 17), rc::gen::inRange<int64_t>(200, 257));
+  const int64_t chunks = *rc::gen::inRange<int64_t>(1, 6);
+  const int64_t m = r * chunks;
+  const int64_t n = *rc::gen::inRange<int64_t>(1, 80);
+  const int64_t k = *rc::gen::inRange<int64_t>(1, 80);
+  const bool fresh = *rc::gen::arbitrary<bool>();
+  const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
+  RC_TAG(r, chunks, n, k, fresh);
+  const std::vector<float> a = values(seed, static_cast<size_t>(m * n));           // [m, n]: dY
+  const std::vector<float> b = values(seed ^ 0x5555, static_cast<size_t>(m * k));  // [m, k]: X
+  const std::vector<float> c0 = values(seed ^ 0xAAAA, static_cast<size_t>(n * k));
+  // The reference: per chunk, C (+)= dY_c^T X_c, one BLIS call each.
+  std::vector<float> want = c0;
+  for (int64_t j = 0; j < chunks; ++j)
+    gemm(n, k, r, a.data() + j * r * n, 1, n, b.data() + j * r * k, k, 1, want.data(), k, 1, !(fresh && j == 0), 1);
+  std::vector<float> packed(static_cast<size_t>(retrace::kernels::packed_b_floats(m, k)));
+  retrace::kernels::pack_b(m, k, b.data(), packed.data());
+  std::vector<float> got = c0;
+  const int64_t tile = retrace::kernels::kFoldTileRows * *rc::gen::inRange<int64_t>(1, 5);
+  for (int64_t i = 0; i < n; i += tile)
+    retrace::kernels::fold_chunk_products(i, std::min(n, i + tile), m, n, k, r, a.data(), packed.data(), got.data(),
+                                          fresh);
+  RC_ASSERT(same_bits(got, want));
+}
+
 // Negative control: k in two panels, summed after.
 void split_k_differs() {
   Case c = gen_case();
@@ -243,6 +274,9 @@ int main() {
   ok = rc::check("Reductions: sum of squares and log-sum-exp accurate, gradient sums to 0", reductions_accurate) && ok;
   ok = rc::check("Rows: causal softmax sums to 1, its backward and LayerNorm's moments as expected", rows_accurate) &&
        ok;
+  if (retrace::kernels::chunk_fold_supported())
+    ok = rc::check("ChunkFold: the register fold gives one accumulating BLIS call per chunk's bits", chunk_fold) && ok;
+  else std::cout << "ChunkFold: skipped, this CPU lacks AVX2 and FMA (the step keeps BLIS's calls)\n";
   std::cout << "negative control (must fail): k split in two panels against one call\n";
   const bool control = rc::check("SplitK (negative control)", split_k_differs);
   if (control) std::cout << "FAILED: the negative control passed, so these comparisons cannot tell bits apart\n";

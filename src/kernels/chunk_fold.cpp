@@ -82,7 +82,8 @@ void fold_chunk_products(int64_t i0, int64_t i1, int64_t m, int64_t n, int64_t k
         tile(m, r, pa.data(), pb, c + i * k + j, k, fresh);
         continue;
       }
-      // An edge tile: computed whole on a copy, only C's own elements kept.
+      // An edge tile: computed whole on a copy (zeros outside C), only C's own elements kept.
+      std::fill(edge, edge + kRows * kCols, 0.0f);
       for (int64_t ii = 0; ii < rows; ++ii)
         for (int64_t jj = 0; jj < cols; ++jj) edge[ii * kCols + jj] = fresh ? 0.0f : c[(i + ii) * k + j + jj];
       tile(m, r, pa.data(), pb, edge, kCols, fresh);

@@ -133,14 +133,20 @@ void clip_grads(const std::vector<torch::Tensor>& params, double max_norm, doubl
 
 namespace {
 
+// The number of whole chunks of `chunk` samples in a micro-batch of n; ConfigError if they are not whole.
+int64_t chunks_of(int64_t n, int64_t chunk) {
+  RETRACE_CHECK(n % chunk == 0, ConfigError, "a micro-batch of ", n,
+                " samples does not split into whole chunks of runtime.invariance_chunk = ", chunk,
+                "; choose data.batch_size, train.accum_steps and the world size so that it does");
+  return n / chunk;
+}
+
 // The pieces of a micro-batch computed alone: the micro-batch itself, or under batch invariance its
 // chunks of `chunk` samples.
 std::vector<MicroBatch> pieces_of(const MicroBatch& mb, int64_t chunk) {
   if (chunk <= 0) return {mb};
   const int64_t n = mb.targets.size(0);
-  RETRACE_CHECK(n % chunk == 0, ConfigError, "a micro-batch of ", n,
-                " samples does not split into whole chunks of runtime.invariance_chunk = ", chunk,
-                "; choose data.batch_size, train.accum_steps and the world size so that it does");
+  chunks_of(n, chunk);
   std::vector<MicroBatch> pieces;
   for (int64_t lo = 0; lo < n; lo += chunk)
     pieces.push_back({mb.inputs.slice(0, lo, lo + chunk), mb.targets.slice(0, lo, lo + chunk)});
@@ -203,7 +209,7 @@ class StepRun {
   std::vector<torch::Tensor> forward_in_one_piece(const MicroBatch& mb, size_t i, float& loss_value) {
     const auto t = Clock::now();
     const int64_t samples = mb.targets.size(0);
-    const int64_t chunks = static_cast<int64_t>(pieces_of(mb, policy_.chunk).size());
+    const int64_t chunks = chunks_of(samples, policy_.chunk);
     model::ChunkLayout layout{samples, policy_.chunk, {}};
     for (int64_t c = 0; c < chunks; ++c) {
       calls_.before_chunk(next_chunk_++);
