@@ -234,7 +234,7 @@ void chunk_fold() {
   for (int64_t j = 0; j < chunks; ++j)
     gemm(n, k, r, a.data() + j * r * n, 1, n, b.data() + j * r * k, k, 1, want.data(), k, 1, !(fresh && j == 0), 1);
   std::vector<float> packed(static_cast<size_t>(retrace::kernels::packed_b_floats(m, k)));
-  retrace::kernels::pack_b(m, k, b.data(), packed.data());
+  retrace::kernels::pack_b(m, k, b.data(), packed.data(), 0, retrace::kernels::packed_b_panels(k));
   std::vector<float> got = c0;
   const int64_t tile = retrace::kernels::kFoldTileRows * *rc::gen::inRange<int64_t>(1, 5);
   for (int64_t i = 0; i < n; i += tile)

@@ -53,10 +53,11 @@ bool chunk_fold_supported() {
   return yes;
 }
 
-int64_t packed_b_floats(int64_t m, int64_t k) { return (k + kCols - 1) / kCols * m * kCols; }
+int64_t packed_b_panels(int64_t k) { return (k + kCols - 1) / kCols; }
+int64_t packed_b_floats(int64_t m, int64_t k) { return packed_b_panels(k) * m * kCols; }
 
-void pack_b(int64_t m, int64_t k, const float* b, float* packed) {
-  for (int64_t q = 0; q * kCols < k; ++q) {
+void pack_b(int64_t m, int64_t k, const float* b, float* packed, int64_t q0, int64_t q1) {
+  for (int64_t q = q0; q < q1; ++q) {
     const int64_t cols = std::min(kCols, k - q * kCols);
     for (int64_t p = 0; p < m; ++p) {
       float* out = packed + (q * m + p) * kCols;

@@ -28,8 +28,10 @@ bool chunk_fold_supported();
 // B [m, k] (row-major) packed once per call for every tile: panels of kFoldTileCols columns, panel q
 // holding B[p][q * 16 + col] at packed[(q * m + p) * 16 + col], zeros past column k.
 inline constexpr int64_t kFoldTileCols = 16;
+int64_t packed_b_panels(int64_t k);
 int64_t packed_b_floats(int64_t m, int64_t k);
-void pack_b(int64_t m, int64_t k, const float* b, float* packed);
+// Panels [q0, q1) of the packing (panels may be packed concurrently).
+void pack_b(int64_t m, int64_t k, const float* b, float* packed, int64_t q0, int64_t q1);
 
 // Rows [i0, i1) of C [n, k] (row-major, leading dimension k), for A [m, n] (row-major) and B
 // packed by pack_b, cut into chunks of r rows (m a multiple of r, 1 <= r <= kFoldChunkRowsMax):

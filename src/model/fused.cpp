@@ -563,27 +563,15 @@ at::Tensor bias_gradient(const at::Tensor& grad, int64_t n) {
 }
 
 at::Tensor owned_column_sums(const at::Tensor& grad, int64_t n) {
-  // Column tiles of 64 on the lanes; in each, the rows in order into one double per column (each
-  // column its own chain of additions, so the compiler may vectorize across columns), rounded once.
-  constexpr int64_t kTile = 64;
-  const int64_t rows = grad.numel() / std::max<int64_t>(n, 1);
   at::Tensor out = at::empty({n}, grad.options());
-  const float* g = grad.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  for_each_tile(n, kTile, [&](int64_t c0, int64_t c1, int) {
-    double acc[kTile] = {};
-    const int64_t w = c1 - c0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = g + r * n + c0;
-      for (int64_t c = 0; c < w; ++c) acc[c] += row[c];
-    }
-    for (int64_t c = 0; c < w; ++c) o[c0 + c] = static_cast<float>(acc[c]);
-  });
+  fold_chunk_column_sums(grad, n, 1, out, /*fresh=*/true);
   return out;
 }
 
 void fold_chunk_column_sums(const at::Tensor& grad, int64_t n, int64_t chunks, at::Tensor& out, bool fresh) {
-  // owned_column_sums of each chunk's rows, as above, folded into `out` in float chunk by chunk.
+  // Column tiles of 64 on the lanes; in each, a chunk's rows in order into one double per column
+  // (each column its own chain of additions, so the compiler may vectorize across columns), rounded
+  // once, then added to the fold in float. One fresh chunk: owned_column_sums.
   constexpr int64_t kTile = 64;
   const int64_t rows = grad.numel() / std::max<int64_t>(n, 1);
   RETRACE_CHECK(chunks > 0 && rows % chunks == 0 && out.numel() == n && out.is_contiguous(), InvariantError,

@@ -56,14 +56,12 @@ void gemm_on_lanes(int64_t m, int64_t n, int64_t k, const float* a, int64_t rsa,
   }
 }
 
-// Batch invariance in one piece (chunk_layout.h): the largest chunk of rows whose product one
-// accumulating call (C += A B, beta 1) adds to C with the bits of C + (the chunk's product alone):
-// within one of BLIS's k panels (kc = 256 for float in the haswell configuration) the micro-kernel
-// sums the chunk's products in registers and adds C once. A longer chunk is computed apart and
-// added, since BLIS would fold C into its panels one by one. ChunkedLinear checks both against the
-// piecewise sums.
-constexpr int64_t kFoldInCallUpTo = 256;
-
+// Batch invariance in one piece (chunk_layout.h): a chunk of at most kernels::kFoldChunkRowsMax
+// rows lies within one of BLIS's k panels (kc = 256 for float in the haswell configuration), where
+// one accumulating call (C += A B, beta 1) adds the chunk's register sum to C rounded once: the bits
+// of C + (the chunk's product alone). A longer chunk is computed apart and added, since BLIS would
+// fold C into its panels one by one. Invariance.OnePieceGivesThePiecewiseBitsOnTheMlp and
+// kernel_props' ChunkFold check both against the piecewise sums.
 // dW [n, k] folded over the chunks of the m rows of dY [m, n] and X [m, k]: each chunk's dY^T X
 // added in order into the sink, the first written when the sink is new. Chunks within one k panel
 // fold in registers (kernels/chunk_fold.h) where the CPU has AVX2 and FMA, else by BLIS calls.
@@ -77,7 +75,9 @@ void fold_weight_gradient(const at::Tensor& gy, const at::Tensor& rows, int64_t 
     const int64_t groups = (n + kRows - 1) / kRows;
     const int64_t per_tile = std::max<int64_t>(1, kTileWork / std::max<int64_t>(1, kRows * k * m));
     std::vector<float> packed(static_cast<size_t>(kernels::packed_b_floats(m, k)));
-    kernels::pack_b(m, k, rows.data_ptr<float>(), packed.data());
+    for_each_tile(kernels::packed_b_panels(k), 1, [&](int64_t q0, int64_t q1, int) {
+      kernels::pack_b(m, k, rows.data_ptr<float>(), packed.data(), q0, q1);
+    });
     for_each_tile(groups, per_tile, [&](int64_t g0, int64_t g1, int) {
       kernels::fold_chunk_products(g0 * kRows, std::min(n, g1 * kRows), m, n, k, r, gy.data_ptr<float>(), packed.data(),
                                    c, !sink.into_grad);
@@ -89,7 +89,7 @@ void fold_weight_gradient(const at::Tensor& gy, const at::Tensor& rows, int64_t 
     const float* a = gy.data_ptr<float>() + j * r * n;  // the chunk's dY, read by columns
     const float* b = rows.data_ptr<float>() + j * r * k;
     const bool fresh = j == 0 && !sink.into_grad;
-    if (fresh || r <= kFoldInCallUpTo) {
+    if (fresh || r <= kernels::kFoldChunkRowsMax) {
       gemm_on_lanes(n, k, r, a, 1, n, b, k, 1, c, /*accumulate=*/!fresh);
       continue;
     }
