@@ -35,7 +35,8 @@ void gen_value(records::ModuleDigest& v) {
   gen_value(v.optim);
 }
 void gen_value(records::Timings& v) {
-  for (double* t : {&v.data_ms, &v.forward_ms, &v.backward_ms, &v.optimizer_ms, &v.trace_ms}) gen_value(*t);
+  for (double* t : {&v.data_ms, &v.forward_ms, &v.backward_ms, &v.optimizer_ms, &v.trace_ms, &v.checkpoint_ms})
+    gen_value(*t);
 }
 template <typename T>
 void gen_value(std::vector<T>& v) {

@@ -55,7 +55,7 @@ API
     One row per step frame, in file order, one column per scalar field of a step (the names of
     ``steps()``; the timings flattened to ``timings.data_ms``, ``timings.forward_ms``,
     ``timings.backward_ms``, ``timings.optimizer_ms``, ``timings.trace_ms``,
-    ``timings.allreduce_ms``). The list fields (``micro_batch_sizes``, ``micro_losses``,
+    ``timings.allreduce_ms``, ``timings.checkpoint_ms``). The list fields (``micro_batch_sizes``, ``micro_losses``,
     ``rank_grad_digests``, ``rank_rng_digests``) are left out: use ``steps()`` for them.
     Non-finite losses and norms are NaN / inf.
 
@@ -550,11 +550,12 @@ def _step_dict(b, t, outcomes, where):
         n = b.timingsNs
         timings = {"data_ms": n.dataNs / 1e6, "forward_ms": n.forwardNs / 1e6, "backward_ms": n.backwardNs / 1e6,
                    "optimizer_ms": n.optimizerNs / 1e6, "trace_ms": n.traceNs / 1e6,
-                   "allreduce_ms": n.allreduceNs / 1e6}
+                   "allreduce_ms": n.allreduceNs / 1e6, "checkpoint_ms": n.checkpointNs / 1e6}
     else:
         tm = b.timings
         timings = {"data_ms": tm.dataMs, "forward_ms": tm.forwardMs, "backward_ms": tm.backwardMs,
-                   "optimizer_ms": tm.optimizerMs, "trace_ms": tm.traceMs, "allreduce_ms": tm.allreduceMs}
+                   "optimizer_ms": tm.optimizerMs, "trace_ms": tm.traceMs, "allreduce_ms": tm.allreduceMs,
+                   "checkpoint_ms": tm.checkpointMs}
     d = {
         "step": b.step,
         "epoch": b.epoch,
@@ -864,7 +865,7 @@ STEP_FRAME_COLUMNS = [
     "grad_norm_post", "lr", "loss_scale", "outcome", "skip_reason", "param_digest", "optim_digest", "rng_digest",
     "state_digest", "grad_digest", "content_digest", "chain_digest", "allreduce_calls", "allreduce_bytes",
     "timings.data_ms", "timings.forward_ms", "timings.backward_ms", "timings.optimizer_ms", "timings.trace_ms",
-    "timings.allreduce_ms",
+    "timings.allreduce_ms", "timings.checkpoint_ms",
 ]
 
 
@@ -909,7 +910,7 @@ def _print_table(trace, out):
                  f"{'chain':<12} {'step_ms':>9}")
     for s in trace.steps():
         t = s["timings"]
-        ms = t["data_ms"] + t["forward_ms"] + t["backward_ms"] + t["optimizer_ms"] + t["trace_ms"]
+        ms = t["data_ms"] + t["forward_ms"] + t["backward_ms"] + t["optimizer_ms"] + t["trace_ms"] + t["checkpoint_ms"]
         outcome = "STEP" if s["outcome"] == "STEP" else "SKIP:" + s["skip_reason"]
         lines.append(f"{s['step']:>7} {s['epoch']:>5} {s['batch_in_epoch']:>6} {s['loss']:>12.6f} "
                      f"{s['grad_norm_pre']:>11.4g} {s['lr']:>11.4g} {outcome:<10} {s['chain_digest'][:12]:<12} "

@@ -83,8 +83,12 @@ struct TraceHeader {
 struct Timings {
   double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;
   double allreduce_ms = 0;  // part of backward_ms: data-parallel collectives
+  // The loop's time on checkpoints after the previous step: a synchronous save, a background
+  // save's staging copy, and waits for one in flight (a frame cannot hold the time spent after
+  // it, as trace_ms). 0 in traces written before it existed.
+  double checkpoint_ms = 0;
   // The whole step: its phases (the collectives are inside backward_ms).
-  double step_ms() const { return data_ms + forward_ms + backward_ms + optimizer_ms + trace_ms; }
+  double step_ms() const { return data_ms + forward_ms + backward_ms + optimizer_ms + trace_ms + checkpoint_ms; }
   // A sum of measured durations rounded to the whole nanoseconds the clock counts (the doubles'
   // own rounding drifts by an ulp or so per addition): the trace then stores them as integers.
   static double whole_ns(double ms) { return ms >= 0 && ms < 9e9 ? std::round(ms * 1e6) / 1e6 : ms; }

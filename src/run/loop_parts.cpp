@@ -78,8 +78,14 @@ void Checkpointer::report_rotation(const ckpt::RotationReport& rotation, trace::
   }
 }
 
+Checkpointer::LoopTimer::~LoopTimer() {
+  if (--c_.timing_depth_ == 0)
+    c_.loop_ms_ += std::chrono::duration<double, std::milli>(LoopClock::now() - start_).count();
+}
+
 std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writer, uint64_t step, bool eval_due,
                                const Anchor& anchor, const RunCallbacks& cb) {
+  const LoopTimer timed(*this);
   take_finished(writer, step, cb, /*wait=*/true);
   const ckpt::TracePosition pos = position(writer);
   ckpt::RotationReport rotation;
@@ -108,6 +114,7 @@ std::string Checkpointer::save(train::Trainer& trainer, trace::TraceWriter* writ
 void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWriter* writer,
                                       const records::StepRecord& rec, bool eval_due, const Anchor& anchor,
                                       const RunCallbacks& cb) {
+  const LoopTimer timed(*this);
   const uint64_t step = trainer.step();
   const auto start = LoopClock::now();
   if (writer_thread_.in_flight()) {
@@ -158,6 +165,7 @@ void Checkpointer::say(trace::TraceWriter* writer, const RunCallbacks& cb, uint6
 
 void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait) {
   if (!writer_thread_.in_flight()) return;
+  const LoopTimer timed(*this);
   if (!wait) {
     bool done = writer_thread_.finished();
     if (ranks_) {
@@ -310,6 +318,7 @@ void RunSummary::add(const records::StepRecord& r) {
   backward_ms += r.timings.backward_ms;
   optimizer_ms += r.timings.optimizer_ms;
   trace_ms += r.timings.trace_ms;
+  checkpoint_ms += r.timings.checkpoint_ms;
 }
 
 uint64_t directory_bytes(const std::string& dir) {

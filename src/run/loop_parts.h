@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "ckpt/train_state.h"
 #include "run/async_save.h"
@@ -80,8 +81,24 @@ class Checkpointer {
   // scalar all-reduce per step while a save is in flight: is every rank's writer done?), and the
   // commit vote gave every rank the same outcome, so all stop or all go on together.
   void take_finished(trace::TraceWriter* writer, uint64_t step, const RunCallbacks& cb, bool wait);
+  // The loop's milliseconds in the three calls above since the last take (a call inside another
+  // counted once): a step record's timings.checkpoint_ms.
+  double take_loop_ms() { return std::exchange(loop_ms_, 0.0); }
 
  private:
+  // Adds the time of the outermost timed call to loop_ms_.
+  class LoopTimer {
+   public:
+    explicit LoopTimer(Checkpointer& c) : c_(c) { ++c_.timing_depth_; }
+    ~LoopTimer();
+    LoopTimer(const LoopTimer&) = delete;
+    LoopTimer& operator=(const LoopTimer&) = delete;
+
+   private:
+    Checkpointer& c_;
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  };
+
   ckpt::TracePosition position(trace::TraceWriter* writer) const;
   void report_rotation(const ckpt::RotationReport& rotation, trace::TraceWriter* writer, uint64_t step,
                        const RunCallbacks& cb);
@@ -101,6 +118,8 @@ class Checkpointer {
   BackgroundSave writer_thread_;
   double blocked_seconds_ = 0;  // of the save in flight: its wait and its copy
   std::string last_committed_;  // the newest step directory committed in this process
+  int timing_depth_ = 0;
+  double loop_ms_ = 0;
 };
 
 // Why checkpoint.async cannot apply to this run (empty: it can, or it is off): no trace digests to

@@ -143,6 +143,7 @@ void run_loop(Trainer& trainer, const Config& config, trace::TraceWriter* writer
     // trace_ms: digests of this step plus writing the previous frame (a frame cannot hold the
     // time of its own write).
     rec.timings.trace_ms += last_write_ms;
+    rec.timings.checkpoint_ms = records::Timings::whole_ns(checkpointer.take_loop_ms());
     if (writer) {
       auto t = Clock::now();
       writer->append_step(rec);

@@ -116,7 +116,7 @@ struct RunSummary {
   uint64_t checkpoints = 0;
   std::string resumed_from;                // checkpoint directory, for resume
   std::vector<std::string> input_changes;  // inputs accepted although changed (RecordOptions)
-  double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0;  // totals
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, optimizer_ms = 0, trace_ms = 0, checkpoint_ms = 0;  // totals
   // Counts one step this process ran into the totals.
   void add(const records::StepRecord& step);
 };

@@ -77,8 +77,13 @@ json json_of(const records::ModuleDigest& m) {
   return {{"module", m.module}, {"param", m.param.hex()}, {"grad", m.grad.hex()}, {"optim", m.optim.hex()}};
 }
 json json_of(const records::Timings& t) {
-  return {{"data_ms", t.data_ms},           {"forward_ms", t.forward_ms}, {"backward_ms", t.backward_ms},
-          {"optimizer_ms", t.optimizer_ms}, {"trace_ms", t.trace_ms},     {"allreduce_ms", t.allreduce_ms}};
+  return {{"data_ms", t.data_ms},
+          {"forward_ms", t.forward_ms},
+          {"backward_ms", t.backward_ms},
+          {"optimizer_ms", t.optimizer_ms},
+          {"trace_ms", t.trace_ms},
+          {"allreduce_ms", t.allreduce_ms},
+          {"checkpoint_ms", t.checkpoint_ms}};
 }
 template <typename T>
 json json_of(const T& v) {
@@ -181,8 +186,8 @@ std::string csv_field(const std::string& s) {
 }
 
 // The CSV's columns: the fields in the trace's order, the timings as one column per phase, and
-// the fields recorded only when set (records::InDigest::kWhenSet) last, so that the columns of
-// older versions keep their places.
+// the fields recorded only when set (records::InDigest::kWhenSet) after them, so that the columns of
+// older versions keep their places; timings added later (checkpoint_ms) come last for the same reason.
 template <typename Record, typename Emit>
 void csv_fields(const Record& r, Emit&& emit) {
   for (bool when_set : {false, true})
@@ -202,6 +207,7 @@ void csv_fields(const Record& r, Emit&& emit) {
           }
         },
         r);
+  emit("checkpoint_ms", number(r.timings.checkpoint_ms));
 }
 
 void print_csv(const TraceReader& reader, uint64_t first, uint64_t last, std::ostream& out) {

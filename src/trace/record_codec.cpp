@@ -134,11 +134,11 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
   for (size_t i = 0; i < r.rank_grad_digests.size(); ++i) set_digest(grads[i], r.rank_grad_digests[i]);
   set_digest(b.initContentDigest(), r.content_digest);
   set_digest(b.initChainDigest(), r.chain_digest);
-  const double ms[6] = {r.timings.data_ms,      r.timings.forward_ms, r.timings.backward_ms,
-                        r.timings.optimizer_ms, r.timings.trace_ms,   r.timings.allreduce_ms};
-  uint64_t ns[6] = {};
+  const double ms[7] = {r.timings.data_ms,  r.timings.forward_ms,   r.timings.backward_ms,  r.timings.optimizer_ms,
+                        r.timings.trace_ms, r.timings.allreduce_ms, r.timings.checkpoint_ms};
+  uint64_t ns[7] = {};
   bool whole = true;
-  for (int i = 0; i < 6; ++i) whole = whole && whole_nanoseconds(ms[i], ns[i]);
+  for (int i = 0; i < 7; ++i) whole = whole && whole_nanoseconds(ms[i], ns[i]);
   if (whole) {
     auto t = b.initTimingsNs();
     t.setDataNs(ns[0]);
@@ -147,6 +147,7 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
     t.setOptimizerNs(ns[3]);
     t.setTraceNs(ns[4]);
     t.setAllreduceNs(ns[5]);
+    t.setCheckpointNs(ns[6]);
   } else {
     auto t = b.initTimings();
     t.setDataMs(ms[0]);
@@ -155,6 +156,7 @@ void serialize_step(const records::StepRecord& r, std::string& out) {
     t.setOptimizerMs(ms[3]);
     t.setTraceMs(ms[4]);
     t.setAllreduceMs(ms[5]);
+    t.setCheckpointMs(ms[6]);
   }
   b.setAllreduceCalls(r.allreduce_calls);
   b.setAllreduceBytes(r.allreduce_bytes);
@@ -291,6 +293,7 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
       r.timings.optimizer_ms = double(n.getOptimizerNs()) / 1e6;
       r.timings.trace_ms = double(n.getTraceNs()) / 1e6;
       r.timings.allreduce_ms = double(n.getAllreduceNs()) / 1e6;
+      r.timings.checkpoint_ms = double(n.getCheckpointNs()) / 1e6;
     } else {
       r.timings.data_ms = t.getDataMs();
       r.timings.forward_ms = t.getForwardMs();
@@ -298,6 +301,7 @@ records::StepRecord parse_step(const uint64_t* words, size_t n_words, const std:
       r.timings.optimizer_ms = t.getOptimizerMs();
       r.timings.trace_ms = t.getTraceMs();
       r.timings.allreduce_ms = t.getAllreduceMs();
+      r.timings.checkpoint_ms = t.getCheckpointMs();
     }
     r.allreduce_calls = b.getAllreduceCalls();
     r.allreduce_bytes = b.getAllreduceBytes();

@@ -87,6 +87,7 @@ class EventEncoder {
     b.scalar("time/optimizer_ms", t.optimizer_ms);
     b.scalar("time/trace_ms", t.trace_ms);
     b.scalar("time/allreduce_ms", t.allreduce_ms);
+    b.scalar("time/checkpoint_ms", t.checkpoint_ms);
     b.write(out);
   }
   void eval(const records::EvalRecord& e, double wall, std::string& out) {
@@ -227,6 +228,7 @@ std::vector<std::string> tensorboard_tags() {
           "time/optimizer_ms",
           "time/trace_ms",
           "time/allreduce_ms",
+          "time/checkpoint_ms",
           "eval/loss",
           "eval/accuracy",
           "eval/perplexity",

@@ -4,8 +4,9 @@
 //
 //   step   train/loss, train/learning_rate, train/grad_norm_pre_clip, train/grad_norm_post_clip,
 //          train/loss_scale, train/skipped (1 for SKIP, 0 for STEP), train/skip_reason (text, SKIP
-//          only), time/step_ms (data + forward + backward + optimizer + trace), time/data_ms,
-//          time/forward_ms, time/backward_ms, time/optimizer_ms, time/trace_ms, time/allreduce_ms
+//          only), time/step_ms (data + forward + backward + optimizer + trace + checkpoint),
+//          time/data_ms, time/forward_ms, time/backward_ms, time/optimizer_ms, time/trace_ms,
+//          time/allreduce_ms, time/checkpoint_ms
 //   eval   eval/loss, eval/accuracy
 //   event  markers/KIND (1 at the event's step: rollback, resume, fault, warning, ...) and
 //          events/KIND (text: the message)

@@ -67,6 +67,7 @@ struct Timings {
   optimizerMs @3 :Float64;
   traceMs @4 :Float64;
   allreduceMs @5 :Float64;  # part of backwardMs: the data-parallel collectives
+  checkpointMs @6 :Float64; # the loop held by the previous step's checkpoint (0 in older traces)
 }
 
 # The same six times as whole nanoseconds, which is what the clock measures: a step frame holds
@@ -79,6 +80,7 @@ struct TimingsNs {
   optimizerNs @3 :UInt64;
   traceNs @4 :UInt64;
   allreduceNs @5 :UInt64;
+  checkpointNs @6 :UInt64;
 }
 
 struct Step {

@@ -45,6 +45,15 @@ done
 expect async-verifies 0 "VERIFIED" -- "$RETRACE" verify "$(step "$tmp/async" 30)"
 check_true config-keeps-async grep -q "^async = true" "$tmp/async/config.toml"
 check_true sync-config-says-so grep -q "^async = false" "$tmp/sync/config.toml"
+# The loop's time on checkpoints is in the next step's record (timings.checkpoint_ms, the CSV's
+# last column): 0 at step 1; a synchronous save of step 10 takes longer than the poll before step 5.
+ckpt_ms() { "$RETRACE" inspect "$1/trace.rtrace" --csv | awk -F, -v s="$2" '$1 == s { print $NF }'; }
+check_eq checkpoint-ms-column "$("$RETRACE" inspect "$tmp/sync/trace.rtrace" --csv | head -1 | awk -F, '{ print $NF }')" \
+  checkpoint_ms
+check_eq checkpoint-ms-step-1 "$(ckpt_ms "$tmp/sync" 1)" 0
+check_true checkpoint-ms-sync-save awk -v a="$(ckpt_ms "$tmp/sync" 11)" -v b="$(ckpt_ms "$tmp/sync" 5)" \
+  'BEGIN { exit !(a > b && a > 0) }'
+check_true checkpoint-ms-async-staging awk -v a="$(ckpt_ms "$tmp/async" 21)" 'BEGIN { exit !(a > 0) }'
 expect bad-on-error 2 "checkpoint.on_error.*stop.*continue" -- \
   "$RETRACE" record "${run[@]}" --set checkpoint.on_error=maybe --out "$tmp/bad"
 

@@ -16,7 +16,8 @@ namespace step_records_detail {
 inline bool same(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }  // NaN == NaN, +0 != -0
 inline bool same(const records::Timings& a, const records::Timings& b) {
   return same(a.data_ms, b.data_ms) && same(a.forward_ms, b.forward_ms) && same(a.backward_ms, b.backward_ms) &&
-         same(a.optimizer_ms, b.optimizer_ms) && same(a.trace_ms, b.trace_ms) && same(a.allreduce_ms, b.allreduce_ms);
+         same(a.optimizer_ms, b.optimizer_ms) && same(a.trace_ms, b.trace_ms) && same(a.allreduce_ms, b.allreduce_ms) &&
+         same(a.checkpoint_ms, b.checkpoint_ms);
 }
 template <typename T>
 bool same(const T& a, const T& b) {

@@ -71,8 +71,8 @@ def expected_series(doc):
         add("train/loss_scale", s["step"], s["loss_scale"])
         add("train/skipped", s["step"], 1.0 if s["outcome"] == "SKIP" else 0.0)
         add("time/step_ms", s["step"],
-            t["data_ms"] + t["forward_ms"] + t["backward_ms"] + t["optimizer_ms"] + t["trace_ms"])
-        for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "trace_ms", "allreduce_ms"):
+            t["data_ms"] + t["forward_ms"] + t["backward_ms"] + t["optimizer_ms"] + t["trace_ms"] + t["checkpoint_ms"])
+        for k in ("data_ms", "forward_ms", "backward_ms", "optimizer_ms", "trace_ms", "allreduce_ms", "checkpoint_ms"):
             add("time/" + k, s["step"], t[k])
     for e in doc["evals"]:
         add("eval/loss", e["step"], e["loss"])

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -819,6 +820,28 @@ TEST(TraceTest, AppendCostAndSize) {
   // Generous bound so a loaded CI machine does not flake; the target is well under 100 us.
   EXPECT_LT(us, 1000.0);
   EXPECT_EQ(TraceReader::open(path).steps().size(), size_t(kSteps));
+}
+
+// A trace written before Timings::checkpoint_ms existed (a golden) reads 0 there, and a written
+// checkpoint_ms reads back as written, in whole nanoseconds and not.
+TEST(TraceTest, CheckpointTimeReadsZeroInOlderTracesAndRoundTrips) {
+  const auto golden = TraceReader::open(RETRACE_SOURCE_DIR "/golden/fashion-mlp-fast/trace.rtrace").steps();
+  ASSERT_FALSE(golden.empty());
+  for (const records::StepRecord& r : golden) {
+    EXPECT_EQ(r.timings.checkpoint_ms, 0.0) << "step " << r.step;
+    EXPECT_GT(r.timings.forward_ms, 0.0) << "step " << r.step;  // the older timings are there
+  }
+  for (double ms : {0.25, 1234.567891, 1.0 / 3.0}) {  // whole ns (the integer form) and not (doubles)
+    records::StepRecord r = sample_step(7);
+    r.timings.checkpoint_ms = ms;
+    std::string bytes;
+    serialize_step(r, bytes);
+    std::vector<uint64_t> words(bytes.size() / 8);
+    std::memcpy(words.data(), bytes.data(), words.size() * 8);
+    const records::StepRecord back = parse_step(words.data(), words.size(), "test");
+    EXPECT_EQ(back.timings.checkpoint_ms, ms);
+    EXPECT_EQ(back.timings.step_ms(), r.timings.step_ms());
+  }
 }
 
 }  // namespace
