@@ -10,6 +10,7 @@ using safetensors::dtype_size;
 using safetensors::kMaxShardHeaderBytes;
 using safetensors::kMaxTensorRank;
 using safetensors::parse_shard;
+using safetensors::parse_shard_header;
 using safetensors::read_shard;
 using safetensors::read_shard_header;
 using safetensors::ShardData;

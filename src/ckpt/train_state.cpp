@@ -417,9 +417,9 @@ StateSnapshot snapshot_of(train::TrainState& state, const train::StateContext& c
 }
 
 void apply_snapshot(train::TrainState& state, const train::StateContext& context, const StateSnapshot& snap,
-                    const std::string& where) {
+                    const std::string& where, bool adopt_optim) {
   train::load_model_state(state, snap.model);
-  train::load_optimizer_state_of(state, context, snap.optim);
+  train::load_optimizer_state_of(state, context, snap.optim, adopt_optim);
   rng::RngState rng = rng::RngState::deserialize(snap.rng);
   train::restore_position(state, context, snap.step, rng, parse_u64(snap.metadata, "samples_seen", where));
   std::map<std::string, std::string> extra;
@@ -490,6 +490,23 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
 
 namespace {
 
+// An entry's bytes are its tensor's (FormatError naming the shard otherwise).
+void check_entry_bytes(const TensorEntry& e, const torch::Tensor& t, const std::string& where) {
+  RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, where, ": tensor ", e.name, " has ",
+                e.nbytes, " bytes for shape ", t.sizes());
+}
+
+// A whole shard's tensor into the snapshot or its anchor, by its name's prefix.
+void file_entry(const TensorEntry& e, const torch::Tensor& t, LoadedSnapshot& out, StateSnapshot& anchor) {
+  if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
+  else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
+  else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
+  else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
+  else RETRACE_FAIL(FormatError, out.where, ": unexpected tensor ", e.name);
+}
+
+void check_shard_table(const Manifest& m, const ShardData& shard, const std::string& where);
+
 // A one-rank shard: every tensor whole, left as views of the shard's bytes where their alignment
 // allows (every tensor of a shard retrace wrote): the state is read once, into memory it keeps, not
 // copied a second time.
@@ -513,19 +530,53 @@ void load_whole_shard(const std::string& dir, const Manifest& m, uint32_t rank, 
     void* bytes = const_cast<void*>(shard.data(e));
     torch::Tensor t = torch::from_blob(
         bytes, e.shape, [owner](void*) {}, torch::TensorOptions().dtype(type));
-    RETRACE_CHECK(static_cast<uint64_t>(t.nbytes()) == e.nbytes, FormatError, out.where, ": tensor ", e.name, " has ",
-                  e.nbytes, " bytes for shape ", t.sizes());
+    check_entry_bytes(e, t, out.where);
     if (reinterpret_cast<uintptr_t>(bytes) % c10::elementSize(type) != 0) t = t.clone();  // an aligned copy
-    if (e.name.rfind("model/", 0) == 0) out.model.emplace_back(e.name.substr(6), t);
-    else if (e.name.rfind("optim/", 0) == 0) out.optim.emplace_back(e.name.substr(6), t);
-    else if (e.name.rfind("anchor/model/", 0) == 0) anchor.model.emplace_back(e.name.substr(13), t);
-    else if (e.name.rfind("anchor/optim/", 0) == 0) anchor.optim.emplace_back(e.name.substr(13), t);
-    else RETRACE_FAIL(FormatError, out.where, ": unexpected tensor ", e.name);
+    file_entry(e, t, out, anchor);
   }
-  // A one-rank ckpt.v2 checkpoint's table lists what its shard must hold.
+  check_shard_table(m, shard, out.where);
+}
+
+// load_whole_shard with no buffer of the shard's bytes: each tensor read where it will live
+// (load_snapshot's `in_place`).
+void load_whole_shard_in_place(const std::string& dir, const Manifest& m, uint32_t rank, LoadedSnapshot& out,
+                               StateSnapshot& anchor, const NamedTensors& targets) {
+  std::map<std::string, torch::Tensor> target(targets.begin(), targets.end());
+  std::map<std::string, torch::Tensor> placed;
+  const std::string where = "checkpoint " + dir;
+  auto place = [&](const TensorEntry& e) -> char* {
+    if (e.name == "rng/state" || e.name == "anchor/rng/state") {
+      std::string& rng = e.name == "rng/state" ? out.rng : anchor.rng;
+      rng.assign(size_t(e.nbytes), '\0');
+      return rng.data();
+    }
+    const torch::ScalarType type = scalar_type(e.dtype, where);
+    torch::Tensor t;
+    if (e.name.rfind("model/", 0) == 0) {
+      auto it = target.find(e.name.substr(6));
+      if (it != target.end() && it->second.device().is_cpu() && it->second.is_contiguous() &&
+          it->second.scalar_type() == type && it->second.sizes() == c10::IntArrayRef(e.shape))
+        t = it->second.detach();
+    }
+    if (!t.defined()) t = torch::empty(e.shape, torch::TensorOptions().dtype(type));
+    check_entry_bytes(e, t, where);
+    placed[e.name] = t;
+    return static_cast<char*>(t.data_ptr());
+  };
+  const ShardData shard = load_shard_into(dir, m, rank, place, out.bytes_read);
+  out.where = shard.source;
+  out.metadata = shard.metadata;
+  for (const auto& e : shard.tensors)
+    if (e.name != "rng/state" && e.name != "anchor/rng/state") file_entry(e, placed.at(e.name), out, anchor);
+  out.optim_owned = true;
+  check_shard_table(m, shard, out.where);
+}
+
+// A one-rank ckpt.v2 checkpoint's table lists what its shard must hold.
+void check_shard_table(const Manifest& m, const ShardData& shard, const std::string& where) {
   for (const TensorLayout& t : m.tensors) {
     const TensorEntry* e = shard.find(t.name);
-    RETRACE_CHECK(e != nullptr && e->dtype == t.dtype && e->shape == t.shape, IntegrityError, "shard ", out.where,
+    RETRACE_CHECK(e != nullptr && e->dtype == t.dtype && e->shape == t.shape, IntegrityError, "shard ", where,
                   " holds ", e ? e->dtype + " " + c10::str(c10::IntArrayRef(e->shape)) : std::string("no tensor"),
                   " for ", t.name, ", the manifest ", t.dtype, " ", c10::str(c10::IntArrayRef(t.shape)),
                   "; the shard belongs to another checkpoint or was rewritten; resume from an older checkpoint");
@@ -560,7 +611,8 @@ void read_anchor(const Manifest& m, uint32_t rank, uint32_t world_size, StateSna
 
 }  // namespace
 
-LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep) {
+LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep,
+                             const NamedTensors* in_place) {
   LoadedSnapshot out;
   // The shards this process parses are hashed from the bytes that are parsed (load_shard, or every
   // shard in read_pieces), the others here.
@@ -573,11 +625,9 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ", rng::kRngFormatVersion);
   StateSnapshot anchor;
-  if (pieces) {
-    load_pieces(dir, rank, out, anchor, keep);
-  } else {
-    load_whole_shard(dir, m, rank, out, anchor);
-  }
+  if (pieces) load_pieces(dir, rank, out, anchor, keep);
+  else if (in_place) load_whole_shard_in_place(dir, m, rank, out, anchor, *in_place);
+  else load_whole_shard(dir, m, rank, out, anchor);
   RETRACE_CHECK(!out.rng.empty(), FormatError, out.where, ": no rng/state tensor");
   read_anchor(m, rank, world_size, anchor, out);
   const std::string& where = out.where;
@@ -601,7 +651,8 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
                                                    std::vector<std::pair<std::string, std::string>>* skipped,
                                                    const KeepRange& keep,
                                                    const std::function<void(const LoadedSnapshot&)>& check,
-                                                   train::Collective* ranks, const ManifestCheck& before_read) {
+                                                   train::Collective* ranks, const ManifestCheck& before_read,
+                                                   const NamedTensors* in_place) {
   // Each rank reads only what it needs of the other ranks' shards, so each may find damage the
   // others do not see: every candidate is taken by all ranks or skipped by all, with the first
   // complaining rank's reason.
@@ -629,7 +680,7 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
       if (agree) why = agree(why);
       RETRACE_CHECK(why.empty(), IntegrityError, why);
     }
-    LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep);
+    LoadedSnapshot s = load_snapshot(dir, world_size, rank, keep, in_place);
     if (check) check(s);
     return s;
   };
@@ -709,7 +760,7 @@ RestoredState restore(train::TrainState& state_to, const train::StateContext& co
   state.optim = std::move(snap.optim);
   state.rng = snap.rng;
   state.metadata = snap.metadata;
-  apply_snapshot(state_to, context, state, snap.where);
+  apply_snapshot(state_to, context, state, snap.where, snap.optim_owned);
   if (reshard && reshard->from_world != context.world_size && !context.invariant) {
     // Per-rank counts and streams: scaled, and re-keyed on the ranks the checkpoint did not have.
     const uint64_t seen = metadata_u64(snap, "samples_seen") * reshard->from_world / context.world_size;
@@ -779,12 +830,14 @@ std::optional<RestoredState> load_newest_checkpoint(train::TrainState& state, co
                                                     const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard, train::Collective* ranks,
-                                                    const ManifestCheck& before_read) {
+                                                    const ManifestCheck& before_read, bool in_place) {
   const uint32_t world = reshard ? reshard->from_world : context.world_size;
   const uint32_t rank = reshard && context.rank >= reshard->from_world ? 0 : context.rank;
+  const NamedTensors targets = in_place ? train::model_state(state) : NamedTensors{};
   auto newest = load_newest_snapshot(
       root, world, rank, skipped, keep_of(state),
-      [&state, &context](const LoadedSnapshot& s) { check_snapshot_values(state, context, s); }, ranks, before_read);
+      [&state, &context](const LoadedSnapshot& s) { check_snapshot_values(state, context, s); }, ranks, before_read,
+      in_place ? &targets : nullptr);
   if (!newest) return std::nullopt;
   return restore(state, context, newest->dir, std::move(newest->snapshot), /*values_checked=*/true, reshard);
 }

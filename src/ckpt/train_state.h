@@ -78,8 +78,10 @@ std::string save_snapshot(const StateSnapshot& snapshot, const std::string& root
 StateSnapshot snapshot_of(train::TrainState& state, const train::StateContext& context, bool copy);
 // Puts a snapshot's state into a rank's state: model, optimizer, counters, cursor, RNG, and policy
 // state (the fired faults and batches set aside are added to the state's own, never removed).
+// `adopt_optim`: the snapshot's optimizer tensors are given away to the optimizer, not copied (a
+// snapshot read in place, held by nobody else); never for an anchor kept in memory.
 void apply_snapshot(train::TrainState& state, const train::StateContext& context, const StateSnapshot& snapshot,
-                    const std::string& where);
+                    const std::string& where, bool adopt_optim = false);
 
 struct LoadedSnapshot {
   Manifest manifest;
@@ -93,6 +95,8 @@ struct LoadedSnapshot {
   // at the checkpoint's own step (anchor_is_self), or an earlier state.
   std::optional<StateSnapshot> anchor;
   bool anchor_is_self = false;
+  // The optimizer's tensors are this snapshot's alone (read in place): restore adopts them.
+  bool optim_owned = false;
 };
 
 // Verifies `dir` for `world_size` (verify.h) and reads rank `rank`'s shard, hashed from the very
@@ -103,8 +107,17 @@ struct LoadedSnapshot {
 // keeps its range of the optimizer state (keep_of), so loading never holds the whole of it. Only
 // checkpoints whose state is split in pieces (ckpt.v2, several ranks) are read so; a one-rank
 // shard is whole anyway.
+// `in_place`, when given (a resume's, of the live model's parameters and buffers): a whole shard
+// (one rank, or ckpt.v1) is read in one pass straight where its tensors will live, hashed as it
+// lands: each model tensor into the tensor of `in_place` of its name where that is on the CPU,
+// contiguous, of its dtype and shape (the snapshot's model tensor is then that tensor itself), the
+// rest into tensors of their own (optim_owned). No buffer of the shard's bytes, no copy. The
+// tensors of `in_place` then hold the candidate's bytes before any verdict on it: only for a caller
+// that has nothing to keep in them (every checkpoint that loads overwrites all of them, and a resume
+// that finds none fails).
 using KeepRange = std::function<std::optional<std::pair<uint64_t, uint64_t>>(const TensorLayout&)>;
-LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep = {});
+LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32_t rank, const KeepRange& keep = {},
+                             const NamedTensors* in_place = nullptr);
 // The newest checkpoint under `root` that loads: each step directory, newest first, goes through
 // load_snapshot, and one that fails to verify or parse is skipped (in `skipped`, with why). So a
 // resume reads and hashes its own shard once, in the pass that parses it, where picking the
@@ -131,7 +144,8 @@ std::optional<NewestSnapshot> load_newest_snapshot(const std::string& root, uint
                                                    const KeepRange& keep = {},
                                                    const std::function<void(const LoadedSnapshot&)>& check = {},
                                                    train::Collective* ranks = nullptr,
-                                                   const ManifestCheck& before_read = {});
+                                                   const ManifestCheck& before_read = {},
+                                                   const NamedTensors* in_place = nullptr);
 // A counter of the snapshot's metadata (FormatError naming the shard when absent or not a number).
 uint64_t metadata_u64(const LoadedSnapshot& snapshot, const std::string& key);
 
@@ -161,13 +175,14 @@ struct Reshard {
 };
 // load_checkpoint of the newest checkpoint under `root` that loads (load_newest_snapshot); nullopt
 // when none does (`skipped` then says why each was skipped). `before_read` as in
-// load_newest_snapshot.
+// load_newest_snapshot. `in_place`: each candidate is read straight into the model's tensors and
+// optimizer tensors of its own (load_snapshot), for a resume, whose model holds nothing to keep.
 std::optional<RestoredState> load_newest_checkpoint(train::TrainState& state, const train::StateContext& context,
                                                     const std::string& root,
                                                     std::vector<std::pair<std::string, std::string>>* skipped,
                                                     const Reshard* reshard = nullptr,
                                                     train::Collective* ranks = nullptr,
-                                                    const ManifestCheck& before_read = {});
+                                                    const ManifestCheck& before_read = {}, bool in_place = false);
 // The manifest of the newest checkpoint under `root` whose manifest reads, or nullopt.
 std::optional<Manifest> newest_checkpoint_manifest(const std::string& root);
 

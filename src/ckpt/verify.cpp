@@ -285,15 +285,41 @@ nlohmann::json verify_report_json(const std::string& dir, std::optional<uint32_t
   return j;
 }
 
-ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest) {
+namespace {
+
+// The manifest's entry for `rank`'s shard, present with its recorded size (IntegrityError otherwise).
+const ShardEntry& present_shard(const std::string& dir, const Manifest& manifest, uint32_t rank) {
   const ShardEntry* entry = nullptr;
   for (const ShardEntry& s : manifest.shards)
     if (s.rank == rank) entry = &s;
   RETRACE_CHECK(entry != nullptr, IntegrityError, "shard file missing: the manifest of ", dir,
                 " lists no shard for rank ", rank, " (world_size ", manifest.world_size, ")");
-  const std::string path = join(dir, entry->file);
-  std::string problem = presence_problem(dir, *entry);
+  const std::string problem = presence_problem(dir, *entry);
   if (!problem.empty()) throw IntegrityError(problem);
+  return *entry;
+}
+
+// A parsed shard's metadata in the current schema, checked to be of this checkpoint and rank.
+void migrate_and_check_metadata(ShardData& shard, const Manifest& manifest, uint32_t rank, const std::string& path) {
+  shard.metadata = migrate_shard_metadata(std::move(shard.metadata), "shard " + path);
+  auto check_meta = [&](const char* key, const std::string& expected) {
+    auto it = shard.metadata.find(key);
+    RETRACE_CHECK(it != shard.metadata.end() && it->second == expected, IntegrityError, "shard ", path, ": metadata \"",
+                  key, "\" is \"", (it == shard.metadata.end() ? "(missing)" : it->second),
+                  "\", the manifest expects \"", expected, "\"; the shard belongs to another checkpoint; ",
+                  kResumeHint);
+  };
+  check_meta("step", std::to_string(manifest.step));
+  check_meta("rank", std::to_string(rank));
+  if (shard.metadata.count("world_size")) check_meta("world_size", std::to_string(manifest.world_size));
+}
+
+}  // namespace
+
+ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest) {
+  const ShardEntry* entry = &present_shard(dir, manifest, rank);
+  const std::string path = join(dir, entry->file);
+  std::string problem;
   // With check_digest the bytes are hashed as they are read, in the same pass (read_file_sha256).
   fs::FileBytes bytes;
   if (check_digest) {
@@ -309,17 +335,52 @@ ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t 
   RETRACE_CHECK(bytes.size() == entry->size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ", bytes.size(),
                 " bytes of ", path, ", the manifest records ", entry->size, "; ", kResumeHint);
   ShardData shard = parse_shard(std::move(bytes), path);
-  shard.metadata = migrate_shard_metadata(std::move(shard.metadata), "shard " + path);
-  auto check_meta = [&](const char* key, const std::string& expected) {
-    auto it = shard.metadata.find(key);
-    RETRACE_CHECK(it != shard.metadata.end() && it->second == expected, IntegrityError, "shard ", path, ": metadata \"",
-                  key, "\" is \"", (it == shard.metadata.end() ? "(missing)" : it->second),
-                  "\", the manifest expects \"", expected, "\"; the shard belongs to another checkpoint; ",
-                  kResumeHint);
-  };
-  check_meta("step", std::to_string(manifest.step));
-  check_meta("rank", std::to_string(rank));
-  if (shard.metadata.count("world_size")) check_meta("world_size", std::to_string(manifest.world_size));
+  migrate_and_check_metadata(shard, manifest, rank, path);
+  return shard;
+}
+
+namespace {
+bool same_table(const std::vector<TensorEntry>& a, const std::vector<TensorEntry>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].name != b[i].name || a[i].dtype != b[i].dtype || a[i].shape != b[i].shape || a[i].offset != b[i].offset ||
+        a[i].nbytes != b[i].nbytes)
+      return false;
+  return true;
+}
+}  // namespace
+
+ShardData load_shard_into(const std::string& dir, const Manifest& manifest, uint32_t rank,
+                          const std::function<char*(const TensorEntry&)>& place, uint64_t& bytes_read) {
+  const ShardEntry& entry = present_shard(dir, manifest, rank);
+  const std::string path = join(dir, entry.file);
+  ShardData shard;
+  try {
+    shard = read_shard_header(path, fs::Links::kRefuse);
+  } catch (const FormatError&) {
+    // A damaged header is reported as load_shard reports it, by the sha256 of the whole file; a
+    // file that hashes as recorded yet does not parse keeps the parser's message.
+    const std::string problem = digest_problem(dir, entry, sha256_file_hex(path, fs::Links::kRefuse));
+    if (!problem.empty()) throw IntegrityError(problem);
+    throw;
+  }
+  // The header is read again in the pass (hashed with the rest) and must be the one the places
+  // were chosen by: a file replaced between the two reads is caught here or by its sha256.
+  std::string head(size_t(shard.data_start), '\0');
+  std::vector<FileSegment> segments{{0, shard.data_start, head.data()}};
+  for (const TensorEntry& e : shard.tensors) {
+    char* const dest = place(e);
+    if (e.nbytes > 0) segments.push_back({shard.data_start + e.offset, e.nbytes, dest});
+  }
+  const std::string sha = read_file_sha256_into(path, entry.size, segments, bytes_read, fs::Links::kRefuse);
+  RETRACE_CHECK(bytes_read == entry.size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ", bytes_read,
+                " bytes of ", path, ", the manifest records ", entry.size, "; ", kResumeHint);
+  const std::string problem = digest_problem(dir, entry, sha);
+  if (!problem.empty()) throw IntegrityError(problem);
+  const ShardData again = parse_shard_header(head, entry.size, path);
+  RETRACE_CHECK(same_table(again.tensors, shard.tensors) && again.metadata == shard.metadata, IntegrityError, "shard ",
+                path, " changed while it was read (its header differs from the first read); ", kResumeHint);
+  migrate_and_check_metadata(shard, manifest, rank, path);
   return shard;
 }
 

@@ -93,6 +93,14 @@ nlohmann::json verify_report_json(const std::string& dir, std::optional<uint32_t
 // checks that its metadata "step" and "rank" match the manifest. The returned metadata is in the
 // current schema. Throws IntegrityError / FormatError naming the file.
 ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest = true);
+// The same checks with each tensor's bytes read straight into memory the caller chose: the shard's
+// header is read first, `place(entry)` gives the destination of each tensor, in file order
+// (entry.nbytes bytes, not overlapping another's; called for empty tensors too), and one pass reads the file into them while hashing it. The
+// destinations hold unchecked bytes until it returns; when it throws (sha256, size, a header that
+// changed between the two reads, metadata), they hold some or all of a damaged shard's bytes. Returns
+// the parsed header (`bytes` empty) with its metadata migrated; `bytes_read`: the bytes read.
+ShardData load_shard_into(const std::string& dir, const Manifest& manifest, uint32_t rank,
+                          const std::function<char*(const TensorEntry&)>& place, uint64_t& bytes_read);
 
 // The replicated tensors of a ckpt.v2/v3 checkpoint (manifest.tensors), gathered from the shards
 // that hold their pieces, up to two shards at a time. `own_rank`'s shard is read whole, hashed

@@ -404,7 +404,8 @@ class BlockHasher {
   bool done_ = false;
 };
 
-// Reads up to `size` bytes of fd into dest(offset) blocks and hashes them; returns the bytes read.
+// Reads up to `size` bytes of fd into dest(offset, want) blocks and hashes them; returns the bytes
+// read. `dest` may lower `want` (a block then ends where its destination does).
 template <class Dest>
 uint64_t read_and_hash(int fd, uint64_t size, BlockHasher& hasher, Dest dest, int& err) {
   uint64_t done = 0;
@@ -414,7 +415,7 @@ uint64_t read_and_hash(int fd, uint64_t size, BlockHasher& hasher, Dest dest, in
   // only: a file system that ignores it reads the same bytes.)
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   while (done < size) {
-    const size_t want = size_t(std::min<uint64_t>(kBlock, size - done));
+    size_t want = size_t(std::min<uint64_t>(kBlock, size - done));
     if (done + want < size)
       ::posix_fadvise(fd, off_t(done + want), off_t(std::min<uint64_t>(kAhead * kBlock, size - done - want)),
                       POSIX_FADV_WILLNEED);
@@ -450,7 +451,7 @@ std::string sha256_file_hex(const std::string& path, fs::Links links) {
     // read loop would, even if it grew after the stat (the size only chose the threading).
     (void)read_and_hash(
         fd, UINT64_MAX, hasher,
-        [&](uint64_t, size_t) {
+        [&](uint64_t, size_t&) {
           hasher.wait_hashed(kRing - 1);
           char* b = ring.data() + (next % kRing) * kBlock;
           ++next;
@@ -499,7 +500,7 @@ HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Lin
     BlockHasher hasher(size >= kThreadedFrom, populate);
     got = read_and_hash(
         fd, size, hasher,
-        [&](uint64_t offset, size_t) {
+        [&](uint64_t offset, size_t&) {
           reading_at = offset;
           return base + offset;
         },
@@ -510,6 +511,68 @@ HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Lin
   RETRACE_CHECK(err == 0, IoError, "read error in ", path, ": ", fs::errno_text(err));
   out.bytes.shrink_to(size_t(got));
   return out;
+}
+
+std::string read_file_sha256_into(const std::string& path, uint64_t max_bytes, const std::vector<FileSegment>& segments,
+                                  uint64_t& got, fs::Links links) {
+  for (size_t i = 1; i < segments.size(); ++i)
+    RETRACE_CHECK(segments[i].offset >= segments[i - 1].offset + segments[i - 1].size, InvariantError,
+                  "read_file_sha256_into: segments out of order or overlapping at ", i);
+  uint64_t file_size = 0;
+  const int fd = fs::open_regular_file_within(path, max_bytes, file_size, links);
+  int err = 0;
+  std::string hex;
+  {
+    std::vector<char> ring;  // for the bytes no segment takes (a shard's header): hashed only
+    size_t next_ring = 0, seg = 0, ahead_seg = 0;
+    std::atomic<uint64_t> reading_at{0};
+    uint64_t populated = 0;
+    // As read_file_sha256: the hashing thread, when idle, has the kernel populate the pages of the
+    // destinations of the next blocks, so the reading thread copies into present pages.
+    auto populate = [&, page = uint64_t(::sysconf(_SC_PAGESIZE))]() -> bool {
+#ifdef MADV_POPULATE_WRITE
+      const uint64_t at = reading_at.load();
+      const uint64_t from = std::max(populated, at + kBlock), limit = std::min(file_size, at + kAhead * kBlock);
+      while (ahead_seg < segments.size() && segments[ahead_seg].offset + segments[ahead_seg].size <= from) ++ahead_seg;
+      if (from >= limit || ahead_seg == segments.size()) return false;
+      const FileSegment& s = segments[ahead_seg];
+      const uint64_t a = std::max(from, s.offset);
+      if (a >= limit) return false;
+      const uint64_t b = std::min({a + kBlock, s.offset + s.size, limit});
+      char* const p = s.dest + (a - s.offset);
+      const uintptr_t start = reinterpret_cast<uintptr_t>(p) / page * page;
+      if (::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(p + (b - a)) - start),
+                    MADV_POPULATE_WRITE) != 0)
+        populated = file_size;  // an older kernel: the read faults the pages in
+      else populated = b;
+      return true;
+#else
+      return false;
+#endif
+    };
+    BlockHasher hasher(file_size >= kThreadedFrom, populate);
+    got = read_and_hash(
+        fd, file_size, hasher,
+        [&](uint64_t offset, size_t& want) -> char* {
+          reading_at = offset;
+          while (seg < segments.size() && segments[seg].offset + segments[seg].size <= offset) ++seg;
+          if (seg < segments.size() && segments[seg].offset <= offset) {
+            const FileSegment& s = segments[seg];
+            want = size_t(std::min<uint64_t>(want, s.offset + s.size - offset));
+            return s.dest + (offset - s.offset);
+          }
+          if (seg < segments.size()) want = size_t(std::min<uint64_t>(want, segments[seg].offset - offset));
+          // A ring block is reused only once hashed: at most kRing - 1 blocks wait before it.
+          if (ring.empty()) ring.resize(kRing * kBlock);
+          hasher.wait_hashed(kRing - 1);
+          return ring.data() + (next_ring++ % kRing) * kBlock;
+        },
+        err);
+    hex = hasher.finish_hex();
+  }
+  ::close(fd);
+  RETRACE_CHECK(err == 0, IoError, "read error in ", path, ": ", fs::errno_text(err));
+  return hex;
 }
 
 }  // namespace retrace

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/file_util.h"
 
@@ -147,6 +148,19 @@ struct HashedFile {
   std::string sha256;  // lowercase hex
 };
 HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Links links = fs::Links::kFollow);
+// The same single pass, the bytes read straight to where the caller keeps them: the bytes of each
+// segment (in file order, not overlapping) land at its `dest`; the bytes no segment covers go
+// through a small ring and are only hashed. Returns the sha256 (hex) of every byte read; `got`
+// says how many were read (fewer than the file's size only when it ended early). The same errors
+// as read_file_sha256. The destinations hold the bytes once it returns; until then they are being
+// written (and are hashed where they lie).
+struct FileSegment {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  char* dest = nullptr;
+};
+std::string read_file_sha256_into(const std::string& path, uint64_t max_bytes, const std::vector<FileSegment>& segments,
+                                  uint64_t& got, fs::Links links = fs::Links::kFollow);
 std::string to_hex(const uint8_t* data, size_t size);
 
 }  // namespace retrace

@@ -122,5 +122,8 @@ ShardData read_shard(const std::string& path);
 // file's first bytes (the length and the JSON header): metadata, tensors and data_start, `bytes`
 // left empty. For checks of what a shard holds without reading its data (retrace verify).
 ShardData read_shard_header(const std::string& path, fs::Links links);
+// The header from `head`, a shard's first bytes (the length and the JSON header, or more), validated
+// against the shard's `file_size` as read_shard_header validates it; `bytes` left empty.
+ShardData parse_shard_header(std::string_view head, uint64_t file_size, const std::string& name_for_errors);
 
 }  // namespace retrace::safetensors

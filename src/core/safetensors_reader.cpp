@@ -181,6 +181,10 @@ ShardData read_shard_header(const std::string& path, fs::Links links) {
   return parse_header(head, size, path);
 }
 
+ShardData parse_shard_header(std::string_view head, uint64_t file_size, const std::string& src) {
+  return parse_header(head, file_size, src);
+}
+
 ShardData parse_shard(std::string_view bytes, const std::string& src) { return parse_shard(fs::FileBytes(bytes), src); }
 
 ShardData read_shard(const std::string& path) {

@@ -499,7 +499,7 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
   std::optional<ckpt::RestoredState> loaded = ckpt::load_newest_checkpoint(trainer.state(), trainer.state_context(),
                                                                            checkpoint_root(run_dir), &chosen.skipped,
                                                                            in.reshard ? &*in.reshard : nullptr, pg,
-                                                                           continues_trace);
+                                                                           continues_trace, /*in_place=*/true);
   if (!writes_trace) in.before.reset();  // only the trace's writer keeps it (not through the training loop)
   const bool speaks = cb.on_message && in.rank == 0;
   if (loaded && speaks)

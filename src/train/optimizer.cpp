@@ -406,7 +406,7 @@ void check_optimizer_state(const NamedTensors& state, const NamedTensors& parame
 }
 
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model, OptimizerKind optim_name,
-                          const NamedTensors& state) {
+                          const NamedTensors& state, bool adopt) {
   // New state tensors: whatever sums the fused AdamW kept are of tensors that are going away.
   if (auto* f = dynamic_cast<FusedAdamW*>(&opt)) f->forget_sums();
   check_optimizer_state(state, model, optim_name, "the optimizer state to load");
@@ -417,6 +417,7 @@ void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module&
     if (like.defined())
       RETRACE_CHECK(it->second.sizes() == like.sizes(), FormatError, "optimizer state entry ", key, " has shape ",
                     it->second.sizes(), ", expected ", like.sizes());
+    if (adopt && (!like.defined() || it->second.device() == like.device())) return it->second;
     return like.defined() ? it->second.to(like.device()).clone() : it->second.clone();
   };
   for (const auto& item : model.named_parameters()) {

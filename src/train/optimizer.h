@@ -70,8 +70,9 @@ void check_optimizer_state(const NamedTensors& state, const torch::nn::Module& m
 void check_optimizer_state(const NamedTensors& state, const NamedTensors& parameters, OptimizerKind kind,
                            const std::string& where, const std::function<int64_t(size_t)>* part_length = nullptr);
 // Installs state produced by optimizer_state (for checkpoint loading). Throws FormatError naming
-// the first missing or mis-shaped entry.
+// the first missing or mis-shaped entry. Each tensor is copied, unless `adopt` (the caller gives
+// them away: a resume's tensors read for this alone) and it is on its parameter's device already.
 void load_optimizer_state(torch::optim::Optimizer& opt, const torch::nn::Module& model, OptimizerKind optim_name,
-                          const NamedTensors& state);
+                          const NamedTensors& state, bool adopt = false);
 
 }  // namespace retrace::train

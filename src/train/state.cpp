@@ -113,7 +113,12 @@ void load_model_state(TrainState& s, const NamedTensors& state) {
   check_model_state(model, state, "the model state to load");
   std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
   torch::NoGradGuard no_grad;
-  for (const auto& [name, t] : model) t.copy_(by_name.at(name));
+  for (const auto& [name, t] : model) {
+    const torch::Tensor& from = by_name.at(name);
+    // A tensor a resume read in place (ckpt::load_snapshot) is this one: nothing to copy.
+    if (from.is_alias_of(t) && from.data_ptr() == t.data_ptr() && from.strides() == t.strides()) continue;
+    t.copy_(from);
+  }
 }
 
 void set_aside_batches(TrainState& s, const data::Cursor& spike, int64_t count, uint64_t batches_per_epoch) {

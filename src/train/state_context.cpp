@@ -26,9 +26,9 @@ NamedTensors optimizer_state_of(TrainState& s, const StateContext& c, std::vecto
   return out;
 }
 
-void load_optimizer_state_of(TrainState& s, const StateContext& c, const NamedTensors& state) {
+void load_optimizer_state_of(TrainState& s, const StateContext& c, const NamedTensors& state, bool adopt) {
   if (s.zero) return zero_load_optimizer_state(*s.optimizer, *s.zero, *s.model.module, c.optimizer, state);
-  load_optimizer_state(*s.optimizer, *s.model.module, c.optimizer, state);
+  load_optimizer_state(*s.optimizer, *s.model.module, c.optimizer, state, adopt);
 }
 
 void restore_position(TrainState& s, const StateContext& c, uint64_t step, const rng::RngState& rng,

@@ -32,7 +32,9 @@ uint64_t rank_seed(uint64_t seed, uint32_t rank);
 // slices of it, each one's place in its whole tensor in `slices` when given (cleared without ZeRO:
 // the tensors are whole).
 NamedTensors optimizer_state_of(TrainState& s, const StateContext& c, std::vector<SliceOf>* slices = nullptr);
-void load_optimizer_state_of(TrainState& s, const StateContext& c, const NamedTensors& state);
+// `adopt`: the tensors of `state` are the caller's to give away (nobody else holds them): taken as
+// the optimizer's own where they are on its parameter's device, not copied (load_optimizer_state).
+void load_optimizer_state_of(TrainState& s, const StateContext& c, const NamedTensors& state, bool adopt = false);
 
 // Restores counters, cursor and torch's generators (resume, rollback) after checking that the
 // cursor and the samples seen fit this run (FormatError otherwise). Model and optimizer: their own.

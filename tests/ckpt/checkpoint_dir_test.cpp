@@ -1,9 +1,11 @@
 // The directory protocol and verification: every damage is found, with the right words.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -396,6 +398,71 @@ TEST(Rotation, WaitsForTheNewCheckpointToVerifyFromDisk) {
   }
   EXPECT_NO_THROW(verify_checkpoint(root + "/step-00000002", 1)) << "the previous checkpoint must survive";
   EXPECT_EQ(find_newest_valid(root, 1)->dir, root + "/step-00000002");
+}
+
+// load_shard_into: one pass from the file straight into the caller's memory gives load_shard's
+// bytes and metadata, on one thread (a small shard) and with the hashing thread (blocks of the read
+// straddle tensors); every flipped byte and every truncation of the shard is a sha256 mismatch, as
+// load_shard reports it, header bytes included.
+std::string load_into_error(const std::string& dir, const Manifest& m, std::map<std::string, std::vector<char>>& out) {
+  try {
+    uint64_t got = 0;
+    load_shard_into(
+        dir, m, 0,
+        [&](const TensorEntry& e) {
+          out[e.name].assign(size_t(e.nbytes), '\0');
+          return out[e.name].data();
+        },
+        got);
+    return "";
+  } catch (const Error& e) {
+    return std::string(e.kind()) + ": " + e.what();
+  }
+}
+
+TEST(CheckpointDir, AShardReadInPlaceHoldsLoadShardsBytesAndEveryDamageIsASha256Mismatch) {
+  TempDir tmp;
+  for (uint64_t bytes : {uint64_t(4096), uint64_t(12) << 20}) {
+    const std::string dir = save_checkpoint(tmp.file(std::to_string(bytes)), 10, 1, bytes);
+    const Manifest m = verify_checkpoint(dir, 1);
+    const ShardData whole = load_shard(dir, m, 0);
+    std::map<std::string, std::vector<char>> placed;
+    uint64_t got = 0;
+    const ShardData head = load_shard_into(
+        dir, m, 0,
+        [&](const TensorEntry& e) {
+          placed[e.name].assign(size_t(e.nbytes), '\0');
+          return placed[e.name].data();
+        },
+        got);
+    EXPECT_EQ(got, whole.bytes.size());
+    EXPECT_TRUE(head.bytes.empty());
+    EXPECT_EQ(head.metadata, whole.metadata);
+    ASSERT_EQ(head.tensors.size(), whole.tensors.size());
+    for (const TensorEntry& e : whole.tensors) {
+      ASSERT_EQ(placed[e.name].size(), e.nbytes) << e.name;
+      EXPECT_EQ(std::memcmp(placed[e.name].data(), whole.data(e), size_t(e.nbytes)), 0) << e.name;
+    }
+  }
+  const std::string dir = save_checkpoint(tmp.file("small"), 10, 1, 160);
+  const Manifest m = verify_checkpoint(dir, 1);
+  const std::string path = dir + "/" + shard_file_name(0);
+  const std::string good = read_all(path);
+  ASSERT_LT(good.size(), 2000u);
+  std::map<std::string, std::vector<char>> out;
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::string bad = good;
+    bad[i] = char(bad[i] ^ 0xff);
+    write_all(path, bad);
+    const std::string what = load_into_error(dir, m, out);
+    EXPECT_TRUE(starts_with(what, "integrity error: sha256 mismatch on rank 0")) << "byte " << i << ": " << what;
+  }
+  for (size_t n : {size_t(0), size_t(7), good.size() / 2, good.size() - 1}) {
+    write_all(path, good.substr(0, n));
+    EXPECT_TRUE(starts_with(load_into_error(dir, m, out), "integrity error: sha256 mismatch on rank 0")) << n;
+  }
+  write_all(path, good);
+  EXPECT_EQ(load_into_error(dir, m, out), "");
 }
 
 }  // namespace

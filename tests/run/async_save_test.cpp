@@ -95,6 +95,45 @@ TEST(AsyncSave, TheShardOfABackgroundSaveIsTheSynchronousSavesByteForByte) {
   EXPECT_TRUE(fsys::exists(out.dir + "/manifest.json"));
 }
 
+// A resume's read in place (load_snapshot with `in_place`): the model's bytes land in the live
+// tensors themselves, everything else in tensors of the snapshot's own (adopted, not copied), and
+// every value is the buffered load's; a live tensor of another shape is left alone.
+TEST(AsyncSave, AShardReadInPlaceFillsTheLiveTensorsWithTheBufferedLoadsValues) {
+  TempDir root;
+  const ckpt::StateSnapshot live = a_state(10, 0.5f);
+  ckpt::StateSnapshot anchor = a_state(5, 0.25f);
+  const std::string dir = ckpt::save_snapshot(live, root.path(), {}, 3, nullptr, nullptr, &anchor);
+  const ckpt::LoadedSnapshot buffered = ckpt::load_snapshot(dir, 1, 0);
+  const NamedTensors targets = {{"fc.bias", torch::zeros({8})}, {"fc.weight", torch::zeros({8, 12})}};
+  const ckpt::LoadedSnapshot placed = ckpt::load_snapshot(dir, 1, 0, {}, &targets);
+  EXPECT_TRUE(placed.optim_owned);
+  EXPECT_FALSE(buffered.optim_owned);
+  ASSERT_EQ(placed.model.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(placed.model[i].first, buffered.model[i].first);
+    EXPECT_TRUE(torch::equal(placed.model[i].second, buffered.model[i].second)) << placed.model[i].first;
+  }
+  EXPECT_EQ(placed.model[0].second.data_ptr(), targets[0].second.data_ptr());
+  EXPECT_EQ(placed.model[1].second.data_ptr(), targets[1].second.data_ptr());
+  EXPECT_TRUE(torch::equal(targets[1].second, live.model[1].second));
+  ASSERT_EQ(placed.optim.size(), buffered.optim.size());
+  for (size_t i = 0; i < placed.optim.size(); ++i)
+    EXPECT_TRUE(torch::equal(placed.optim[i].second, buffered.optim[i].second)) << placed.optim[i].first;
+  EXPECT_EQ(placed.rng, buffered.rng);
+  EXPECT_EQ(placed.metadata, buffered.metadata);
+  EXPECT_EQ(placed.bytes_read, buffered.bytes_read);
+  ASSERT_TRUE(placed.anchor.has_value() && buffered.anchor.has_value());
+  EXPECT_EQ(placed.anchor->rng, buffered.anchor->rng);
+  ASSERT_EQ(placed.anchor->model.size(), 2u);
+  EXPECT_TRUE(torch::equal(placed.anchor->model[1].second, anchor.model[1].second));
+  // A live tensor of another shape is not written: the snapshot's tensor is its own.
+  const NamedTensors other = {{"fc.bias", torch::zeros({8})}, {"fc.weight", torch::zeros({12, 8})}};
+  const ckpt::LoadedSnapshot apart = ckpt::load_snapshot(dir, 1, 0, {}, &other);
+  EXPECT_NE(apart.model[1].second.data_ptr(), other[1].second.data_ptr());
+  EXPECT_TRUE(torch::equal(apart.model[1].second, live.model[1].second));
+  EXPECT_EQ(other[1].second.abs().sum().item<float>(), 0.0f);
+}
+
 TEST(AsyncSave, TheStagingBufferIsReusedAndHoldsTheLatestValues) {
   StagingBuffer staging;
   const ckpt::StateSnapshot first = staging.stage(a_state(10, 0.5f));
