@@ -465,6 +465,18 @@ std::string sha256_file_hex(const std::string& path, fs::Links links) {
   return hex;
 }
 
+namespace {
+#ifdef MADV_POPULATE_WRITE
+// Has the kernel make the pages of [from, to) present and writable (their contents unchanged);
+// false where it cannot (an older kernel).
+bool populate_pages(char* from, char* to, uint64_t page) {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(from) / page * page;
+  return ::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(to) - start),
+                   MADV_POPULATE_WRITE) == 0;
+}
+#endif
+}  // namespace
+
 HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Links links) {
   uint64_t file_size = 0;
   const int fd = fs::open_regular_file_within(path, max_bytes, file_size, links);
@@ -487,11 +499,8 @@ HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Lin
       populated = std::max(populated, reading_at.load() + kBlock);
       if (populated >= size || populated >= reading_at.load() + kAhead * kBlock) return false;
       const uint64_t to = std::min<uint64_t>(populated + kBlock, size);
-      const uintptr_t start = reinterpret_cast<uintptr_t>(base + populated) / page * page;
-      if (::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(base + to) - start),
-                    MADV_POPULATE_WRITE) != 0)
-        populated = size;  // an older kernel: the read faults the pages in, as without this
-      else populated = to;
+      // An older kernel: the read faults the pages in, as without this.
+      populated = populate_pages(base + populated, base + to, page) ? to : size;
       return true;
 #else
       return false;
@@ -540,11 +549,7 @@ std::string read_file_sha256_into(const std::string& path, uint64_t max_bytes, c
       if (a >= limit) return false;
       const uint64_t b = std::min({a + kBlock, s.offset + s.size, limit});
       char* const p = s.dest + (a - s.offset);
-      const uintptr_t start = reinterpret_cast<uintptr_t>(p) / page * page;
-      if (::madvise(reinterpret_cast<void*>(start), size_t(reinterpret_cast<uintptr_t>(p + (b - a)) - start),
-                    MADV_POPULATE_WRITE) != 0)
-        populated = file_size;  // an older kernel: the read faults the pages in
-      else populated = b;
+      populated = populate_pages(p, p + (b - a), page) ? b : file_size;
       return true;
 #else
       return false;
