@@ -475,6 +475,58 @@ bool populate_pages(char* from, char* to, uint64_t page) {
                    MADV_POPULATE_WRITE) == 0;
 }
 #endif
+
+// The single pass of read_file_sha256 and read_file_sha256_into over the open `fd` of `size`
+// bytes: each segment's bytes land at its dest, the rest go through a ring and are only hashed.
+// Returns the sha256 (hex); `got`: the bytes read; `err`: the errno of a failed read.
+std::string read_segments_and_hash(int fd, uint64_t size, const std::vector<FileSegment>& segments, uint64_t& got,
+                                   int& err) {
+  std::vector<char> ring;  // for the bytes no segment takes (a shard's header): hashed only
+  size_t next_ring = 0, seg = 0, ahead_seg = 0;
+  std::atomic<uint64_t> reading_at{0};
+  uint64_t populated = 0;
+  // Fresh memory costs a page fault and a zeroed page per 4 KiB on first write, about as much as
+  // the read's copy; left to the reading thread it would make that thread, not sha256, the slower
+  // of the two. So the hashing thread, when it waits for a block, has the kernel populate the
+  // destination pages of the next blocks (MADV_POPULATE_WRITE never changes a page already
+  // present, so it cannot race with the read that fills them).
+  auto populate = [&, page = uint64_t(::sysconf(_SC_PAGESIZE))]() -> bool {
+#ifdef MADV_POPULATE_WRITE
+    const uint64_t at = reading_at.load();
+    const uint64_t from = std::max(populated, at + kBlock), limit = std::min(size, at + kAhead * kBlock);
+    while (ahead_seg < segments.size() && segments[ahead_seg].offset + segments[ahead_seg].size <= from) ++ahead_seg;
+    if (from >= limit || ahead_seg == segments.size()) return false;
+    const FileSegment& s = segments[ahead_seg];
+    const uint64_t a = std::max(from, s.offset);
+    if (a >= limit) return false;
+    const uint64_t b = std::min({a + kBlock, s.offset + s.size, limit});
+    char* const p = s.dest + (a - s.offset);
+    populated = populate_pages(p, p + (b - a), page) ? b : size;  // an older kernel: the read faults them in
+    return true;
+#else
+    return false;
+#endif
+  };
+  BlockHasher hasher(size >= kThreadedFrom, populate);
+  got = read_and_hash(
+      fd, size, hasher,
+      [&](uint64_t offset, size_t& want) -> char* {
+        reading_at = offset;
+        while (seg < segments.size() && segments[seg].offset + segments[seg].size <= offset) ++seg;
+        if (seg < segments.size() && segments[seg].offset <= offset) {
+          const FileSegment& s = segments[seg];
+          want = size_t(std::min<uint64_t>(want, s.offset + s.size - offset));
+          return s.dest + (offset - s.offset);
+        }
+        if (seg < segments.size()) want = size_t(std::min<uint64_t>(want, segments[seg].offset - offset));
+        // A ring block is reused only once hashed: at most kRing - 1 blocks wait before it.
+        if (ring.empty()) ring.resize(kRing * kBlock);
+        hasher.wait_hashed(kRing - 1);
+        return ring.data() + (next_ring++ % kRing) * kBlock;
+      },
+      err);
+  return hasher.finish_hex();
+}
 }  // namespace
 
 HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Links links) {
@@ -484,38 +536,9 @@ HashedFile read_file_sha256(const std::string& path, uint64_t max_bytes, fs::Lin
   out.bytes = fs::FileBytes(size_t(file_size));
   int err = 0;
   uint64_t got = 0;
-  {
-    // Fresh memory costs a page fault and a zeroed page per 4 KiB on first write, about as much
-    // as the read's copy; left to the reading thread it would make that thread, not sha256, the
-    // slower of the two. So the hashing thread, when it waits for a block, has the kernel populate
-    // the pages of the next blocks (MADV_POPULATE_WRITE never changes a page already present, so
-    // it cannot race with the read that fills them).
-    char* const base = out.bytes.data();
-    const uint64_t size = out.bytes.size();
-    std::atomic<uint64_t> reading_at{0};
-    uint64_t populated = 0;
-    auto populate = [&, page = uint64_t(::sysconf(_SC_PAGESIZE))]() -> bool {
-#ifdef MADV_POPULATE_WRITE
-      populated = std::max(populated, reading_at.load() + kBlock);
-      if (populated >= size || populated >= reading_at.load() + kAhead * kBlock) return false;
-      const uint64_t to = std::min<uint64_t>(populated + kBlock, size);
-      // An older kernel: the read faults the pages in, as without this.
-      populated = populate_pages(base + populated, base + to, page) ? to : size;
-      return true;
-#else
-      return false;
-#endif
-    };
-    BlockHasher hasher(size >= kThreadedFrom, populate);
-    got = read_and_hash(
-        fd, size, hasher,
-        [&](uint64_t offset, size_t&) {
-          reading_at = offset;
-          return base + offset;
-        },
-        err);
-    out.sha256 = hasher.finish_hex();
-  }
+  std::vector<FileSegment> whole;
+  if (file_size > 0) whole.push_back({0, file_size, out.bytes.data()});
+  out.sha256 = read_segments_and_hash(fd, file_size, whole, got, err);
   ::close(fd);
   RETRACE_CHECK(err == 0, IoError, "read error in ", path, ": ", fs::errno_text(err));
   out.bytes.shrink_to(size_t(got));
@@ -530,51 +553,7 @@ std::string read_file_sha256_into(const std::string& path, uint64_t max_bytes, c
   uint64_t file_size = 0;
   const int fd = fs::open_regular_file_within(path, max_bytes, file_size, links);
   int err = 0;
-  std::string hex;
-  {
-    std::vector<char> ring;  // for the bytes no segment takes (a shard's header): hashed only
-    size_t next_ring = 0, seg = 0, ahead_seg = 0;
-    std::atomic<uint64_t> reading_at{0};
-    uint64_t populated = 0;
-    // As read_file_sha256: the hashing thread, when idle, has the kernel populate the pages of the
-    // destinations of the next blocks, so the reading thread copies into present pages.
-    auto populate = [&, page = uint64_t(::sysconf(_SC_PAGESIZE))]() -> bool {
-#ifdef MADV_POPULATE_WRITE
-      const uint64_t at = reading_at.load();
-      const uint64_t from = std::max(populated, at + kBlock), limit = std::min(file_size, at + kAhead * kBlock);
-      while (ahead_seg < segments.size() && segments[ahead_seg].offset + segments[ahead_seg].size <= from) ++ahead_seg;
-      if (from >= limit || ahead_seg == segments.size()) return false;
-      const FileSegment& s = segments[ahead_seg];
-      const uint64_t a = std::max(from, s.offset);
-      if (a >= limit) return false;
-      const uint64_t b = std::min({a + kBlock, s.offset + s.size, limit});
-      char* const p = s.dest + (a - s.offset);
-      populated = populate_pages(p, p + (b - a), page) ? b : file_size;
-      return true;
-#else
-      return false;
-#endif
-    };
-    BlockHasher hasher(file_size >= kThreadedFrom, populate);
-    got = read_and_hash(
-        fd, file_size, hasher,
-        [&](uint64_t offset, size_t& want) -> char* {
-          reading_at = offset;
-          while (seg < segments.size() && segments[seg].offset + segments[seg].size <= offset) ++seg;
-          if (seg < segments.size() && segments[seg].offset <= offset) {
-            const FileSegment& s = segments[seg];
-            want = size_t(std::min<uint64_t>(want, s.offset + s.size - offset));
-            return s.dest + (offset - s.offset);
-          }
-          if (seg < segments.size()) want = size_t(std::min<uint64_t>(want, segments[seg].offset - offset));
-          // A ring block is reused only once hashed: at most kRing - 1 blocks wait before it.
-          if (ring.empty()) ring.resize(kRing * kBlock);
-          hasher.wait_hashed(kRing - 1);
-          return ring.data() + (next_ring++ % kRing) * kBlock;
-        },
-        err);
-    hex = hasher.finish_hex();
-  }
+  const std::string hex = read_segments_and_hash(fd, file_size, segments, got, err);
   ::close(fd);
   RETRACE_CHECK(err == 0, IoError, "read error in ", path, ": ", fs::errno_text(err));
   return hex;
