@@ -122,7 +122,8 @@ std::string prepare_checkpoint_dir(const std::string& root, uint64_t step) {
   return dir;
 }
 
-std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep_last, RotationReport* rotation) {
+std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep_last, RotationReport* rotation,
+                              bool shards_read_back) {
   RETRACE_CHECK(keep_last >= 1, ConfigError,
                 "keep_last is 0; it must be at least 1 so that the checkpoint just "
                 "saved is kept");
@@ -142,10 +143,12 @@ std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep
   fs::write_file_atomic(join(dir, kManifestFile), text);  // the commit point; fsyncs dir
   fs::fsync_dir(root);
   // Nothing older goes before the new checkpoint has been read back from the disk and verified
-  // (manifest, sizes, sha256 of every shard): a save that the disk did not keep must not cost the
-  // checkpoints before it.
+  // (manifest, sizes, and the shards' bytes: here their sha256, or by their writers before the
+  // rename when shards_read_back): a save that the disk did not keep must not cost the checkpoints
+  // before it.
   try {
-    verify_checkpoint(dir, m.world_size);
+    if (shards_read_back) verify_checkpoint(dir, m.world_size, kEveryShard);
+    else verify_checkpoint(dir, m.world_size);
   } catch (const Error& e) {
     RETRACE_FAIL(IntegrityError, "checkpoint ", dir, " was written but does not verify when read back: ", e.what(),
                  "; no older checkpoint was removed");

@@ -52,8 +52,11 @@ struct RotationReport {
 // is touched, when the disk did not keep it), replaces LATEST atomically, then rotates
 // (rotate_checkpoints; its report goes to `rotation` when given). Returns the step directory.
 // keep_last must be >= 1 (ConfigError).
+// `shards_read_back`: every shard was written by write_shard, which read it back before renaming it
+// (each rank its own, in parallel); the verification after the commit then reads the manifest back
+// and checks each shard's presence and size, without a second sha256 of every shard on this process.
 std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep_last = kDefaultKeepLast,
-                              RotationReport* rotation = nullptr);
+                              RotationReport* rotation = nullptr, bool shards_read_back = false);
 
 // Never deletes what it cannot prove is its own. Each step-* entry of root is one of:
 //   complete     a real directory (not a link) whose manifest checks out (checksum, a schema this

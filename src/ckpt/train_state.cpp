@@ -385,7 +385,7 @@ std::string save_snapshot(const StateSnapshot& snap, const std::string& root, co
   // Phase two: the manifest is the commit point.
   std::string committed;
   try {
-    committed = commit_checkpoint(root, m, keep_last, rotation);
+    committed = commit_checkpoint(root, m, keep_last, rotation, /*shards_read_back=*/true);
   } catch (...) {
     if (!sync) throw;
     failed = std::current_exception();

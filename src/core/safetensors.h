@@ -67,10 +67,13 @@ struct ShardFileInfo {
 
 // Test seam, in the spirit of leveldb's fault-injection env: make the write fail once
 // `fail_at_byte` bytes of the file are written, with errno `error` (a short write first, like a
-// disk that fills up in the middle of a buffer).
+// disk that fills up in the middle of a buffer). `flip_byte_at`: once the file is written and
+// fsynced, flip the lowest bit of that byte of it, as a disk that did not keep what it was given
+// (the read-back must refuse the shard).
 struct WriteFaults {
   uint64_t fail_at_byte = std::numeric_limits<uint64_t>::max();
   int error = ENOSPC;
+  uint64_t flip_byte_at = std::numeric_limits<uint64_t>::max();
 };
 
 // Writes a shard atomically (see above). metadata values are stored as given; tensor names must be
@@ -78,6 +81,12 @@ struct WriteFaults {
 // themselves (bad dtype, nbytes that does not match the shape), IoError naming the file for any
 // file system failure (ENOSPC, EIO, permissions); in that case the .tmp is removed and final_path
 // and every other file are untouched. Thread-safe for distinct paths.
+// Before the rename the .tmp is read back from the file system, once fsynced: its header must be
+// the bytes written and each tensor's bytes must have the xxh3-128 the writing pass computed from
+// the caller's memory (the pass that computed the sha256), so the file holds the bytes the sha256
+// describes. IntegrityError naming the tensor otherwise (the .tmp removed, as above). The read-back
+// costs a read of the file and one xxh3 pass (about a sixth of a sha256 pass here), not a second
+// sha256: commit_checkpoint need not hash such shards again (see its `shards_read_back`).
 ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
                           const std::vector<TensorView>& tensors);
 ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,

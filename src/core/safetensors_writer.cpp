@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <thread>
 
@@ -175,6 +176,83 @@ void hash_segments(const std::vector<Segment>& segments, Sha256* sha, std::vecto
   }
 }
 
+// The written .tmp read back once it is fsynced: the header (segment 0) byte for byte, each tensor
+// (segment k > 0, tensors[order[k - 1]]) by the xxh3-128 the hashing pass computed from the caller's
+// memory. IntegrityError naming what differs; IoError when the file cannot be read.
+void read_back(const std::string& tmp, const std::string& final_path, const std::vector<Segment>& segments,
+               const std::vector<std::string>& xxh3, const std::vector<TensorView>& tensors,
+               const std::vector<size_t>& order, uint64_t total) {
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  RETRACE_CHECK(fd >= 0, IoError, "cannot read back checkpoint shard ", final_path, ": open of ", tmp,
+                " failed: ", fs::errno_text(errno), "; the .tmp was removed and existing checkpoints are untouched");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  auto differs = [&](uint64_t begin, uint64_t end, const std::string& what) {
+    RETRACE_FAIL(IntegrityError, "checkpoint shard ", final_path, " does not read back as written: ", what, " (bytes [",
+                 begin, ", ", end, ") of ", tmp,
+                 ") differs from the bytes hashed while writing it; the .tmp was removed and existing checkpoints "
+                 "are untouched. The disk or file system did not keep what it was given: check it (dmesg, its "
+                 "SMART data) before saving there again, or save to another directory");
+  };
+  const std::unique_ptr<char[]> buf(new char[kWriteChunk]);
+  Xxh3 piece;
+  size_t k = 0;
+  uint64_t in_segment = 0, segment_begin = 0, pos = 0;
+  auto name_of = [&](size_t seg) {
+    return seg == 0 ? std::string("the header") : "tensor \"" + tensors[order[seg - 1]].name + "\"";
+  };
+  auto finish_full_segments = [&] {
+    while (k < segments.size() && in_segment == segments[k].size) {
+      if (k > 0 && piece.digest().hex() != xxh3[k - 1])
+        differs(segment_begin, segment_begin + segments[k].size, name_of(k));
+      segment_begin += segments[k].size;
+      piece.reset();
+      in_segment = 0;
+      ++k;
+    }
+  };
+  finish_full_segments();
+  while (pos < total) {
+    const ssize_t got = ::read(fd, buf.get(), static_cast<size_t>(std::min(kWriteChunk, total - pos)));
+    if (got < 0 && errno == EINTR) continue;
+    RETRACE_CHECK(got >= 0, IoError, "cannot read back checkpoint shard ", final_path, ": read of ", tmp,
+                  " failed at byte ", pos, ": ", fs::errno_text(errno),
+                  "; the .tmp was removed and existing checkpoints are untouched");
+    if (got == 0) differs(pos, total, "the file, which ends early,");
+    const char* p = buf.get();
+    for (uint64_t n = uint64_t(got); n > 0;) {
+      const uint64_t take = std::min(n, segments[k].size - in_segment);
+      if (k == 0) {
+        if (std::memcmp(p, segments[0].data + in_segment, take) != 0) differs(0, segments[0].size, name_of(0));
+      } else {
+        piece.update(p, take);
+      }
+      in_segment += take;
+      p += take;
+      n -= take;
+      finish_full_segments();
+    }
+    pos += uint64_t(got);
+  }
+  struct stat st {};
+  RETRACE_CHECK(::fstat(fd, &st) == 0, IoError, "cannot read back checkpoint shard ", final_path, ": fstat of ", tmp,
+                " failed: ", fs::errno_text(errno));
+  if (uint64_t(st.st_size) != total) differs(total, uint64_t(st.st_size), "the file's size");
+}
+
+// The fault seam's flip of one byte of the written file (WriteFaults::flip_byte_at).
+void flip_written_byte(const std::string& tmp, uint64_t at) {
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
+  RETRACE_CHECK(fd >= 0, IoError, "fault flip_byte_at: cannot open ", tmp, ": ", fs::errno_text(errno));
+  unsigned char b = 0;
+  const bool ok = ::pread(fd, &b, 1, off_t(at)) == 1 && (b ^= 1, ::pwrite(fd, &b, 1, off_t(at)) == 1);
+  ::close(fd);
+  RETRACE_CHECK(ok, IoError, "fault flip_byte_at: cannot flip byte ", at, " of ", tmp);
+}
+
 }  // namespace
 
 std::optional<uint64_t> dtype_size(const std::string& dtype) {
@@ -247,6 +325,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
                   " failed: ", fs::errno_text(errno));
     if (hasher.joinable()) hasher.join();
     else hash_segments(segments, &sha, &xxh3, &stop);
+    if (faults.flip_byte_at < total) flip_written_byte(tmp, faults.flip_byte_at);
+    read_back(tmp, final_path, segments, xxh3, tensors, order, total);
     RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp, " to ", final_path,
                   ": ", fs::errno_text(errno));
   } catch (...) {

@@ -218,6 +218,47 @@ TEST(Shard, FailedWriteRemovesTmpAndThrowsIoError) {
   }
 }
 
+// The read-back before the rename: a byte the file system changed after the write (the fault seam
+// flips it once the file is fsynced) is refused, naming the header or the tensor it belongs to, on
+// the small path (hashed after the write) and the threaded one (hashed beside it); the .tmp goes and
+// the previous file stays. Without a fault the same views write a shard that reads back whole.
+TEST(Shard, AByteTheFileSystemChangedAfterTheWriteIsRefusedByTheReadBackNamingItsTensor) {
+  TempDir tmp;
+  for (const uint64_t big_size : {uint64_t(1000), uint64_t(10u << 20)}) {
+    auto a = testing::pattern_bytes(4, 0, 0, 4096);
+    auto big = testing::pattern_bytes(5, 0, 0, big_size);
+    const std::vector<TensorView> views = {{"big", "U8", {int64_t(big.size())}, big.data(), big.size()},
+                                           {"a", "U8", {4096}, a.data(), a.size()},
+                                           {"empty", "U8", {0}, nullptr, 0}};
+    const std::string p = tmp.file("r" + std::to_string(big_size) + ".safetensors");
+    const ShardFileInfo whole = write_shard(p, {{"k", "v"}}, views);
+    const ShardData back = read_shard(p);
+    ASSERT_EQ(back.tensors.size(), 3u);
+    const uint64_t a_at = whole.offsets[1], big_at = whole.offsets[0];
+    ASSERT_LT(a_at, big_at);  // sorted by name: a, big, empty
+    testing::write_all(p, "previous content");
+    const std::vector<std::pair<uint64_t, std::string>> flips = {{3, "the header"},
+                                                                 {a_at - 2, "the header"},
+                                                                 {a_at, "tensor \"a\""},
+                                                                 {big_at + big_size / 2, "tensor \"big\""},
+                                                                 {whole.size - 1, "tensor \"big\""}};
+    for (const auto& [at, what] : flips) {
+      WriteFaults faults;
+      faults.flip_byte_at = at;
+      try {
+        write_shard(p, {{"k", "v"}}, views, faults);
+        ADD_FAILURE() << "a flipped byte " << at << " of " << whole.size << " was read back as written";
+      } catch (const IntegrityError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("does not read back as written: " + what), std::string::npos) << at << ": " << msg;
+        EXPECT_NE(msg.find(p), std::string::npos) << msg;
+      }
+      EXPECT_FALSE(std::filesystem::exists(p + ".tmp")) << at;
+      EXPECT_EQ(testing::read_all(p), "previous content") << at;
+    }
+  }
+}
+
 // A real ENOSPC from the kernel: the .tmp name is a symlink to /dev/full.
 TEST(Shard, RealEnospcFromDevFull) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";

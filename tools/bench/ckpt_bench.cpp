@@ -1,6 +1,7 @@
 // ckpt_bench: how fast a checkpoint is saved and loaded, next to the ceilings of this machine,
 // measured in the same run on the same disk, interleaved round by round:
-//   save     prepare_checkpoint_dir + write_shard (hash in the same pass) + commit_checkpoint
+//   save     prepare_checkpoint_dir + write_shard (hash in the same pass, then read back by xxh3) +
+//            commit_checkpoint (manifest, sizes: the shards were read back by their writer)
 //   load     what a resume does: verify_checkpoint for the other ranks + load_shard, which reads
 //            the shard and hashes it in the same pass, then parses it
 //   read     plain read(2) of the same shard file into memory, nothing else
@@ -171,7 +172,7 @@ int main(int argc, char** argv) {
       m.world_size = 1;
       m.config_hash = "bench";
       m.shards = {{0, info.file, info.size, info.sha256}};
-      commit_checkpoint(root, m, /*keep_last=*/1);
+      commit_checkpoint(root, m, /*keep_last=*/1, nullptr, /*shards_read_back=*/true);
       save.push_back(seconds_since(t0));
       const std::string shard_path = dir + "/" + info.file;
       read_buf.resize(info.size);
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
         ShardFileInfo qi = write_shard(mdir + "/" + shard_file_name(rank), shard_metadata(step, rank, 4), quarter);
         mm.shards.push_back({rank, qi.file, qi.size, qi.sha256});
       }
-      commit_checkpoint(multi_root, mm, /*keep_last=*/1);
+      commit_checkpoint(multi_root, mm, /*keep_last=*/1, nullptr, /*shards_read_back=*/true);
       t0 = Clock::now();
       verify_checkpoint(mdir, 4);
       multi.push_back(seconds_since(t0));
@@ -249,7 +250,7 @@ int main(int argc, char** argv) {
           records.push_back({names[v].first, rank, names[v].second, qi.offsets[v], qi.xxh3[v]});
       }
       set_piece_records(sm.tensors, records, sdir);
-      commit_checkpoint(sharded_root, sm, /*keep_last=*/1);
+      commit_checkpoint(sharded_root, sm, /*keep_last=*/1, nullptr, /*shards_read_back=*/true);
       const Manifest v3 = verify_checkpoint(sdir, 4, kEveryShard);
       Manifest v2 = v3;
       for (TensorLayout& t : v2.tensors)
