@@ -440,9 +440,13 @@ std::string save_checkpoint(train::TrainState& state, const train::StateContext&
 namespace {
 
 // The replicated tensors of a ckpt.v2 checkpoint gathered from every shard (read_pieces), and the
-// rest of `rank`'s shard (its RNG states and metadata), into `out`.
+// rest of `rank`'s shard (its RNG states and metadata), into `out`. `in_place` (load_snapshot's):
+// a model tensor this rank keeps whole is read straight into the live tensor of its name, dtype and
+// shape, and the optimizer tensors, fresh, are the snapshot's own (adopted, not copied).
 void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, StateSnapshot& anchor,
-                 const KeepRange& keep) {
+                 const KeepRange& keep, const NamedTensors* in_place) {
+  std::map<std::string, torch::Tensor> live;
+  if (in_place) live.insert(in_place->begin(), in_place->end());
   const Manifest& m = out.manifest;
   std::vector<torch::Tensor> tensors;
   std::vector<std::pair<uint64_t, uint64_t>> windows;
@@ -458,7 +462,15 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
       windows.push_back(*range);
       kept.push_back(range->second > range->first);
     } else {
-      tensors.push_back(torch::empty(t.shape, options));
+      torch::Tensor into;
+      if (t.name.rfind("model/", 0) == 0) {
+        const auto it = live.find(t.name.substr(6));
+        if (it != live.end() && it->second.device().is_cpu() && it->second.is_contiguous() &&
+            it->second.scalar_type() == options.dtype().toScalarType() &&
+            it->second.sizes() == c10::IntArrayRef(t.shape))
+          into = it->second.detach();
+      }
+      tensors.push_back(into.defined() ? into : torch::empty(t.shape, options));
       windows.emplace_back(0, t.numel());
       kept.push_back(true);
     }
@@ -466,15 +478,16 @@ void load_pieces(const std::string& dir, uint32_t rank, LoadedSnapshot& out, Sta
   out.bytes_read = read_pieces(
       dir, m, [&](const TensorLayout& t) { return kept[static_cast<size_t>(&t - m.tensors.data())]; },
       [&](size_t i) { return tensors[i].data_ptr(); }, rank,
-      [&](const ShardData& shard) {
+      [&](const ShardData& shard, const std::map<std::string, std::string>& own) {
         out.where = shard.source;
         out.metadata = shard.metadata;
-        for (const auto& e : shard.tensors) {
-          if (e.name == "rng/state") out.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
-          else if (e.name == "anchor/rng/state") anchor.rng.assign(static_cast<const char*>(shard.data(e)), e.nbytes);
+        for (const auto& [name, bytes] : own) {
+          if (name == "rng/state") out.rng = bytes;
+          else if (name == "anchor/rng/state") anchor.rng = bytes;
         }
       },
       [&](size_t i) { return windows[i]; });
+  out.optim_owned = in_place != nullptr;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     if (!kept[i]) continue;  // none of it is this rank's
     const std::string& name = m.tensors[i].name;
@@ -544,7 +557,7 @@ void load_whole_shard_in_place(const std::string& dir, const Manifest& m, uint32
   std::map<std::string, torch::Tensor> target(targets.begin(), targets.end());
   std::map<std::string, torch::Tensor> placed;
   const std::string where = "checkpoint " + dir;
-  auto place = [&](const TensorEntry& e) -> char* {
+  auto place = [&](const ShardData&, const TensorEntry& e) -> char* {
     if (e.name == "rng/state" || e.name == "anchor/rng/state") {
       std::string& rng = e.name == "rng/state" ? out.rng : anchor.rng;
       rng.assign(size_t(e.nbytes), '\0');
@@ -625,7 +638,7 @@ LoadedSnapshot load_snapshot(const std::string& dir, uint32_t world_size, uint32
   RETRACE_CHECK(m.rng_format_version == rng::kRngFormatVersion, FormatError, "checkpoint ", dir,
                 " stores RNG state format ", m.rng_format_version, ", this binary reads ", rng::kRngFormatVersion);
   StateSnapshot anchor;
-  if (pieces) load_pieces(dir, rank, out, anchor, keep);
+  if (pieces) load_pieces(dir, rank, out, anchor, keep, in_place);
   else if (in_place) load_whole_shard_in_place(dir, m, rank, out, anchor, *in_place);
   else load_whole_shard(dir, m, rank, out, anchor);
   RETRACE_CHECK(!out.rng.empty(), FormatError, out.where, ": no rng/state tensor");

@@ -111,7 +111,10 @@ struct LoadedSnapshot {
 // (one rank, or ckpt.v1) is read in one pass straight where its tensors will live, hashed as it
 // lands: each model tensor into the tensor of `in_place` of its name where that is on the CPU,
 // contiguous, of its dtype and shape (the snapshot's model tensor is then that tensor itself), the
-// rest into tensors of their own (optim_owned). No buffer of the shard's bytes, no copy. The
+// rest into tensors of their own (optim_owned). No buffer of the shard's bytes, no copy. Pieces
+// (several ranks) likewise: the own shard streamed into the pieces' places (read_pieces), a model
+// tensor this rank keeps whole gathered straight into its live tensor, the optimizer's tensors its
+// own. The
 // tensors of `in_place` then hold the candidate's bytes before any verdict on it: only for a caller
 // that has nothing to keep in them (every checkpoint that loads overwrites all of them, and a resume
 // that finds none fails).

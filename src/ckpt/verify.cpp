@@ -11,6 +11,9 @@
 #include <atomic>
 #include <exception>
 #include <filesystem>
+#include <list>
+#include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -351,7 +354,8 @@ bool same_table(const std::vector<TensorEntry>& a, const std::vector<TensorEntry
 }  // namespace
 
 ShardData load_shard_into(const std::string& dir, const Manifest& manifest, uint32_t rank,
-                          const std::function<char*(const TensorEntry&)>& place, uint64_t& bytes_read) {
+                          const std::function<char*(const ShardData&, const TensorEntry&)>& place,
+                          uint64_t& bytes_read) {
   const ShardEntry& entry = present_shard(dir, manifest, rank);
   const std::string path = join(dir, entry.file);
   ShardData shard;
@@ -369,8 +373,8 @@ ShardData load_shard_into(const std::string& dir, const Manifest& manifest, uint
   std::string head(size_t(shard.data_start), '\0');
   std::vector<FileSegment> segments{{0, shard.data_start, head.data()}};
   for (const TensorEntry& e : shard.tensors) {
-    char* const dest = place(e);
-    if (e.nbytes > 0) segments.push_back({shard.data_start + e.offset, e.nbytes, dest});
+    char* const dest = place(shard, e);
+    if (e.nbytes > 0 && dest) segments.push_back({shard.data_start + e.offset, e.nbytes, dest});
   }
   const std::string sha = read_file_sha256_into(path, entry.size, segments, bytes_read, fs::Links::kRefuse);
   RETRACE_CHECK(bytes_read == entry.size, IntegrityError, "sha256 mismatch on rank ", rank, ": read ", bytes_read,
@@ -435,10 +439,75 @@ uint64_t read_hashed_pieces(const std::string& dir, const Manifest& manifest, co
 
 }  // namespace
 
+namespace {
+
+// A shard read whole (the own rank's; every shard of a ckpt.v2 checkpoint) in one pass, hashed
+// (sha256) where its bytes land (load_shard_into): a piece wanted whole straight into its place, a
+// piece the window wants a part of into a buffer of its own (the part copied after the hash is
+// checked), the pieces not wanted and the bytes between only hashed. Each wanted piece's entry is
+// checked against the table before a byte of it is read. The tensors the table does not list (the
+// rank's RNG states) land in `own`, by name; `header` gets the shard's header. Returns the bytes read.
+uint64_t stream_shard(const std::string& dir, const Manifest& manifest, uint32_t r, const RankPieces& pieces,
+                      const std::function<void*(size_t)>& destination, const ElementWindow& window, ShardData& header,
+                      std::map<std::string, std::string>& own) {
+  std::map<std::string, std::pair<size_t, const TensorPiece*>> by_name;
+  for (const auto& [index, piece] : pieces)
+    RETRACE_CHECK(by_name.emplace(manifest.tensors[index].name, std::make_pair(index, piece)).second, IntegrityError,
+                  dir, "/", kManifestFile, " puts two pieces of ", manifest.tensors[index].name,
+                  " in the shard of rank ", r, "; a rank holds one range of a tensor; ", kResumeHint);
+  std::set<std::string> in_table;
+  for (const TensorLayout& t : manifest.tensors) in_table.insert(t.name);
+  struct Partial {
+    size_t index;
+    const TensorPiece* piece;
+    std::vector<char> bytes;
+  };
+  std::list<Partial> partial;  // stable addresses while the pass writes into them
+  auto span = [&](size_t index) {
+    return window ? window(index) : std::pair<uint64_t, uint64_t>{0, manifest.tensors[index].numel()};
+  };
+  uint64_t read = 0;
+  header = load_shard_into(
+      dir, manifest, r,
+      [&](const ShardData& head, const TensorEntry& e) -> char* {
+        const auto it = by_name.find(e.name);
+        if (it == by_name.end()) {
+          if (in_table.count(e.name)) return nullptr;  // a tensor (or range) this process does not keep
+          std::string& bytes = own[e.name];
+          bytes.assign(size_t(e.nbytes), '\0');
+          return bytes.data();
+        }
+        const auto [index, piece] = it->second;
+        const TensorLayout& t = manifest.tensors[index];
+        check_piece_entry(head, &e, t, *piece);
+        const auto [first, last] = span(index);
+        const uint64_t lo = std::max(first, piece->begin), hi = std::min(last, piece->end);
+        if (lo >= hi) return nullptr;
+        if (lo == piece->begin && hi == piece->end)
+          return static_cast<char*>(destination(index)) + (lo - first) * *dtype_size(t.dtype);
+        partial.push_back({index, piece, std::vector<char>(size_t(e.nbytes))});
+        return partial.back().bytes.data();
+      },
+      read);
+  for (const auto& [index, piece] : pieces)  // a wanted piece the header does not list
+    check_piece_entry(header, header.find(manifest.tensors[index].name), manifest.tensors[index], *piece);
+  for (const Partial& p : partial) {
+    const uint64_t size = *dtype_size(manifest.tensors[p.index].dtype);
+    const auto [first, last] = span(p.index);
+    const uint64_t lo = std::max(first, p.piece->begin), hi = std::min(last, p.piece->end);
+    std::memcpy(static_cast<char*>(destination(p.index)) + (lo - first) * size,
+                p.bytes.data() + (lo - p.piece->begin) * size, (hi - lo) * size);
+  }
+  return read;
+}
+
+}  // namespace
+
 uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
                      const std::function<bool(const TensorLayout&)>& wanted,
                      const std::function<void*(size_t)>& destination, uint32_t own_rank,
-                     const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window) {
+                     const std::function<void(const ShardData&, const std::map<std::string, std::string>&)>& own_shard,
+                     const ElementWindow& window) {
   // The wanted pieces by the rank that holds them. The own rank's shard is read whole and hashed
   // (sha256) in the pass that parses it. Another rank's is read piece by piece when the manifest
   // records the pieces' offsets and hashes (ckpt.v3), only the pieces this process needs; without
@@ -463,24 +532,10 @@ uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
           read += read_hashed_pieces(dir, manifest, manifest.shards[r], by_rank[r], destination, window);
           continue;
         }
-        const ShardData shard = load_shard(dir, manifest, r, /*check_digest=*/true);
-        read += shard.bytes.size();
-        for (const auto& [index, piece] : by_rank[r]) {
-          const TensorLayout& t = manifest.tensors[index];
-          const TensorEntry* e = shard.find(t.name);
-          check_piece_entry(shard, e, t, *piece);
-          const uint64_t size = *dtype_size(t.dtype);
-          if (!window) {
-            std::memcpy(static_cast<char*>(destination(index)) + piece->begin * size, shard.data(*e), e->nbytes);
-            continue;
-          }
-          const auto [first, last] = window(index);
-          const uint64_t lo = std::max(first, piece->begin), hi = std::min(last, piece->end);
-          if (lo < hi)
-            std::memcpy(static_cast<char*>(destination(index)) + (lo - first) * size,
-                        static_cast<const char*>(shard.data(*e)) + (lo - piece->begin) * size, (hi - lo) * size);
-        }
-        if (r == own_rank) own_shard(shard);
+        std::map<std::string, std::string> own;
+        ShardData header;
+        read += stream_shard(dir, manifest, r, by_rank[r], destination, window, header, own);
+        if (r == own_rank) own_shard(header, own);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -504,9 +559,9 @@ std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manif
       out[i].resize(manifest.tensors[i].numel() * *dtype_size(manifest.tensors[i].dtype));
   read_pieces(
       dir, manifest, wanted, [&](size_t i) { return static_cast<void*>(out[i].data()); }, rank,
-      [&](const ShardData& s) {
-        const TensorEntry* e = s.find("rng/state");
-        if (rng && e) rng->assign(static_cast<const char*>(s.data(*e)), e->nbytes);
+      [&](const ShardData&, const std::map<std::string, std::string>& own) {
+        const auto it = own.find("rng/state");
+        if (rng && it != own.end()) *rng = it->second;
       });
   return out;
 }

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -94,17 +95,22 @@ nlohmann::json verify_report_json(const std::string& dir, std::optional<uint32_t
 // current schema. Throws IntegrityError / FormatError naming the file.
 ShardData load_shard(const std::string& dir, const Manifest& manifest, uint32_t rank, bool check_digest = true);
 // The same checks with each tensor's bytes read straight into memory the caller chose: the shard's
-// header is read first, `place(entry)` gives the destination of each tensor, in file order
-// (entry.nbytes bytes, not overlapping another's; called for empty tensors too), and one pass reads the file into them while hashing it. The
+// header is read first, `place(header, entry)` gives the destination of each tensor, in file order
+// (entry.nbytes bytes, not overlapping another's; called for empty tensors too; nullptr: the bytes
+// are hashed, not kept; it may throw, before a byte of data is read), and one pass reads the file
+// into them while hashing it. The
 // destinations hold unchecked bytes until it returns; when it throws (sha256, size, a header that
 // changed between the two reads, metadata), they hold some or all of a damaged shard's bytes. Returns
 // the parsed header (`bytes` empty) with its metadata migrated; `bytes_read`: the bytes read.
 ShardData load_shard_into(const std::string& dir, const Manifest& manifest, uint32_t rank,
-                          const std::function<char*(const TensorEntry&)>& place, uint64_t& bytes_read);
+                          const std::function<char*(const ShardData&, const TensorEntry&)>& place,
+                          uint64_t& bytes_read);
 
 // The replicated tensors of a ckpt.v2/v3 checkpoint (manifest.tensors), gathered from the shards
-// that hold their pieces, up to two shards at a time. `own_rank`'s shard is read whole, hashed
-// (sha256) in the same pass (load_shard) and parsed. Another rank's shard, when the manifest records
+// that hold their pieces, up to two shards at a time. `own_rank`'s shard is read whole in one pass,
+// hashed (sha256) where its bytes land (load_shard_into): each wanted piece straight into its
+// destination (a piece the window wants a part of into a buffer of its own, then that part), the
+// rest only hashed; no buffer of the shard. Another rank's shard, when the manifest records
 // its pieces' offsets and xxh3 (ckpt.v3), is read piece by piece: only the pieces whose elements
 // this process keeps, each checked against its xxh3 before use (IntegrityError naming the file, the
 // tensor, the elements and the bytes otherwise), so a shard with nothing wanted is not read at all;
@@ -112,11 +118,12 @@ ShardData load_shard_into(const std::string& dir, const Manifest& manifest, uint
 // load_newest_snapshot). Without them (ckpt.v2) every shard is read whole and hashed. Each piece
 // read from a parsed shard is checked against the table (its entry present, of the tensor's dtype,
 // with the piece's length and, in v3, at the recorded offset; IntegrityError naming the file and
-// range otherwise). A piece is copied to destination(index into manifest.tensors) + begin *
-// element size. Only tensors whose name `wanted` accepts are copied. `own_shard` is called, on one
-// of the reading threads, with the own rank's parsed shard (its metadata, its rank-own tensors)
-// while it is alive. The destination buffers are the caller's, each large enough for its tensor;
-// distinct tensors' buffers must not overlap.
+// range otherwise). A piece lands at destination(index into manifest.tensors) + begin *
+// element size. Only tensors whose name `wanted` accepts are read. `own_shard` is called, on one
+// of the reading threads, with the own rank's shard header (its metadata) and its rank-own tensors
+// (those the table does not list: its RNG states) by name. The destination buffers are the
+// caller's, each large enough for its tensor; distinct tensors' buffers must not overlap. They hold
+// unchecked bytes when it throws.
 // `window`, when given: the elements [first, last) of tensor i the caller keeps (a ZeRO rank's
 // range of the optimizer state); destination(i) then holds those only, element `first` at its
 // start, and the pieces are copied where they overlap it.
@@ -125,7 +132,8 @@ using ElementWindow = std::function<std::pair<uint64_t, uint64_t>(size_t)>;
 uint64_t read_pieces(const std::string& dir, const Manifest& manifest,
                      const std::function<bool(const TensorLayout&)>& wanted,
                      const std::function<void*(size_t)>& destination, uint32_t own_rank,
-                     const std::function<void(const ShardData&)>& own_shard, const ElementWindow& window = {});
+                     const std::function<void(const ShardData&, const std::map<std::string, std::string>&)>& own_shard,
+                     const ElementWindow& window = {});
 // read_pieces into byte buffers of their own: the bytes of each wanted tensor, in table order
 // (empty for the others); `rank`'s rng/state into `rng` when given.
 std::vector<std::vector<char>> gather_pieces(const std::string& dir, const Manifest& manifest,

@@ -409,7 +409,7 @@ std::string load_into_error(const std::string& dir, const Manifest& m, std::map<
     uint64_t got = 0;
     load_shard_into(
         dir, m, 0,
-        [&](const TensorEntry& e) {
+        [&](const ShardData&, const TensorEntry& e) {
           out[e.name].assign(size_t(e.nbytes), '\0');
           return out[e.name].data();
         },
@@ -430,7 +430,7 @@ TEST(CheckpointDir, AShardReadInPlaceHoldsLoadShardsBytesAndEveryDamageIsASha256
     uint64_t got = 0;
     const ShardData head = load_shard_into(
         dir, m, 0,
-        [&](const TensorEntry& e) {
+        [&](const ShardData&, const TensorEntry& e) {
           placed[e.name].assign(size_t(e.nbytes), '\0');
           return placed[e.name].data();
         },

@@ -121,7 +121,8 @@ TEST(Pieces, EveryRankWritesItsRangeAndTheTensorsComeBackWhole) {
     for (size_t i = 0; i < m.tensors.size(); ++i) model[i].assign(bytes_of(m.tensors[i]), 0);
     read_pieces(
         w.dir, m, [](const TensorLayout& t) { return t.name.rfind("model/", 0) == 0; },
-        [&](size_t i) { return static_cast<void*>(model[i].data()); }, 0, [](const ShardData&) {});
+        [&](size_t i) { return static_cast<void*>(model[i].data()); }, 0,
+        [](const ShardData&, const std::map<std::string, std::string>&) {});
     for (size_t i = 0; i < m.tensors.size(); ++i)
       if (m.tensors[i].name.rfind("model/", 0) == 0) EXPECT_EQ(model[i], w.values[i]) << m.tensors[i].name;
       else EXPECT_EQ(model[i], std::vector<char>(model[i].size(), 0)) << m.tensors[i].name;
@@ -136,7 +137,8 @@ TEST(Pieces, EveryRankWritesItsRangeAndTheTensorsComeBackWhole) {
         std::vector<char> part((last - first) * size, 0);
         read_pieces(
             w.dir, m, [&](const TensorLayout& t) { return &t == &m.tensors[i]; },
-            [&](size_t) { return static_cast<void*>(part.data()); }, 0, [](const ShardData&) {},
+            [&](size_t) { return static_cast<void*>(part.data()); }, 0,
+            [](const ShardData&, const std::map<std::string, std::string>&) {},
             [&](size_t) {
               return std::pair<uint64_t, uint64_t>{first, last};
             });
@@ -181,14 +183,18 @@ TEST(Pieces, AnotherRanksShardIsReadByRangeOnlyWhereWanted) {
   ASSERT_GT(wanted, 0u);
   std::vector<std::vector<char>> out(m.tensors.size());
   for (size_t i = 0; i < m.tensors.size(); ++i) out[i].resize(bytes_of(m.tensors[i]));
+  // The own shard's header is read first (its length, then the header with it), to choose where
+  // each piece lands, and again in the hashed pass.
+  const uint64_t header_look = 8 + read_shard_header(w.dir + "/" + shard_file_name(0), fs::Links::kFollow).data_start;
   // Reading /proc/self/io counts too: what one look costs is taken off.
   const uint64_t look = bytes_read_so_far(), before = bytes_read_so_far(), one_look = before - look;
   const uint64_t reported = read_pieces(
-      w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0, [](const ShardData&) {});
+      w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0,
+      [](const ShardData&, const std::map<std::string, std::string>&) {});
   const uint64_t read = bytes_read_so_far() - before - one_look;
   EXPECT_EQ(reported, own + wanted);
-  // Rank 0's shard whole, and of the others exactly the model's pieces.
-  EXPECT_EQ(read, own + wanted) << "pieces elsewhere " << pieces_elsewhere;
+  // Rank 0's shard whole (and its header once more), and of the others exactly the model's pieces.
+  EXPECT_EQ(read, own + wanted + header_look) << "pieces elsewhere " << pieces_elsewhere;
   for (size_t i = 0; i < m.tensors.size(); ++i)
     if (is_model(m.tensors[i])) {
       EXPECT_EQ(out[i], w.values[i]) << m.tensors[i].name;
@@ -211,13 +217,15 @@ TEST(Pieces, AnotherRanksShardIsReadByRangeOnlyWhereWanted) {
   damaged[optim_piece->offset] ^= 1;
   write_all(path, damaged);
   EXPECT_NO_THROW(read_pieces(
-      w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0, [](const ShardData&) {}));
+      w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0,
+      [](const ShardData&, const std::map<std::string, std::string>&) {}));
   damaged = original;
   damaged[model_piece->offset + piece_bytes(*model, *model_piece) - 1] ^= 1;
   write_all(path, damaged);
   try {
     read_pieces(
-        w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0, [](const ShardData&) {});
+        w.dir, m, is_model, [&](size_t i) { return static_cast<void*>(out[i].data()); }, 0,
+        [](const ShardData&, const std::map<std::string, std::string>&) {});
     ADD_FAILURE() << "a damaged piece was accepted";
   } catch (const IntegrityError& e) {
     const std::string text = e.what();

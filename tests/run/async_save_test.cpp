@@ -300,6 +300,70 @@ TEST(AsyncSave, TwoRanksWriterThreadsCommitTogetherOrNotAtAll) {
   }
 }
 
+// A resume's read in place of a checkpoint in pieces (two ranks, ckpt.v3): on each rank, the own
+// shard streams into the pieces' places and the other's pieces are read by range; the model's
+// tensors are the live ones, filled with the buffered load's values; the optimizer's are the
+// snapshot's own, equal to the buffered load's, whole or (a ZeRO rank's window) in part; the RNG
+// state is the rank's own.
+TEST(AsyncSave, PiecesReadInPlaceFillTheLiveTensorsOnEveryRank) {
+  TempDir root;
+  testing::FakeWorld world(2);
+  WriterRank ranks[2] = {{world, 0}, {world, 1}};
+  BackgroundSave writers[2];
+  const ckpt::StateSnapshot live = a_state(20, 1.0f);
+  for (uint32_t r = 0; r < 2; ++r) {
+    ckpt::StateSnapshot mine = live;
+    mine.rank = r;
+    mine.world_size = 2;
+    mine.rng = "rng of rank " + std::to_string(r);
+    BackgroundSave::Job job;
+    job.snapshot = StagingBuffer().stage(mine);
+    job.root = root.path();
+    job.keep_last = 3;
+    job.sync = &ranks[r];
+    job.proof = proof_of(mine, DigestKind::kLanes);
+    writers[r].start(std::move(job));
+  }
+  const SaveOutcome out0 = *writers[0].wait(), out1 = *writers[1].wait();
+  ASSERT_FALSE(out0.error || out1.error);
+  ASSERT_FALSE(ckpt::verify_checkpoint(out0.dir, 2).tensors.empty()) << "a checkpoint in pieces";
+  // A ZeRO rank's window: of each optimizer tensor, elements [3, 7).
+  const ckpt::KeepRange window = [](const ckpt::TensorLayout& t) -> std::optional<std::pair<uint64_t, uint64_t>> {
+    if (t.name.rfind("optim/", 0) == 0) return std::pair<uint64_t, uint64_t>{3, 7};
+    return std::nullopt;
+  };
+  for (uint32_t r = 0; r < 2; ++r) {
+    for (const bool zero : {false, true}) {
+      const ckpt::KeepRange keep = zero ? window : ckpt::KeepRange{};
+      const ckpt::LoadedSnapshot buffered = ckpt::load_snapshot(out0.dir, 2, r, keep);
+      const NamedTensors targets = {{"fc.bias", torch::zeros({8})}, {"fc.weight", torch::zeros({8, 12})}};
+      const ckpt::LoadedSnapshot placed = ckpt::load_snapshot(out0.dir, 2, r, keep, &targets);
+      EXPECT_TRUE(placed.optim_owned);
+      EXPECT_FALSE(buffered.optim_owned);
+      EXPECT_EQ(placed.rng, "rng of rank " + std::to_string(r));
+      EXPECT_EQ(placed.rng, buffered.rng);
+      EXPECT_EQ(placed.metadata, buffered.metadata);
+      EXPECT_EQ(placed.bytes_read, buffered.bytes_read);
+      ASSERT_EQ(placed.model.size(), 2u);
+      for (size_t i = 0; i < 2; ++i) {
+        const auto& [name, t] = placed.model[i];
+        const auto target = name == "fc.bias" ? targets[0].second : targets[1].second;
+        EXPECT_EQ(t.data_ptr(), target.data_ptr()) << name << " rank " << r;
+        const auto want = name == "fc.bias" ? live.model[0].second : live.model[1].second;
+        EXPECT_TRUE(torch::equal(target, want)) << name << " rank " << r;
+      }
+      ASSERT_EQ(placed.optim.size(), buffered.optim.size());
+      for (size_t i = 0; i < placed.optim.size(); ++i) {
+        EXPECT_EQ(placed.optim[i].first, buffered.optim[i].first);
+        EXPECT_TRUE(torch::equal(placed.optim[i].second, buffered.optim[i].second)) << placed.optim[i].first;
+        if (zero) {
+          EXPECT_EQ(placed.optim[i].second.numel(), 4) << placed.optim[i].first;
+        }
+      }
+    }
+  }
+}
+
 // --- SIGKILL during background saves -------------------------------------------------------
 // A child process (this test binary again, told by RETRACE_ASYNC_SAVE_CHILD=ROOT) saves step after
 // step in the background, as the loop does: stage the step's state, hand it to the writer, then

@@ -264,7 +264,8 @@ int main(int argc, char** argv) {
         const auto t = Clock::now();
         got = read_pieces(
             sdir, mf, [](const TensorLayout&) { return true; },
-            [&](size_t i) { return static_cast<void*>(dest[i].data()); }, 0, [](const ShardData&) {},
+            [&](size_t i) { return static_cast<void*>(dest[i].data()); }, 0,
+            [](const ShardData&, const std::map<std::string, std::string>&) {},
             [&](size_t i) {
               // A ZeRO rank keeps of an optimizer tensor the elements it wrote: its own pieces.
               const TensorLayout& t = mf.tensors[i];
