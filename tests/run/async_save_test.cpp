@@ -254,30 +254,38 @@ class WriterRank final : public train::Collective {
   testing::FakeRank rank_;
 };
 
+// Step 20's state (a_state) saved by two ranks' writer threads, each with its own RNG state
+// ("rng of rank R"), voting on a group of their own; `corrupt_rank1`: rank 1's staged copy of
+// model/fc.bias flipped. The two outcomes.
+std::pair<SaveOutcome, SaveOutcome> save_on_two_ranks(const std::string& root, bool corrupt_rank1) {
+  testing::FakeWorld world(2);
+  WriterRank ranks[2] = {{world, 0}, {world, 1}};
+  BackgroundSave writers[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    ckpt::StateSnapshot live = a_state(20, 1.0f);
+    live.rank = r;
+    live.world_size = 2;
+    live.rng = "rng of rank " + std::to_string(r);
+    BackgroundSave::Job job;
+    job.snapshot = StagingBuffer().stage(live);
+    if (corrupt_rank1 && r == 1) corrupt_staged(job.snapshot, "model/fc.bias");
+    job.root = root;
+    job.keep_last = 3;
+    job.sync = &ranks[r];
+    job.proof = proof_of(live, DigestKind::kLanes);
+    writers[r].start(std::move(job));
+  }
+  SaveOutcome out0 = *writers[0].wait(), out1 = *writers[1].wait();
+  return {std::move(out0), std::move(out1)};
+}
+
 // Two ranks' writer threads vote on a group of their own: a save whose staged copy is refused on
 // rank 1 alone fails on both ranks (rank 0 names rank 1 and the tensor) and commits nothing; the
 // same save untouched commits once, for both.
 TEST(AsyncSave, TwoRanksWriterThreadsCommitTogetherOrNotAtAll) {
   TempDir root;
   for (const bool corrupt : {true, false}) {
-    testing::FakeWorld world(2);
-    WriterRank ranks[2] = {{world, 0}, {world, 1}};
-    BackgroundSave writers[2];
-    for (uint32_t r = 0; r < 2; ++r) {
-      ckpt::StateSnapshot live = a_state(20, 1.0f);
-      live.rank = r;
-      live.world_size = 2;
-      live.rng = "rng of rank " + std::to_string(r);
-      BackgroundSave::Job job;
-      job.snapshot = StagingBuffer().stage(live);
-      if (corrupt && r == 1) corrupt_staged(job.snapshot, "model/fc.bias");
-      job.root = root.path();
-      job.keep_last = 3;
-      job.sync = &ranks[r];
-      job.proof = proof_of(live, DigestKind::kLanes);
-      writers[r].start(std::move(job));
-    }
-    const SaveOutcome out0 = *writers[0].wait(), out1 = *writers[1].wait();
+    const auto [out0, out1] = save_on_two_ranks(root.path(), corrupt);
     const std::string manifest = root.path() + "/" + ckpt::step_dir_name(20) + "/manifest.json";
     if (corrupt) {
       ASSERT_TRUE(out0.error && out1.error);
@@ -307,24 +315,8 @@ TEST(AsyncSave, TwoRanksWriterThreadsCommitTogetherOrNotAtAll) {
 // state is the rank's own.
 TEST(AsyncSave, PiecesReadInPlaceFillTheLiveTensorsOnEveryRank) {
   TempDir root;
-  testing::FakeWorld world(2);
-  WriterRank ranks[2] = {{world, 0}, {world, 1}};
-  BackgroundSave writers[2];
   const ckpt::StateSnapshot live = a_state(20, 1.0f);
-  for (uint32_t r = 0; r < 2; ++r) {
-    ckpt::StateSnapshot mine = live;
-    mine.rank = r;
-    mine.world_size = 2;
-    mine.rng = "rng of rank " + std::to_string(r);
-    BackgroundSave::Job job;
-    job.snapshot = StagingBuffer().stage(mine);
-    job.root = root.path();
-    job.keep_last = 3;
-    job.sync = &ranks[r];
-    job.proof = proof_of(mine, DigestKind::kLanes);
-    writers[r].start(std::move(job));
-  }
-  const SaveOutcome out0 = *writers[0].wait(), out1 = *writers[1].wait();
+  const auto [out0, out1] = save_on_two_ranks(root.path(), /*corrupt_rank1=*/false);
   ASSERT_FALSE(out0.error || out1.error);
   ASSERT_FALSE(ckpt::verify_checkpoint(out0.dir, 2).tensors.empty()) << "a checkpoint in pieces";
   // A ZeRO rank's window: of each optimizer tensor, elements [3, 7).
