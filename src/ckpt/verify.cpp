@@ -393,6 +393,16 @@ namespace {
 // The wanted pieces of one rank's shard: the index of each piece's tensor in the table.
 using RankPieces = std::vector<std::pair<size_t, const TensorPiece*>>;
 
+// Of piece `p` of tensor `index`, the elements [lo, hi) this process keeps (none when lo >= hi), and
+// `first`, the element its window starts at (element 0 without a window).
+struct KeptPart {
+  uint64_t first, lo, hi;
+};
+KeptPart kept_part(const Manifest& manifest, const ElementWindow& window, size_t index, const TensorPiece& p) {
+  const auto [first, last] = window ? window(index) : std::pair<uint64_t, uint64_t>{0, manifest.tensors[index].numel()};
+  return {first, std::max(first, p.begin), std::min(last, p.end)};
+}
+
 // Reads the pieces of `entry`'s shard that overlap their windows, each from its recorded offset,
 // and checks each against its recorded xxh3 before it is used (ckpt.v3): the process reads what it
 // needs of another rank's shard and nothing else.
@@ -413,8 +423,7 @@ uint64_t read_hashed_pieces(const std::string& dir, const Manifest& manifest, co
   for (const auto& [index, piece] : pieces) {
     const TensorLayout& t = manifest.tensors[index];
     const uint64_t elem = *dtype_size(t.dtype), bytes = (piece->end - piece->begin) * elem;
-    const auto [first, last] = window ? window(index) : std::pair<uint64_t, uint64_t>{0, t.numel()};
-    const uint64_t lo = std::max(first, piece->begin), hi = std::min(last, piece->end);
+    const auto [first, lo, hi] = kept_part(manifest, window, index, *piece);
     if (lo >= hi) continue;  // none of it is wanted here
     // A piece wanted whole goes straight to its place; a part of one is read whole (its hash is
     // of the whole piece) and the wanted part copied.
@@ -463,9 +472,6 @@ uint64_t stream_shard(const std::string& dir, const Manifest& manifest, uint32_t
     std::vector<char> bytes;
   };
   std::list<Partial> partial;  // stable addresses while the pass writes into them
-  auto span = [&](size_t index) {
-    return window ? window(index) : std::pair<uint64_t, uint64_t>{0, manifest.tensors[index].numel()};
-  };
   uint64_t read = 0;
   header = load_shard_into(
       dir, manifest, r,
@@ -480,8 +486,7 @@ uint64_t stream_shard(const std::string& dir, const Manifest& manifest, uint32_t
         const auto [index, piece] = it->second;
         const TensorLayout& t = manifest.tensors[index];
         check_piece_entry(head, &e, t, *piece);
-        const auto [first, last] = span(index);
-        const uint64_t lo = std::max(first, piece->begin), hi = std::min(last, piece->end);
+        const auto [first, lo, hi] = kept_part(manifest, window, index, *piece);
         if (lo >= hi) return nullptr;
         if (lo == piece->begin && hi == piece->end)
           return static_cast<char*>(destination(index)) + (lo - first) * *dtype_size(t.dtype);
@@ -493,8 +498,7 @@ uint64_t stream_shard(const std::string& dir, const Manifest& manifest, uint32_t
     check_piece_entry(header, header.find(manifest.tensors[index].name), manifest.tensors[index], *piece);
   for (const Partial& p : partial) {
     const uint64_t size = *dtype_size(manifest.tensors[p.index].dtype);
-    const auto [first, last] = span(p.index);
-    const uint64_t lo = std::max(first, p.piece->begin), hi = std::min(last, p.piece->end);
+    const auto [first, lo, hi] = kept_part(manifest, window, p.index, *p.piece);
     std::memcpy(static_cast<char*>(destination(p.index)) + (lo - first) * size,
                 p.bytes.data() + (lo - p.piece->begin) * size, (hi - lo) * size);
   }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -176,20 +177,13 @@ void hash_segments(const std::vector<Segment>& segments, Sha256* sha, std::vecto
   }
 }
 
-// The written .tmp read back once it is fsynced: the header (segment 0) byte for byte, each tensor
-// (segment k > 0, tensors[order[k - 1]]) by the xxh3-128 the hashing pass computed from the caller's
-// memory. IntegrityError naming what differs; IoError when the file cannot be read.
+// The written .tmp read back once it is fsynced, segment by segment in file order: the header
+// (segment 0) byte for byte, each tensor (segment k > 0, tensors[order[k - 1]]) by the xxh3-128 the
+// hashing pass computed from the caller's memory. IntegrityError naming what differs; IoError when
+// the file cannot be read.
 void read_back(const std::string& tmp, const std::string& final_path, const std::vector<Segment>& segments,
                const std::vector<std::string>& xxh3, const std::vector<TensorView>& tensors,
                const std::vector<size_t>& order, uint64_t total) {
-  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-  RETRACE_CHECK(fd >= 0, IoError, "cannot read back checkpoint shard ", final_path, ": open of ", tmp,
-                " failed: ", fs::errno_text(errno), "; the .tmp was removed and existing checkpoints are untouched");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   auto differs = [&](uint64_t begin, uint64_t end, const std::string& what) {
     RETRACE_FAIL(IntegrityError, "checkpoint shard ", final_path, " does not read back as written: ", what, " (bytes [",
                  begin, ", ", end, ") of ", tmp,
@@ -197,50 +191,30 @@ void read_back(const std::string& tmp, const std::string& final_path, const std:
                  "are untouched. The disk or file system did not keep what it was given: check it (dmesg, its "
                  "SMART data) before saving there again, or save to another directory");
   };
+  uint64_t size = 0;
+  const int fd = fs::open_regular_file_within(tmp, std::numeric_limits<uint64_t>::max(), size);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  if (size != total) differs(std::min(size, total), std::max(size, total), "the file's size");
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   const std::unique_ptr<char[]> buf(new char[kWriteChunk]);
   Xxh3 piece;
-  size_t k = 0;
-  uint64_t in_segment = 0, segment_begin = 0, pos = 0;
-  auto name_of = [&](size_t seg) {
-    return seg == 0 ? std::string("the header") : "tensor \"" + tensors[order[seg - 1]].name + "\"";
-  };
-  auto finish_full_segments = [&] {
-    while (k < segments.size() && in_segment == segments[k].size) {
-      if (k > 0 && piece.digest().hex() != xxh3[k - 1])
-        differs(segment_begin, segment_begin + segments[k].size, name_of(k));
-      segment_begin += segments[k].size;
-      piece.reset();
-      in_segment = 0;
-      ++k;
+  uint64_t at = 0;  // where segment k starts in the file
+  for (size_t k = 0; k < segments.size(); at += segments[k].size, ++k) {
+    const std::string what = k == 0 ? std::string("the header") : "tensor \"" + tensors[order[k - 1]].name + "\"";
+    piece.reset();
+    for (uint64_t done = 0; done < segments[k].size;) {
+      const uint64_t want = std::min(kWriteChunk, segments[k].size - done);
+      const uint64_t got = fs::read_at(fd, at + done, buf.get(), want, tmp);
+      if (got < want) differs(at + done + got, total, "the file, which ends early,");
+      if (k == 0 && std::memcmp(buf.get(), segments[0].data + done, want) != 0) differs(0, segments[0].size, what);
+      if (k > 0) piece.update(buf.get(), want);
+      done += want;
     }
-  };
-  finish_full_segments();
-  while (pos < total) {
-    const ssize_t got = ::read(fd, buf.get(), static_cast<size_t>(std::min(kWriteChunk, total - pos)));
-    if (got < 0 && errno == EINTR) continue;
-    RETRACE_CHECK(got >= 0, IoError, "cannot read back checkpoint shard ", final_path, ": read of ", tmp,
-                  " failed at byte ", pos, ": ", fs::errno_text(errno),
-                  "; the .tmp was removed and existing checkpoints are untouched");
-    if (got == 0) differs(pos, total, "the file, which ends early,");
-    const char* p = buf.get();
-    for (uint64_t n = uint64_t(got); n > 0;) {
-      const uint64_t take = std::min(n, segments[k].size - in_segment);
-      if (k == 0) {
-        if (std::memcmp(p, segments[0].data + in_segment, take) != 0) differs(0, segments[0].size, name_of(0));
-      } else {
-        piece.update(p, take);
-      }
-      in_segment += take;
-      p += take;
-      n -= take;
-      finish_full_segments();
-    }
-    pos += uint64_t(got);
+    if (k > 0 && piece.digest().hex() != xxh3[k - 1]) differs(at, at + segments[k].size, what);
   }
-  struct stat st {};
-  RETRACE_CHECK(::fstat(fd, &st) == 0, IoError, "cannot read back checkpoint shard ", final_path, ": fstat of ", tmp,
-                " failed: ", fs::errno_text(errno));
-  if (uint64_t(st.st_size) != total) differs(total, uint64_t(st.st_size), "the file's size");
 }
 
 // The fault seam's flip of one byte of the written file (WriteFaults::flip_byte_at).
