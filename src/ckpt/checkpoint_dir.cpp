@@ -105,6 +105,13 @@ std::vector<std::pair<uint64_t, std::string>> list_step_dirs(const std::string& 
   return out;
 }
 
+std::optional<std::string> first_shard_to_resume(const std::string& root) {
+  std::error_code ec;
+  for (const auto& [step, dir] : list_step_dirs(root))
+    if (stdfs::is_regular_file(join(dir, kManifestFile), ec)) return join(dir, shard_file_name(0));
+  return std::nullopt;
+}
+
 std::string prepare_checkpoint_dir(const std::string& root, uint64_t step) {
   std::error_code ec;
   const bool new_root = !stdfs::exists(root, ec);

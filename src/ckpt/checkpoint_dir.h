@@ -71,6 +71,11 @@ std::string commit_checkpoint(const std::string& root, Manifest m, uint32_t keep
 // cannot be removed (the rest is still done).
 RotationReport rotate_checkpoints(const std::string& root, uint32_t keep_last = kDefaultKeepLast);
 
+// The shard a resume on one rank reads first: rank 0's file of the newest step directory that holds
+// a manifest (what find_newest_valid tries first), or nullopt. Unverified: for hashing ahead only
+// (core/hash_ahead.h), whose hint the load checks against the file it opens.
+std::optional<std::string> first_shard_to_resume(const std::string& root);
+
 // The content of LATEST (without the newline), or nullopt.
 std::optional<std::string> read_latest(const std::string& root);
 

@@ -13,6 +13,7 @@
 
 #include "core/cpu_isa.h"
 #include "core/file_util.h"
+#include "core/hash_ahead.h"
 
 #include <openssl/evp.h>
 #include <xxhash.h>
@@ -32,6 +33,7 @@
 #include <functional>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -330,18 +332,49 @@ struct Piece {
   size_t size;
 };
 
+// The xxh3-128 of each hash_ahead::kBlock of a file whose bytes come in file order, in pieces of
+// any size (a hint's check: hash_ahead.h).
+class BlockDigests {
+ public:
+  void update(const char* p, size_t n) {
+    while (n > 0) {
+      const size_t take = std::min<uint64_t>(n, hash_ahead::kBlock - at_ % hash_ahead::kBlock);
+      x_.update(p, take);
+      at_ += take;
+      p += take;
+      n -= take;
+      if (at_ % hash_ahead::kBlock == 0) {
+        out_.push_back(x_.digest());
+        x_.reset();
+      }
+    }
+  }
+  std::vector<Digest128> finish() {
+    if (at_ % hash_ahead::kBlock != 0) out_.push_back(x_.digest());
+    at_ = 0;
+    return std::move(out_);
+  }
+
+ private:
+  Xxh3 x_;
+  uint64_t at_ = 0;
+  std::vector<Digest128> out_;
+};
+
 class BlockHasher {
  public:
   // `idle`, when given, is work the hashing thread does while no block waits for it; it returns
-  // false when it has nothing (more) to do for now.
-  explicit BlockHasher(bool threaded, std::function<bool()> idle = {}) : idle_(std::move(idle)) {
+  // false when it has nothing (more) to do for now. With `blocks`, each block's xxh3-128 goes there
+  // instead of the sha256.
+  explicit BlockHasher(bool threaded, std::function<bool()> idle = {}, BlockDigests* blocks = nullptr)
+      : idle_(std::move(idle)), blocks_(blocks) {
     if (threaded) worker_ = std::thread([this] { run(); });
   }
   ~BlockHasher() { close(); }
   // Hands a block over to be hashed; the caller keeps it unchanged until wait_hashed says so.
   void push(Piece p) {
     if (!worker_.joinable()) {
-      sha_.update(p.data, p.size);
+      hash(p);
       ++hashed_;
       return;
     }
@@ -377,12 +410,16 @@ class BlockHasher {
         if (queue_.empty()) return;
         p = queue_.front();
       }
-      sha_.update(p.data, p.size);
+      hash(p);
       std::lock_guard<std::mutex> lock(mu_);
       queue_.pop_front();
       ++hashed_;
       room_.notify_all();
     }
+  }
+  void hash(Piece p) {
+    if (blocks_) blocks_->update(p.data, p.size);
+    else sha_.update(p.data, p.size);
   }
   void close() {
     if (!worker_.joinable()) return;
@@ -396,6 +433,7 @@ class BlockHasher {
 
   Sha256 sha_;
   std::function<bool()> idle_;
+  BlockDigests* blocks_;
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable ready_, room_;
@@ -480,7 +518,7 @@ bool populate_pages(char* from, char* to, uint64_t page) {
 // bytes: each segment's bytes land at its dest, the rest go through a ring and are only hashed.
 // Returns the sha256 (hex); `got`: the bytes read; `err`: the errno of a failed read.
 std::string read_segments_and_hash(int fd, uint64_t size, const std::vector<FileSegment>& segments, uint64_t& got,
-                                   int& err) {
+                                   int& err, BlockDigests* blocks = nullptr) {
   std::vector<char> ring;  // for the bytes no segment takes (a shard's header): hashed only
   size_t next_ring = 0, seg = 0, ahead_seg = 0;
   std::atomic<uint64_t> reading_at{0};
@@ -507,7 +545,7 @@ std::string read_segments_and_hash(int fd, uint64_t size, const std::vector<File
     return false;
 #endif
   };
-  BlockHasher hasher(size >= kThreadedFrom, populate);
+  BlockHasher hasher(size >= kThreadedFrom, populate, blocks);
   got = read_and_hash(
       fd, size, hasher,
       [&](uint64_t offset, size_t& want) -> char* {
@@ -553,7 +591,19 @@ std::string read_file_sha256_into(const std::string& path, uint64_t max_bytes, c
   uint64_t file_size = 0;
   const int fd = fs::open_regular_file_within(path, max_bytes, file_size, links);
   int err = 0;
-  const std::string hex = read_segments_and_hash(fd, file_size, segments, got, err);
+  if (hash_ahead::is_for(fd)) {
+    // The launcher's child hashed this file while the trainer started: read it with the blocks'
+    // xxh3 only, and take its sha256 if the blocks agree; else read it again, hashing it here.
+    BlockDigests blocks;
+    (void)read_segments_and_hash(fd, file_size, segments, got, err, &blocks);
+    const std::optional<std::string> sha = hash_ahead::confirm(blocks.finish(), got);
+    if (err == 0 && sha) {
+      ::close(fd);
+      return *sha;
+    }
+    err = ::lseek(fd, 0, SEEK_SET) == 0 ? 0 : errno;
+  }
+  const std::string hex = err != 0 ? std::string() : read_segments_and_hash(fd, file_size, segments, got, err);
   ::close(fd);
   RETRACE_CHECK(err == 0, IoError, "read error in ", path, ": ", fs::errno_text(err));
   return hex;

@@ -16,6 +16,7 @@
 #include "ckpt/train_state.h"
 #include "core/digest.h"
 #include "core/error.h"
+#include "core/hash_ahead.h"
 #include "core/torch_compat.h"
 #include "core/file_util.h"
 #include "core/tensor_digest.h"
@@ -506,7 +507,9 @@ ChosenCheckpoint choose_checkpoint(const std::string& run_dir, ResumeInputs& in,
     cb.on_message("loaded " + loaded->dir + " (" + (in.world > 1 ? "rank 0: " : "") +
                   bytes_and_speed(loaded->bytes_read, load_start) +
                   (in.world > 1 ? ", of the checkpoint's " + mb_text(directory_bytes(loaded->dir)) : std::string()) +
-                  ", verified while read)");
+                  ", verified while read" +
+                  (hash_ahead::stats().taken > 0 ? std::string(", its sha256 computed ahead by the launcher") : "") +
+                  ")");
   for (const auto& [dir, why] : chosen.skipped)
     if (speaks) cb.on_message("skipped checkpoint " + dir + ": " + why);
   RETRACE_CHECK(loaded.has_value(), IntegrityError, "no complete checkpoint in ", checkpoint_root(run_dir),

@@ -5,7 +5,8 @@
 # outside during its write on a slow disk) and a full or read-only disk during one lose nothing, and
 # every resume ends on the chain of a run that never failed; an interrupt waits for the save in
 # flight; two ranks save in the background, stop together when one rank's disk fails, and lose
-# nothing when killed during a save; ZeRO says it saves synchronously. The disk is the LD_PRELOAD shim
+# nothing when killed during a save; ZeRO says it saves synchronously; a resume takes the sha256
+# the launcher computed ahead, and only for the bytes it read. The disk is the LD_PRELOAD shim
 # tests/testing/failing_io.c (its slow mode keeps a save in flight for a few steps).
 set -u
 RETRACE=${1:?usage: async_ckpt_test.sh path/to/retrace path/to/libretrace_failing_io.so}
@@ -179,6 +180,28 @@ check_eq two-crash-in-save-resume-bitwise "$(last_chain "$tmp/two-kill")" "$ref2
 # kept, so its saves are synchronous and say so.
 expect zero-says-sync 0 "saves are synchronous although checkpoint.async = true: under runtime.zero_stage = 1" -- \
   "$RETRACE" record "${run[@]:2}" --total-steps 12 --set runtime.zero_stage=1 --out "$tmp/zero"
+
+# 11. A resume on one rank through the launcher: its child hashed the newest shard while the trainer
+#     started, and the trainer takes that sha256 (every block it read has the child's xxh3) and says
+#     so; retrace-core started alone, or with a forged hint in its environment, hashes the shard itself;
+#     all end on the chain of a run that never stopped. A byte changed in the newest shard is refused
+#     through the hint as without it: the resume skips that checkpoint for the one before, bitwise.
+core="$(dirname "$RETRACE")/retrace-core"
+"$RETRACE" record "${run[@]}" --interrupt-at 30 --out "$tmp/ahead" > /dev/null 2>&1
+cp -r "$tmp/ahead" "$tmp/ahead-core"; cp -r "$tmp/ahead" "$tmp/ahead-forged"; cp -r "$tmp/ahead" "$tmp/ahead-flip"
+expect ahead-taken 0 "loaded .*step-00000030 .*its sha256 computed ahead by the launcher" -- \
+  "$RETRACE" resume "$tmp/ahead" --plain
+check_eq ahead-bitwise "$(last_chain "$tmp/ahead")" "$ref"
+out=$("$core" resume "$tmp/ahead-core" --plain 2>&1)
+check_true core-alone-hashes-itself bash -c '! grep -q "computed ahead" <<<"$1" && grep -q "^loaded " <<<"$1"' _ "$out"
+check_eq core-alone-bitwise "$(last_chain "$tmp/ahead-core")" "$ref"
+out=$(RETRACE_HASH_AHEAD="0:1" "$core" resume "$tmp/ahead-forged" --plain 2>&1 < /dev/null)
+check_true forged-hint-ignored bash -c '! grep -q "computed ahead" <<<"$1" && grep -q "^loaded " <<<"$1"' _ "$out"
+check_eq forged-hint-bitwise "$(last_chain "$tmp/ahead-forged")" "$ref"
+shard30="$(step "$tmp/ahead-flip" 30)/shard-rank00000.safetensors"
+printf '\x5a' | dd of="$shard30" bs=1 seek=$(( $(stat -c %s "$shard30") - 7 )) conv=notrunc status=none
+expect ahead-flip-skipped 0 "skipped checkpoint .*step-00000030: .*sha256" -- "$RETRACE" resume "$tmp/ahead-flip" --plain
+check_eq ahead-flip-bitwise "$(last_chain "$tmp/ahead-flip")" "$ref"
 
 echo "async_ckpt: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

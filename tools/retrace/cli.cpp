@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/hash_ahead.h"
 #include "train/environment.h"
 
 namespace retrace::cli {
@@ -74,6 +75,7 @@ void for_each_command(CliArgs& a, F&& fn) {
 }  // namespace
 
 int run_cli(int argc, char** argv, const train::Registry& registry) {
+  hash_ahead::adopt();  // before anything can start a process that would inherit the launcher's pipe
   CLI::App app{"retrace: deterministic, recorded, replayable training on LibTorch"};
   app.require_subcommand(1);
   app.set_version_flag(

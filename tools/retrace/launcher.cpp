@@ -5,14 +5,19 @@
 // twice, half a second per command on a 2-core VM. Here it loads once. The trainer still checks
 // everything itself (train::prepare_process): a native run drops the pins (one re-execution),
 // retrace-core started directly behaves as before, and a user's own binary (include/retrace)
-// calls prepare_process as ever.
+// calls prepare_process as ever. For `retrace resume` on one rank it also starts hashing the
+// checkpoint's shard while the trainer loads LibTorch (core/hash_ahead.h).
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <string>
 
+#include "ckpt/checkpoint_dir.h"
+#include "core/hash_ahead.h"
 #include "retrace/error.h"
 #include "train/launch.h"
 
@@ -36,10 +41,28 @@ std::string own_directory() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// `retrace resume RUN` on one rank: the shard it reads first. The run directory is the first
+// argument that holds a checkpoints directory (an option's value does not); a guess is harmless,
+// since the trainer uses the hint only for the very file it opens.
+std::optional<std::string> shard_to_hash_ahead(int argc, char** argv) {
+  if (argc < 3 || std::string(argv[1]) != "resume") return std::nullopt;
+  std::optional<std::string> run;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help" || (a == "--world-size" && i + 1 < argc && std::string(argv[i + 1]) != "1") ||
+        (a.rfind("--world-size=", 0) == 0 && a != "--world-size=1"))
+      return std::nullopt;  // several ranks: each reads its own shard
+    std::error_code ec;
+    if (!run && !a.empty() && a[0] != '-' && std::filesystem::is_directory(a + "/checkpoints", ec)) run = a;
+  }
+  return run ? retrace::ckpt::first_shard_to_resume(*run + "/checkpoints") : std::nullopt;
+}
+
 }  // namespace
 
-int main(int, char** argv) {
+int main(int argc, char** argv) {
   retrace::train::pin_before_start(kTrainerBlas);
+  if (const std::optional<std::string> shard = shard_to_hash_ahead(argc, argv)) retrace::hash_ahead::start(*shard);
   const std::string core = own_directory() + "/retrace-core";
   ::execv(core.c_str(), argv);
   std::fprintf(stderr,
