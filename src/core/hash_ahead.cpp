@@ -51,7 +51,6 @@ bool read_all(int fd, char* out, size_t size) {
   return true;
 }
 
-
 // In the forked child of the launcher (single-threaded, so OpenSSL and malloc are safe here): hash
 // the open `file`, say what it hashed, exit. It dies with the process that adopts its pipe.
 [[noreturn]] void child_main(int file, int out, pid_t parent) {
@@ -99,7 +98,7 @@ bool parse_number(const std::string& s, long long& out) {
 }
 
 void take(int fd, pid_t pid) {
-  struct stat st{};
+  struct stat st {};
   if (fd < 0 || pid <= 0 || ::fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) return;
   // The pid must be a child of this process (still there to be waited for; WNOWAIT leaves it so).
   siginfo_t info{};
@@ -138,10 +137,10 @@ bool Identity::operator==(const Identity& o) const {
 }
 
 std::optional<Identity> identity_of(int fd) {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  return Identity{uint64_t(st.st_dev),         uint64_t(st.st_ino),        uint64_t(st.st_size),
-                  int64_t(st.st_mtim.tv_sec),  int64_t(st.st_mtim.tv_nsec), int64_t(st.st_ctim.tv_sec),
+  return Identity{uint64_t(st.st_dev),        uint64_t(st.st_ino),         uint64_t(st.st_size),
+                  int64_t(st.st_mtim.tv_sec), int64_t(st.st_mtim.tv_nsec), int64_t(st.st_ctim.tv_sec),
                   int64_t(st.st_ctim.tv_nsec)};
 }
 
@@ -213,8 +212,13 @@ bool is_for(int fd) {
       return false;
     }
     const char* p = rec + sizeof kMagic;
-    g_hint.id = Identity{get_u64(p),          get_u64(p + 8),           get_u64(p + 16),         int64_t(get_u64(p + 24)),
-                         int64_t(get_u64(p + 32)), int64_t(get_u64(p + 40)), int64_t(get_u64(p + 48))};
+    g_hint.id = Identity{get_u64(p),
+                         get_u64(p + 8),
+                         get_u64(p + 16),
+                         int64_t(get_u64(p + 24)),
+                         int64_t(get_u64(p + 32)),
+                         int64_t(get_u64(p + 40)),
+                         int64_t(get_u64(p + 48))};
     g_hint.have_identity = true;
   }
   const std::optional<Identity> id = identity_of(fd);
@@ -231,8 +235,7 @@ std::optional<std::string> confirm(const std::vector<Digest128>& blocks, uint64_
     std::string rec(size_t(expected) * 16, '\0');
     int status = 0;
     bool same = read_all(g_hint.fd, rec.data(), rec.size()) && ::waitpid(g_hint.pid, &status, 0) == g_hint.pid &&
-                WIFEXITED(status) && WEXITSTATUS(status) == 0 && size == g_hint.id.size &&
-                blocks.size() == expected;
+                WIFEXITED(status) && WEXITSTATUS(status) == 0 && size == g_hint.id.size && blocks.size() == expected;
     for (size_t i = 0; same && i < blocks.size(); ++i)
       same = blocks[i] == Digest128{get_u64(rec.data() + 16 * i), get_u64(rec.data() + 16 * i + 8)};
     if (same) sha = std::string(head, 64);

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/parse_number.h"
+#include "testing/random_bytes.h"
 
 namespace retrace {
 namespace {
@@ -31,14 +32,7 @@ TEST(Digest, OnePassReadAndHashEqualThePlainPath) {
   const size_t mib = size_t(1) << 20;
   for (size_t size : {size_t(0), size_t(1), 4 * mib - 1, 4 * mib, 4 * mib + 1, 8 * mib - 1, 8 * mib, 8 * mib + 1,
                       12 * mib + 4097, 37 * mib + 3}) {
-    std::string bytes(size, '\0');
-    uint64_t x = 0x9e3779b97f4a7c15ull ^ size;
-    for (size_t i = 0; i < size; ++i) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      bytes[i] = char(x >> 29);
-    }
+    std::string bytes = testing::random_bytes(size, size);
     const std::string path = dir + "/f" + std::to_string(size);
     {
       std::ofstream out(path, std::ios::binary);

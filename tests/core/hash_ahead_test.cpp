@@ -16,21 +16,10 @@
 #include <vector>
 
 #include "core/digest.h"
+#include "testing/random_bytes.h"
 
 namespace retrace {
 namespace {
-
-std::string bytes_of(size_t size, uint64_t seed) {
-  std::string bytes(size, '\0');
-  uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;
-  for (size_t i = 0; i < size; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    bytes[i] = char(x >> 29);
-  }
-  return bytes;
-}
 
 struct TestFile {
   std::string path, bytes;
@@ -38,7 +27,7 @@ struct TestFile {
 TestFile write_file(const std::string& name, size_t size, uint64_t seed) {
   const std::string dir = ::testing::TempDir() + "/retrace-hash-ahead";
   std::filesystem::create_directories(dir);
-  TestFile f{dir + "/" + name, bytes_of(size, seed)};
+  TestFile f{dir + "/" + name, testing::random_bytes(size, seed)};
   std::ofstream out(f.path, std::ios::binary | std::ios::trunc);
   out.write(f.bytes.data(), std::streamsize(f.bytes.size()));
   return f;
@@ -174,9 +163,9 @@ TEST(HashAhead, AVariableThatNamesNoPipeOrNoChildIsIgnored) {
   ASSERT_EQ(::write(p[1], "RTHAHD01", 8), 8);
   ::close(p[1]);  // a reader that should not have read it would see its end, not wait
   const hash_ahead::Stats before = hash_ahead::stats();
-  for (const std::string& v : {std::to_string(file) + ":" + std::to_string(::getpid()),
-                               std::to_string(p[0]) + ":1", std::string("x:y"), std::string("12"),
-                               std::to_string(p[0]) + ":" + std::to_string(::getppid())}) {
+  for (const std::string& v :
+       {std::to_string(file) + ":" + std::to_string(::getpid()), std::to_string(p[0]) + ":1", std::string("x:y"),
+        std::string("12"), std::to_string(p[0]) + ":" + std::to_string(::getppid())}) {
     ASSERT_EQ(::setenv(hash_ahead::kEnv, v.c_str(), 1), 0);
     hash_ahead::adopt();
     EXPECT_EQ(std::getenv(hash_ahead::kEnv), nullptr) << v;
