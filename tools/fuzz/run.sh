@@ -37,7 +37,7 @@ fi
 # The frame layout's constants, generated from src/trace/frame_layout.json as the build does.
 cmake -DFRAME_LAYOUT_JSON="$repo/src/trace/frame_layout.json" -DFRAME_LAYOUT_HEADER="$out/gen/trace/frame_layout.h" \
   -P "$repo/cmake/frame_layout.cmake"
-sources=(src/core/digest.cpp src/core/file_util.cpp src/core/strict_json.cpp src/core/safetensors_writer.cpp
+sources=(src/core/digest.cpp src/core/hash_ahead.cpp src/core/file_util.cpp src/core/strict_json.cpp src/core/safetensors_writer.cpp
          src/core/safetensors_reader.cpp src/ckpt/schema.cpp src/ckpt/manifest.cpp
          src/trace/fd_io.cpp src/trace/frame_scanner.cpp src/trace/framing.cpp src/trace/record_codec.cpp
          src/records/records.cpp src/trace/trace_reader.cpp "$out/gen/trace/trace.capnp.c++"
