@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/file_util.h"
 
 namespace retrace {
 
@@ -41,14 +42,6 @@ inline Tag tag_of(const Error& e) {
     case kIo: throw IoError(message);
     case kOutOfMemory: throw IoError(message + "out of memory; use a smaller configuration or a machine with more");
     default: throw InvariantError(message);
-  }
-}
-inline void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t k = ::write(fd, p, n);
-    if (k <= 0) return;
-    p += k;
-    n -= static_cast<size_t>(k);
   }
 }
 }  // namespace child_detail
@@ -78,7 +71,7 @@ T run_in_child(Fn&& fn, const std::string& what) {
       out.assign(1, kOther);
       out += e.what();
     }
-    write_all(fds[1], out.data(), out.size());
+    (void)fs::write_fully(fds[1], out.data(), out.size());
     ::_exit(0);
   }
   ::close(fds[1]);

@@ -29,18 +29,13 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   RETRACE_CHECK(fd >= 0, IoError, "cannot create ", tmp, ": ", errno_text(errno),
                 "; check that the directory exists and is writable");
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(), " bytes: ", errno_text(err),
-                   "; the previous ", path, " is untouched");
-    }
-    done += static_cast<size_t>(n);
+  const size_t done = write_fully(fd, data.data(), data.size());
+  if (done < data.size()) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(), " bytes: ", errno_text(err),
+                 "; the previous ", path, " is untouched");
   }
   if (::fsync(fd) != 0) {
     int err = errno;
@@ -98,10 +93,7 @@ int open_regular_file_within(const std::string& path, uint64_t max_bytes, uint64
   return fd;
 }
 
-namespace {
-
-// Reads up to `size` bytes into `out`; returns how many came (fewer at an early end or an error).
-size_t read_into(int fd, char* out, size_t size) {
+size_t read_fully(int fd, char* out, size_t size) {
   size_t done = 0;
   while (done < size) {
     ssize_t n = ::read(fd, out + done, size - done);
@@ -112,7 +104,16 @@ size_t read_into(int fd, char* out, size_t size) {
   return done;
 }
 
-}  // namespace
+size_t write_fully(int fd, const char* data, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
 
 uint64_t read_at(int fd, uint64_t offset, void* out, uint64_t size, const std::string& path) {
   uint64_t done = 0;
@@ -131,7 +132,7 @@ std::string read_file(const std::string& path, uint64_t max_bytes, Links links) 
   uint64_t size = 0;
   int fd = open_regular_file_within(path, max_bytes, size, links);
   std::string out(static_cast<size_t>(size), '\0');
-  out.resize(read_into(fd, out.data(), out.size()));
+  out.resize(read_fully(fd, out.data(), out.size()));
   ::close(fd);
   return out;
 }
@@ -140,7 +141,7 @@ FileBytes read_file_bytes(const std::string& path, uint64_t max_bytes, Links lin
   uint64_t size = 0;
   int fd = open_regular_file_within(path, max_bytes, size, links);
   FileBytes out(static_cast<size_t>(size));
-  out.shrink_to(read_into(fd, out.data(), out.size()));
+  out.shrink_to(read_fully(fd, out.data(), out.size()));
   ::close(fd);
   return out;
 }

@@ -59,6 +59,12 @@ int open_regular_file(const std::string& path, Links links = Links::kFollow);
 // may read one fd). Returns how many came: fewer only at the end of the file. IoError naming
 // `path` for a read error.
 uint64_t read_at(int fd, uint64_t offset, void* out, uint64_t size, const std::string& path);
+// Reads from `fd` until `size` bytes came, the file or pipe ended, or a read failed (EINTR is
+// retried); returns how many came. The caller tells an end from an error by errno when it cares.
+size_t read_fully(int fd, char* out, size_t size);
+// Writes all `size` bytes to `fd` (EINTR retried); returns how many were written, fewer only when a
+// write failed (errno says why).
+size_t write_fully(int fd, const char* data, size_t size);
 // Creates a directory and its parents; throws IoError naming the path if that fails or if the
 // directory cannot be written to.
 void make_writable_dir(const std::string& dir);

@@ -14,6 +14,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/file_util.h"
+#include "core/parse_number.h"
+
 namespace retrace::hash_ahead {
 namespace {
 
@@ -30,26 +33,9 @@ uint64_t get_u64(const char* p) {
 }
 
 bool write_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += size_t(n);
-  }
-  return true;
+  return fs::write_fully(fd, bytes.data(), bytes.size()) == bytes.size();
 }
-// Exactly `size` bytes, or false (the pipe ended first or failed).
-bool read_all(int fd, char* out, size_t size) {
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, out + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += size_t(n);
-  }
-  return true;
-}
+bool read_all(int fd, char* out, size_t size) { return fs::read_fully(fd, out, size) == size; }
 
 // In the forked child of the launcher (single-threaded, so OpenSSL and malloc are safe here): hash
 // the open `file`, say what it hashed, exit. It dies with the process that adopts its pipe.
@@ -89,12 +75,6 @@ void end_hint_locked() {
   if (g_hint.fd >= 0) ::close(g_hint.fd);
   if (g_hint.pid > 0) ::waitpid(g_hint.pid, nullptr, WNOHANG);
   g_hint = Hint{};
-}
-
-bool parse_number(const std::string& s, long long& out) {
-  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) return false;
-  out = std::strtoll(s.c_str(), nullptr, 10);
-  return true;
 }
 
 void take(int fd, pid_t pid) {
@@ -193,11 +173,10 @@ void adopt() {
   const std::string text(v);
   ::unsetenv(kEnv);
   const size_t colon = text.find(':');
-  long long fd = -1, pid = -1;
-  if (colon == std::string::npos || !parse_number(text.substr(0, colon), fd) ||
-      !parse_number(text.substr(colon + 1), pid) || fd > 1 << 20 || pid > 1 << 30)
-    return;
-  take(int(fd), pid_t(pid));
+  if (colon == std::string::npos) return;
+  const std::optional<uint64_t> fd = parse_decimal_u64(std::string_view(text).substr(0, colon));
+  const std::optional<uint64_t> pid = parse_decimal_u64(std::string_view(text).substr(colon + 1));
+  if (fd && pid && *fd <= 1 << 20 && *pid <= 1 << 30) take(int(*fd), pid_t(*pid));
 }
 
 void adopt_for_test(int fd, pid_t pid) { take(fd, pid); }
