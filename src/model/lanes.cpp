@@ -17,6 +17,7 @@ namespace retrace::model {
 namespace {
 
 std::atomic<int> lane_count{1};
+std::atomic<int> lent{0};
 constexpr int kSpins = 2000;  // pause instructions, about 10-100 us depending on the CPU
 
 inline void relax() {
@@ -168,7 +169,15 @@ void set_lanes(int lanes) {
   lane_count.store(lanes, std::memory_order_relaxed);
 }
 
-int lanes() { return lane_count.load(std::memory_order_relaxed); }
+int lanes() { return std::max(1, lane_count.load(std::memory_order_relaxed) - lent.load(std::memory_order_relaxed)); }
+
+int configured_lanes() { return lane_count.load(std::memory_order_relaxed); }
+
+LaneLoan::LaneLoan() { lent.fetch_add(1, std::memory_order_relaxed); }
+
+LaneLoan::~LaneLoan() { lent.fetch_sub(1, std::memory_order_relaxed); }
+
+int lanes_lent() { return lent.load(std::memory_order_relaxed); }
 
 void run_lanes(const std::function<void(int lane)>& work) {
   const int n = lanes();

@@ -21,7 +21,26 @@ constexpr int kMaxLanes = 256;
 
 // Process-wide lane count, 1 to kMaxLanes (runtime.elementwise_threads; 1 until set).
 void set_lanes(int lanes);
+// The lanes a call runs on now: the count set, less one per LaneLoan alive, at least 1.
 int lanes();
+// The count set, whatever is lent.
+int configured_lanes();
+
+// A core lent by the step to a background thread (the checkpoint writer, run/async_save.h): while a
+// loan lives, lanes() counts one lane fewer, never fewer than one, so the writer's work does not
+// make one of the step's lanes a straggler that the others wait for. Only time changes: every
+// caller takes tiles from a shared counter (for_each_tile), and where a tile count follows lanes()
+// (the GEMM tiles of numerics version 2) any tiling gives the same bits, so a loan taken or
+// returned between two calls, or during one, changes no value. Thread-safe.
+class LaneLoan {
+ public:
+  LaneLoan();
+  ~LaneLoan();
+  LaneLoan(const LaneLoan&) = delete;
+  LaneLoan& operator=(const LaneLoan&) = delete;
+};
+// Loans alive now (a test's and a report's view).
+int lanes_lent();
 
 // Runs work(0) on the calling thread and work(1) .. work(lanes() - 1) on the helper threads, which
 // adopt the caller's ATen thread-local state (grad mode, autocast, dispatch keys). Returns when all

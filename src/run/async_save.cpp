@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "model/lanes.h"
 #include "run/loop_parts.h"
 #include "train/step_digests.h"
 
@@ -115,6 +116,8 @@ void BackgroundSave::start(Job job) {
   outcome_.step = job.snapshot.step;
   thread_ = std::thread([this, job = std::move(job)]() mutable {
     const auto start = std::chrono::steady_clock::now();
+    std::optional<model::LaneLoan> loan;
+    if (job.lend_lane) loan.emplace();
     try {
       const std::string where = job.root + "/" + ckpt::step_dir_name(job.snapshot.step);
       const auto before_commit = [&] {

@@ -72,6 +72,8 @@ class BackgroundSave {
     // Several ranks: the group the writer threads vote on (never the loop's), else nullptr.
     train::Collective* sync = nullptr;
     StepProof proof;
+    // The writer holds a model::LaneLoan while it works (checkpoint.lend_lane).
+    bool lend_lane = false;
     // crash-in-save: marked fired in this run directory, then SIGKILL before the commit.
     std::string crash_run_dir, crash_id;
   };

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "model/lanes.h"
 #include "run/layout.h"
 #include "trace/trace_writer.h"
 #include "train/trainer.h"
@@ -44,6 +45,7 @@ Checkpointer::Checkpointer(std::string run_dir, const train::CheckpointConfig& c
     : run_dir_(std::move(run_dir)),
       keep_last_(static_cast<uint32_t>(config.keep_last)),
       on_error_(config.on_error),
+      lend_lane_(config.lend_lane),
       ranks_(ranks && ranks->world_size() > 1 ? ranks : nullptr),
       save_group_(save_group),
       background_(config.async_save && sync_reason.empty() && (!ranks_ || save_group_)) {}
@@ -144,6 +146,8 @@ void Checkpointer::save_in_background(train::Trainer& trainer, trace::TraceWrite
   job.proof.optim = rec.optim_digest;
   job.proof.rng = rec.rng_digest;
   job.proof.parts = trainer.state().digest_parts;
+  job.lend_lane = lend_lane_ && model::configured_lanes() > 1;
+  lanes_while_saving_ = job.lend_lane ? model::configured_lanes() - 1 : 0;
   if (const auto tensor = trainer.corrupt_staging_due(step)) {
     const std::string id = "corrupt-staging@" + std::to_string(step);
     mark_fired_on_disk(run_dir_, id);
@@ -182,7 +186,11 @@ void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, cons
       std::snprintf(speed, sizeof speed, "%.1f MB in %.2f s, %.0f MB/s, in the background; the loop was blocked %.3f s",
                     static_cast<double>(out.bytes) / 1e6, out.seconds,
                     out.seconds > 0 ? static_cast<double>(out.bytes) / 1e6 / out.seconds : 0.0, blocked_seconds_);
-      cb.on_message("checkpoint " + out.dir + " (" + speed + ")");
+      const std::string lanes = lanes_while_saving_ > 0
+                                    ? "; the step ran on " + std::to_string(lanes_while_saving_) + " lane" +
+                                          (lanes_while_saving_ == 1 ? "" : "s") + " while it was written"
+                                    : "";
+      cb.on_message("checkpoint " + out.dir + " (" + speed + lanes + ")");
     }
     report_rotation(out.rotation, writer, step, cb);
     return;

@@ -106,6 +106,7 @@ class Checkpointer {
   std::string run_dir_;
   uint32_t keep_last_;
   train::CkptOnError on_error_;
+  bool lend_lane_;
   bool leader() const { return !ranks_ || ranks_->rank() == 0; }
   // A checkpoint event and line, from rank 0 only (every rank sees the same saves).
   void say(trace::TraceWriter* writer, const RunCallbacks& cb, uint64_t step, const std::string& text) const;
@@ -117,6 +118,7 @@ class Checkpointer {
   StagingBuffer staging_;
   BackgroundSave writer_thread_;
   double blocked_seconds_ = 0;  // of the save in flight: its wait and its copy
+  int lanes_while_saving_ = 0;  // the step's lanes while the save in flight is written
   std::string last_committed_;  // the newest step directory committed in this process
   int timing_depth_ = 0;
   double loop_ms_ = 0;

@@ -197,6 +197,9 @@ struct CheckpointConfig {
   // A save's file work on a background thread after a copy of the state (src/run/async_save.h);
   // false: the loop waits for every save.
   bool async_save = true;
+  // While a background save is written the step runs on one lane fewer, leaving that core to the
+  // writer (model::LaneLoan): time only, never bits.
+  bool lend_lane = true;
   CkptOnError on_error = CkptOnError::kStop;  // a background save that fails: stop the run, or go on
 };
 

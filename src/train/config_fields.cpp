@@ -237,6 +237,13 @@ std::vector<Field> fields() {
                "digests, and for the last and the interrupt's save (docs/checkpoints.md)",
                {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::async_save), "false",
                Field::Era::kCurrent, {}, true});
+  f.push_back({"checkpoint.lend_lane", Kind::kBool,
+               "while a background save is written, the step runs on one lane fewer (runtime.threads - 1, at "
+               "least one) and leaves that core to the writer, whose work would otherwise make one of the step's "
+               "lanes a straggler the others wait for; the bits are the same (a tile's bits do not depend on the "
+               "lane that computes it). false: the writer competes with the step's lanes",
+               {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::lend_lane), "false",
+               Field::Era::kCurrent, {}, true});
   f.push_back({"checkpoint.on_error", Kind::kChoice,
                "a background save that fails on the disk (full, read-only, I/O error), reported at the next "
                "step: stop (exit 4, the newest committed checkpoint named) or continue (a warning and an event; "

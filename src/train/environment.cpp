@@ -366,7 +366,7 @@ std::vector<records::KeyValue> fingerprint(const RuntimeConfig& runtime, uint32_
   add("info.cuda_device_count", std::to_string(cu.devices));
   add("info.cuda_build", cu.built ? "CUDA " + cu.runtime + (cu.cudnn.empty() ? "" : ", cuDNN " + cu.cudnn) : "none");
   add("info.allocator", allocator());
-  add("info.elementwise_threads", std::to_string(model::lanes()));
+  add("info.elementwise_threads", std::to_string(model::configured_lanes()));
   if (owned) {  // version 2: the thread count is information (the bits are the same at any)
     const KernelThreads t = kernel_threads(runtime);
     add("info.threads", std::to_string(t.count));

@@ -203,5 +203,17 @@ printf '\x5a' | dd of="$shard30" bs=1 seek=$(( $(stat -c %s "$shard30") - 7 )) c
 expect ahead-flip-skipped 0 "skipped checkpoint .*step-00000030: .*sha256" -- "$RETRACE" resume "$tmp/ahead-flip" --plain
 check_eq ahead-flip-bitwise "$(last_chain "$tmp/ahead-flip")" "$ref"
 
+# 12. The writer borrows one of the step's lanes while it works (checkpoint.lend_lane): the default
+#     MLP at two lanes, whose GEMMs are cut into tiles by the lane count, with step 10's shard on a
+#     slow disk so that the save spans several steps: the run says it ran on one lane meanwhile, and
+#     ends on the chain of a run whose writer lent nothing.
+lend=(--total-steps 30 --set checkpoint.every_steps=10 --set train.eval_each_epoch=false --set runtime.threads=2 --plain)
+slow10=(env LD_PRELOAD="$SHIM" RETRACE_SLOW_PATH="step-00000010/shard-rank" RETRACE_SLOW_US=1000000)
+expect lend-lane 0 "step-00000010 .*the step ran on 1 lane while it was written" -- \
+  "${slow10[@]}" "$RETRACE" record "${lend[@]}" --out "$tmp/lend"
+out=$("${slow10[@]}" "$RETRACE" record "${lend[@]}" --set checkpoint.lend_lane=false --out "$tmp/nolend" 2>&1)
+check_true lend-none-says-nothing bash -c 'grep -q "step-00000010 .*in the background" <<<"$1" && ! grep -q "while it was written" <<<"$1"' _ "$out"
+check_eq lend-lane-bitwise "$(last_chain "$tmp/lend")" "$(last_chain "$tmp/nolend")"
+
 echo "async_ckpt: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

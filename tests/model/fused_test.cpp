@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -496,6 +497,38 @@ TEST(Lanes, EachLaneRunsOnceAndExceptionsReachTheCaller) {
   }
   EXPECT_FALSE(grad_on[0]);
   EXPECT_FALSE(grad_on[1]);
+}
+
+// Loans (LaneLoan, the checkpoint writer's) taken and returned while tiles are handed out, between a
+// caller's reading of lanes() and the call's, lose no tile and run none twice.
+TEST(Lanes, ALoanTakenOrReturnedDuringACallLosesNoTile) {
+  LanesGuard three(3);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> toggles{0};
+  std::thread lender([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      LaneLoan loan;
+      toggles++;
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::atomic<int>> seen(7);
+  int64_t calls = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  for (; calls < 20000 && std::chrono::steady_clock::now() < until; ++calls) {
+    for (auto& s : seen) s.store(0, std::memory_order_relaxed);
+    // Tiles as many as the lanes counted now (gemm_on_lanes does so), handed out by for_each_tile.
+    const int64_t tiles = std::min<int64_t>(lanes(), 7);
+    for_each_tile(tiles * 10, 10, [&](int64_t begin, int64_t end, int) {
+      for (int64_t t = begin / 10; t < (end + 9) / 10; ++t) seen[t]++;
+    });
+    for (int64_t t = 0; t < 7; ++t) ASSERT_EQ(seen[t].load(), t < tiles ? 1 : 0) << "tile " << t << ", call " << calls;
+  }
+  stop = true;
+  lender.join();
+  EXPECT_GT(toggles.load(), 0);
+  EXPECT_EQ(lanes(), 3);
+  EXPECT_EQ(lanes_lent(), 0);
 }
 
 TEST(Lanes, ConcurrentCallersAllFinish) {

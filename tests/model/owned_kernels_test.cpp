@@ -6,7 +6,10 @@
 #include "model/owned_linear.h"
 
 #include <gtest/gtest.h>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <utility>
 #include <torch/torch.h>
 
@@ -82,6 +85,49 @@ TEST(OwnedLinear, SameBitsAtEveryLaneCountAndCloseToLibTorch) {
       EXPECT_TRUE(torch::allclose(one.gb.to(torch::kDouble), ref.gb, 1e-4, 1e-3)) << x.sizes();
     }
   }
+}
+
+// A lane lent to a background thread (LaneLoan, the checkpoint writer's) counts one lane fewer, never
+// fewer than one, and loans taken and returned while the layer runs, between and during its calls,
+// change no bit of its output or gradients.
+TEST(OwnedLinear, ALaneLentDuringTheStepChangesNoBit) {
+  OwnedPath p(3);
+  {
+    LaneLoan first;
+    EXPECT_EQ(lanes(), 2);
+    EXPECT_EQ(configured_lanes(), 3);
+    LaneLoan second, third;
+    EXPECT_EQ(lanes(), 1);
+    EXPECT_EQ(lanes_lent(), 3);
+  }
+  EXPECT_EQ(lanes(), 3);
+  EXPECT_EQ(lanes_lent(), 0);
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({4, 64, 256}), w = torch::randn({384, 256}) * 0.05, b = torch::randn({384});
+  const Grads whole = run(x, w, b, true);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> loans{0};
+  std::thread lender([&] {
+    while (!stop.load()) {
+      LaneLoan loan;
+      loans++;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (loans % 2 == 0) {
+        LaneLoan another;  // down to one lane for a while
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+      }
+    }
+  });
+  for (int i = 0; i < 20; ++i) {
+    const Grads g = run(x, w, b, true);
+    EXPECT_TRUE(same_bits(g.y, whole.y) && same_bits(g.gx, whole.gx) && same_bits(g.gw, whole.gw) &&
+                same_bits(g.gb, whole.gb))
+        << "run " << i;
+  }
+  stop = true;
+  lender.join();
+  EXPECT_GT(loans.load(), 0);
+  EXPECT_EQ(lanes(), 3);
 }
 
 TEST(OwnedLinear, OnlyWhereTheOwnedPathIsOnAndTheTensorsAreFloatCpu) {
