@@ -96,9 +96,12 @@ class Pool {
 
   void loop(int lane) {
     uint64_t seen = 0;
+    // A helper left out of the last job (fewer lanes set, or one lent to the checkpoint writer:
+    // LaneLoan) sleeps at once instead of spinning, so it does not take the core it was left off.
+    bool spin = true;
     for (;;) {
       bool have = false;
-      for (int i = 0; i < kSpins && !have; ++i) {
+      for (int i = 0; spin && i < kSpins && !have; ++i) {
         have = posted_.load(std::memory_order_acquire) != seen;
         if (!have) relax();
       }
@@ -114,7 +117,8 @@ class Pool {
         // one that is cannot, since the next job waits for it).
         std::lock_guard<std::mutex> lock(mu_);
         seen = posted_.load(std::memory_order_acquire);
-        if (lane >= lanes_) continue;  // not one of this job's lanes
+        spin = lane < lanes_;
+        if (!spin) continue;  // not one of this job's lanes
         work = work_;
         state = state_;
       }

@@ -39,7 +39,7 @@ class LaneLoan {
   LaneLoan(const LaneLoan&) = delete;
   LaneLoan& operator=(const LaneLoan&) = delete;
 };
-// Loans alive now (a test's and a report's view).
+// Loans alive now (a test's view).
 int lanes_lent();
 
 // Runs work(0) on the calling thread and work(1) .. work(lanes() - 1) on the helper threads, which
