@@ -8,18 +8,47 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
+#include "core/disk_wait.h"
 #include "core/error.h"
 
 namespace retrace::fs {
+
+namespace {
+
+struct DiskWaitState {
+  DiskWaitHooks hooks;
+  int depth = 0;
+};
+thread_local DiskWaitState disk_wait_state;
+
+}  // namespace
+
+void set_disk_wait_hooks(DiskWaitHooks hooks) {
+  RETRACE_CHECK(disk_wait_state.depth == 0, InvariantError, "disk-wait hooks set during a disk wait");
+  disk_wait_state.hooks = std::move(hooks);
+}
+
+DiskWait::DiskWait() {
+  if (disk_wait_state.depth++ == 0 && disk_wait_state.hooks.begin) disk_wait_state.hooks.begin();
+}
+
+DiskWait::~DiskWait() {
+  if (--disk_wait_state.depth == 0 && disk_wait_state.hooks.end) disk_wait_state.hooks.end();
+}
 
 std::string errno_text(int err) { return std::strerror(err); }
 
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   RETRACE_CHECK(fd >= 0, IoError, "cannot open directory ", dir, " to fsync it: ", errno_text(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
+  int rc = 0, err = 0;
+  {
+    const DiskWait waiting;
+    rc = ::fsync(fd);
+    err = errno;  // before the hooks run
+  }
   ::close(fd);
   RETRACE_CHECK(rc == 0, IoError, "fsync of directory ", dir, " failed: ", errno_text(err));
 }
@@ -37,8 +66,13 @@ void write_file_atomic(const std::string& path, std::string_view data) {
     RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(), " bytes: ", errno_text(err),
                  "; the previous ", path, " is untouched");
   }
-  if (::fsync(fd) != 0) {
-    int err = errno;
+  int synced = 0, err = 0;
+  {
+    const DiskWait waiting;
+    synced = ::fsync(fd);
+    err = errno;  // before the hooks run
+  }
+  if (synced != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
     RETRACE_FAIL(IoError, "fsync of ", tmp, " failed: ", errno_text(err));

@@ -18,6 +18,7 @@
 
 #include "core/safetensors.h"
 #include "core/digest.h"
+#include "core/disk_wait.h"
 #include "core/error.h"
 #include "core/file_util.h"
 
@@ -134,7 +135,9 @@ class ShardFileWriter {
 
   void start_writeback() {
 #ifdef SYNC_FILE_RANGE_WRITE
-    // Only a hint: errors here show up again at fsync, where they are handled.
+    // Only a hint: errors here show up again at fsync, where they are handled. It blocks while the
+    // device's queue is full, which on a slow disk is most of the write: a wait, not work.
+    const fs::DiskWait waiting;
     ::sync_file_range(fd_, off_t(writeback_from_), off_t(written_ - writeback_from_), SYNC_FILE_RANGE_WRITE);
 #endif
     writeback_from_ = written_;
@@ -217,6 +220,18 @@ void read_back(const std::string& tmp, const std::string& final_path, const std:
   }
 }
 
+// The fsync of the written .tmp, a wait on the disk (fs::DiskWait); IoError when it fails.
+void fsync_shard(int fd, const std::string& final_path, const std::string& tmp) {
+  int synced = 0, err = 0;
+  {
+    const fs::DiskWait waiting;
+    synced = ::fsync(fd);
+    err = errno;  // before the wait's hooks run
+  }
+  RETRACE_CHECK(synced == 0, IoError, "cannot write checkpoint shard ", final_path, ": fsync of ", tmp,
+                " failed: ", fs::errno_text(err), "; the .tmp was removed and existing checkpoints are untouched");
+}
+
 // The fault seam's flip of one byte of the written file (WriteFaults::flip_byte_at).
 void flip_written_byte(const std::string& tmp, uint64_t at) {
   const int fd = ::open(tmp.c_str(), O_RDWR | O_CLOEXEC);
@@ -286,19 +301,16 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
       writer.write_all(s.data, s.size);
     }
     if (!staged.empty()) writer.write_all(staged.data(), staged.size());
-    if (::fsync(fd) != 0) {
-      int err = errno;
-      RETRACE_FAIL(IoError, "cannot write checkpoint shard ", final_path, ": fsync of ", tmp,
-                   " failed: ", fs::errno_text(err),
-                   "; the .tmp was removed and existing checkpoints "
-                   "are untouched");
-    }
+    writer.start_writeback();  // the tail too, while the hashing ends
+    // The hashing is work and the fsync a wait (fs::DiskWait): the work first, so that a core lent
+    // to this thread can go back for the whole wait.
+    if (hasher.joinable()) hasher.join();
+    else hash_segments(segments, &sha, &xxh3, &stop);
+    fsync_shard(fd, final_path, tmp);
     int rc = ::close(fd);
     fd = -1;
     RETRACE_CHECK(rc == 0, IoError, "cannot write checkpoint shard ", final_path, ": close of ", tmp,
                   " failed: ", fs::errno_text(errno));
-    if (hasher.joinable()) hasher.join();
-    else hash_segments(segments, &sha, &xxh3, &stop);
     if (faults.flip_byte_at < total) flip_written_byte(tmp, faults.flip_byte_at);
     read_back(tmp, final_path, segments, xxh3, tensors, order, total);
     RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp, " to ", final_path,

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/disk_wait.h"
 #include "core/error.h"
-#include "model/lanes.h"
 #include "run/loop_parts.h"
 #include "train/step_digests.h"
 
@@ -104,6 +104,31 @@ void corrupt_staged(ckpt::StateSnapshot& staged, const std::string& name) {
                names, names.size() >= 400 ? ", ..." : "");
 }
 
+WriterLaneLoan::WriterLaneLoan() {
+  take();
+  fs::set_disk_wait_hooks({[this] { give_back(); }, [this] { take(); }});
+}
+
+WriterLaneLoan::~WriterLaneLoan() {
+  fs::set_disk_wait_hooks({});
+  give_back();
+}
+
+void WriterLaneLoan::take() {
+  loan_.emplace();
+  since_ = std::chrono::steady_clock::now();
+}
+
+void WriterLaneLoan::give_back() {
+  if (!loan_) return;
+  loan_.reset();
+  lent_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+}
+
+double WriterLaneLoan::seconds_lent() const {
+  return lent_ + (loan_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count() : 0.0);
+}
+
 BackgroundSave::~BackgroundSave() {
   if (thread_.joinable()) thread_.join();
 }
@@ -116,7 +141,7 @@ void BackgroundSave::start(Job job) {
   outcome_.step = job.snapshot.step;
   thread_ = std::thread([this, job = std::move(job)]() mutable {
     const auto start = std::chrono::steady_clock::now();
-    std::optional<model::LaneLoan> loan;
+    std::optional<WriterLaneLoan> loan;
     if (job.lend_lane) loan.emplace();
     try {
       const std::string where = job.root + "/" + ckpt::step_dir_name(job.snapshot.step);
@@ -140,6 +165,8 @@ void BackgroundSave::start(Job job) {
       outcome_.error = std::current_exception();
     }
     outcome_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (loan) outcome_.seconds_lent = loan->seconds_lent();
+    loan.reset();  // before done_: the step has its lanes back once the outcome is there
     done_.store(true, std::memory_order_release);
   });
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -16,6 +17,7 @@
 
 #include "ckpt/train_state.h"
 #include "core/tensor_digest.h"
+#include "model/lanes.h"
 
 namespace retrace::run {
 
@@ -49,12 +51,34 @@ void check_staged(const ckpt::StateSnapshot& staged, const StepProof& proof, con
 // is no such tensor.
 void corrupt_staged(ckpt::StateSnapshot& staged, const std::string& name);
 
+// The writer's loan of a lane (checkpoint.lend_lane): a model::LaneLoan held while this thread
+// works and given back to the step while it waits on the disk (fs::DiskWait: fsync, a writeback
+// that blocks), so the lent core idles neither way. Sets this thread's disk-wait hooks while it
+// lives; make it on the thread whose waits it follows.
+class WriterLaneLoan {
+ public:
+  WriterLaneLoan();
+  ~WriterLaneLoan();
+  WriterLaneLoan(const WriterLaneLoan&) = delete;
+  WriterLaneLoan& operator=(const WriterLaneLoan&) = delete;
+  // Seconds the lane has been lent so far (the waits left out).
+  double seconds_lent() const;
+
+ private:
+  void take();
+  void give_back();
+  std::optional<model::LaneLoan> loan_;
+  std::chrono::steady_clock::time_point since_;
+  double lent_ = 0;
+};
+
 // What a background save came to.
 struct SaveOutcome {
   uint64_t step = 0;
-  std::string dir;     // the committed step directory (empty on error)
-  uint64_t bytes = 0;  // of the step directory's files
-  double seconds = 0;  // the writer's wall time
+  std::string dir;          // the committed step directory (empty on error)
+  uint64_t bytes = 0;       // of the step directory's files
+  double seconds = 0;       // the writer's wall time
+  double seconds_lent = 0;  // of which it held a lane of the step's (checkpoint.lend_lane)
   ckpt::RotationReport rotation;
   std::exception_ptr error;  // what stopped it, or null
   bool disk_error = false;   // the error is the disk's (IoError): checkpoint.on_error applies
@@ -72,7 +96,7 @@ class BackgroundSave {
     // Several ranks: the group the writer threads vote on (never the loop's), else nullptr.
     train::Collective* sync = nullptr;
     StepProof proof;
-    // The writer holds a model::LaneLoan while it works (checkpoint.lend_lane).
+    // The writer borrows a lane while it works, not while it waits (WriterLaneLoan).
     bool lend_lane = false;
     // crash-in-save: marked fired in this run directory, then SIGKILL before the commit.
     std::string crash_run_dir, crash_id;

@@ -186,10 +186,11 @@ void Checkpointer::take_finished(trace::TraceWriter* writer, uint64_t step, cons
       std::snprintf(speed, sizeof speed, "%.1f MB in %.2f s, %.0f MB/s, in the background; the loop was blocked %.3f s",
                     static_cast<double>(out.bytes) / 1e6, out.seconds,
                     out.seconds > 0 ? static_cast<double>(out.bytes) / 1e6 / out.seconds : 0.0, blocked_seconds_);
-      const std::string lanes = lanes_while_saving_ > 0
-                                    ? "; the step ran on " + std::to_string(lanes_while_saving_) + " lane" +
-                                          (lanes_while_saving_ == 1 ? "" : "s") + " while it was written"
-                                    : "";
+      char lent[48];
+      std::snprintf(lent, sizeof lent, " for %.2f s of it", out.seconds_lent);
+      const std::string lanes = lanes_while_saving_ > 0 ? "; the step ran on " + std::to_string(lanes_while_saving_) +
+                                                              " lane" + (lanes_while_saving_ == 1 ? "" : "s") + lent
+                                                        : "";
       cb.on_message("checkpoint " + out.dir + " (" + speed + lanes + ")");
     }
     report_rotation(out.rotation, writer, step, cb);

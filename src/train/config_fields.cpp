@@ -241,7 +241,8 @@ std::vector<Field> fields() {
                "while a background save is written, the step runs on one lane fewer (runtime.threads - 1, at "
                "least one) and leaves that core to the writer, whose work would otherwise make one of the step's "
                "lanes a straggler the others wait for; the bits are the same (a tile's bits do not depend on the "
-               "lane that computes it). false: the writer competes with the step's lanes",
+               "lane that computes it); the lane goes back to the step while the writer waits on the disk "
+               "(fsync, a blocked writeback). false: the writer competes with the step's lanes",
                {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::lend_lane), "false",
                Field::Era::kCurrent, {}, true});
   f.push_back({"checkpoint.on_error", Kind::kChoice,

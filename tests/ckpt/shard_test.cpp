@@ -1,14 +1,17 @@
 // Shard format: round trip, the safetensors layout, validation of hostile headers, write faults.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/ckpt_test_util.h"
 #include "ckpt/shard.h"
 #include "core/digest.h"
+#include "core/disk_wait.h"
 #include "core/error.h"
 
 namespace retrace::ckpt {
@@ -119,6 +122,57 @@ TEST(Shard, LargeShardHashedInPassMatchesFileDigest) {
   EXPECT_EQ(info.sha256, sha256_file_hex(tmp.file("big.safetensors")));
   ShardData d = read_shard(tmp.file("big.safetensors"));
   EXPECT_EQ(std::memcmp(d.data(*d.find("big")), big.data(), big.size()), 0);
+}
+
+// write_shard says where it waits on the disk (fs::DiskWait): the writebacks that block on a full
+// device queue, the file's fsync and its directory's. Each wait calls this thread's hooks once,
+// begin then end; the hashing thread beside the writes calls none.
+TEST(Shard, AShardWriteCallsTheDiskWaitHooksAroundItsWaitsOnThisThreadOnly) {
+  TempDir tmp;
+  auto big = testing::pattern_bytes(1, 0, 0, 40u << 20);  // past one writeback (32 MiB)
+  int begins = 0, ends = 0, open_waits = 0, most_open = 0;
+  const auto me = std::this_thread::get_id();
+  bool elsewhere = false;
+  fs::set_disk_wait_hooks({[&] {
+                             elsewhere |= std::this_thread::get_id() != me;
+                             ++begins;
+                             most_open = std::max(most_open, ++open_waits);
+                           },
+                           [&] {
+                             ++ends;
+                             --open_waits;
+                           }});
+  ShardFileInfo info = write_shard(tmp.file("big.safetensors"), {},
+                                   {{"big", "U8", {int64_t(big.size())}, big.data(), big.size()}});
+  fs::set_disk_wait_hooks({});
+  EXPECT_EQ(info.sha256, sha256_file_hex(tmp.file("big.safetensors")));
+  EXPECT_GE(begins, 3) << "a writeback, the file's fsync and the directory's";
+  EXPECT_EQ(begins, ends);
+  EXPECT_EQ(most_open, 1) << "waits are not reported nested";
+  EXPECT_FALSE(elsewhere);
+  const int before = begins;
+  write_shard(tmp.file("again.safetensors"), {}, {{"big", "U8", {int64_t(big.size())}, big.data(), big.size()}});
+  EXPECT_EQ(begins, before) << "cleared hooks are not called";
+}
+
+// A DiskWait inside another calls the hooks only for the outer one; hooks cannot be changed
+// during a wait.
+TEST(Shard, NestedDiskWaitsCallTheHooksOnce) {
+  int begins = 0, ends = 0;
+  fs::set_disk_wait_hooks({[&] { ++begins; }, [&] { ++ends; }});
+  {
+    const fs::DiskWait outer;
+    {
+      const fs::DiskWait inner;
+      EXPECT_EQ(begins, 1);
+    }
+    EXPECT_EQ(ends, 0);
+    EXPECT_THROW(fs::set_disk_wait_hooks({}), InvariantError);
+  }
+  EXPECT_EQ(ends, 1);
+  fs::set_disk_wait_hooks({});
+  { const fs::DiskWait none; }
+  EXPECT_EQ(begins, 1);
 }
 
 TEST(Shard, WriterRejectsContradictoryViews) {

@@ -21,6 +21,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/verify.h"
+#include "core/disk_wait.h"
 #include "core/error.h"
 #include "run/async_save.h"
 #include "testing/fake_ranks.h"
@@ -282,6 +283,45 @@ std::pair<SaveOutcome, SaveOutcome> save_on_two_ranks(const std::string& root, b
 // Two ranks' writer threads vote on a group of their own: a save whose staged copy is refused on
 // rank 1 alone fails on both ranks (rank 0 names rank 1 and the tensor) and commits nothing; the
 // same save untouched commits once, for both.
+// The writer's loan (checkpoint.lend_lane) is a lane lent while the writer works and given back to
+// the step while it waits on the disk: lanes_lent() is 1 outside a DiskWait on the writer's thread,
+// 0 inside it (nested or not) and after the loan ends; the lent seconds leave the waits out.
+TEST(AsyncSave, TheWritersLaneGoesBackToTheStepWhileItWaitsOnTheDisk) {
+  const int lanes_before = model::configured_lanes();
+  model::set_lanes(3);
+  {
+    WriterLaneLoan loan;
+    EXPECT_EQ(model::lanes_lent(), 1);
+    EXPECT_EQ(model::lanes(), 2);
+    const auto start = std::chrono::steady_clock::now();
+    {
+      const fs::DiskWait waiting;
+      EXPECT_EQ(model::lanes_lent(), 0);
+      EXPECT_EQ(model::lanes(), 3);
+      {
+        const fs::DiskWait nested;
+        EXPECT_EQ(model::lanes_lent(), 0);
+      }
+      EXPECT_EQ(model::lanes_lent(), 0) << "the outer wait goes on";
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    EXPECT_EQ(model::lanes_lent(), 1) << "taken again after the wait";
+    std::thread other([] {
+      const fs::DiskWait elsewhere;  // another thread's wait is not the writer's
+      EXPECT_EQ(model::lanes_lent(), 1);
+    });
+    other.join();
+    const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(loan.seconds_lent(), all - 0.25) << "the 0.3 s wait is not lent time";
+  }
+  EXPECT_EQ(model::lanes_lent(), 0);
+  {
+    const fs::DiskWait after;  // the hooks went with the loan
+    EXPECT_EQ(model::lanes_lent(), 0);
+  }
+  model::set_lanes(lanes_before);
+}
+
 TEST(AsyncSave, TwoRanksWriterThreadsCommitTogetherOrNotAtAll) {
   TempDir root;
   for (const bool corrupt : {true, false}) {

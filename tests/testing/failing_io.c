@@ -4,7 +4,7 @@
 // RETRACE_FAIL_FSYNC=1 their fsync fails too. RETRACE_FAIL_ERRNO=EROFS is a read-only file system:
 // creating such a file fails. A slow disk: writes to files whose path contains RETRACE_SLOW_PATH
 // sleep RETRACE_SLOW_US microseconds each (a background save that is still in flight a few steps
-// later). Every other file behaves normally. Writes may come from several threads (the trace on
+// later), and their fsync RETRACE_SLOW_FSYNC_US (default 0: a disk that is slow to flush). Every other file behaves normally. Writes may come from several threads (the trace on
 // the loop, a background save on its writer).
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -97,6 +97,10 @@ int fsync(int fd) {
   if (fd >= 0 && fd < MAX_FD && doomed[fd] && f && strcmp(f, "1") == 0) {
     errno = fail_errno();
     return -1;
+  }
+  if (fd >= 0 && fd < MAX_FD && slow[fd]) {
+    const char* us = getenv("RETRACE_SLOW_FSYNC_US");
+    if (us) usleep((useconds_t)atoll(us));
   }
   return real(fd);
 }
