@@ -74,4 +74,11 @@ MemoryEstimate estimate_lm_memory(int64_t params, int64_t batch, int64_t seq, in
   return e;
 }
 
+MemoryEstimate with_state_copies(MemoryEstimate e, int64_t copies) {
+  RETRACE_CHECK(copies >= 0, InvariantError, "memory estimate: ", copies, " state copies");
+  e.state_copies = copies;
+  e.state_copy_bytes = static_cast<double>(copies) * (e.param_bytes + e.optimizer_bytes);
+  return e;
+}
+
 }  // namespace retrace::model

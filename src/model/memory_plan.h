@@ -23,6 +23,11 @@
 //                                                 (no gradients, no optimizer state, no activations
 //                                                  kept: the weights, the logits and their
 //                                                  log-softmax, and one block's widest tensors)
+//   state_copy_bytes   = copies * (param_bytes + optimizer_bytes)
+//                                                 (whole copies of the training state kept beside
+//                                                  it: the spike guard's rollback anchor, a
+//                                                  background save's staging buffer; the caller
+//                                                  says how many)
 //   activation_bytes_total by policy:
 //     none       L * per_layer
 //     full (k)   ceil(L/k) * B*T*d*s  +  min(k, L) * per_layer
@@ -51,8 +56,10 @@ struct MemoryEstimate {
   int64_t segment_length = 0;          // k used by full / sqrt, 0 otherwise
   double logits_bytes = 0;             // 0 unless a vocabulary is given (estimate_lm_memory)
   double eval_bytes = 0;               // an evaluation batch (estimate_lm_memory)
+  int64_t state_copies = 0;            // see with_state_copies
+  double state_copy_bytes = 0;
   double total_bytes() const {
-    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes_total + logits_bytes;
+    return param_bytes + grad_bytes + optimizer_bytes + activation_bytes_total + logits_bytes + state_copy_bytes;
   }
 };
 
@@ -71,5 +78,8 @@ MemoryEstimate estimate_memory(int64_t params, int64_t batch, int64_t seq, int64
 MemoryEstimate estimate_lm_memory(int64_t params, int64_t batch, int64_t seq, int64_t d_model, int64_t n_layers,
                                   int64_t n_heads, int64_t dtype_bytes, const std::string& policy, int64_t k,
                                   int64_t world_size, int64_t vocab, int64_t eval_batch);
+
+// e with `copies` whole copies of the training state (weights and optimizer state) kept beside it.
+MemoryEstimate with_state_copies(MemoryEstimate e, int64_t copies);
 
 }  // namespace retrace::model

@@ -248,8 +248,12 @@ bool Rollback::after_step(train::Trainer& trainer, const records::StepRecord& re
 }
 
 void Rollback::keep_anchor_if_due(train::Trainer& trainer, uint64_t step) {
-  if (guarded_ && every_steps_ > 0 && step % static_cast<uint64_t>(every_steps_) == 0)
+  if (guarded_ && every_steps_ > 0 && step % static_cast<uint64_t>(every_steps_) == 0) {
+    // The old anchor goes first, so that the process never holds two (a background save of the
+    // previous step keeps its own reference to the one it writes).
+    anchor_.reset();
     anchor_ = ckpt::snapshot_of(trainer.state(), trainer.state_context(), /*copy=*/true);
+  }
 }
 
 bool Rollback::roll_back(train::Trainer& trainer, const records::StepRecord& spike, trace::TraceWriter* writer,

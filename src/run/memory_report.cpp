@@ -17,6 +17,7 @@
 #include "train/environment.h"
 #include "run/run.h"
 #include "train/trainer.h"
+#include "run/loop_parts.h"  // after the trainer it names
 
 namespace retrace::run {
 using namespace train;  // the run drives the training part: its types read unqualified here
@@ -92,13 +93,22 @@ uint64_t available_memory_bytes() {
   return available;
 }
 
+int64_t state_copies_kept(const Config& c) {
+  const bool saves = c.checkpoint.every_steps > 0 || c.checkpoint.every_seconds > 0;
+  const bool anchor = c.guards.spike_factor > 0 && c.checkpoint.every_steps > 0;
+  const bool staging = saves && c.checkpoint.async_save && background_save_unavailable(c).empty();
+  return int64_t{anchor} + int64_t{staging};
+}
+
 model::MemoryEstimate gpt_memory_estimate(const Config& c, int64_t vocab, const std::string& policy, int64_t k,
                                           int64_t world_size) {
   const int64_t params = model::gpt_parameter_count(vocab, c.data.context, c.model.d_model, c.model.n_layers,
                                                     c.model.tie_embeddings);
   const int64_t dtype_bytes = c.amp.mode == AmpMode::kOff ? 4 : 2;
-  return model::estimate_lm_memory(params, c.data.batch_size, c.data.context, c.model.d_model, c.model.n_layers,
-                                   c.model.n_heads, dtype_bytes, policy, k, world_size, vocab, eval_batch_size(c));
+  return model::with_state_copies(model::estimate_lm_memory(params, c.data.batch_size, c.data.context, c.model.d_model,
+                                                            c.model.n_layers, c.model.n_heads, dtype_bytes, policy, k,
+                                                            world_size, vocab, eval_batch_size(c)),
+                                  state_copies_kept(c));
 }
 
 void check_memory_fits(const Config& c, int64_t vocab) {
@@ -120,11 +130,17 @@ void check_memory_fits(const Config& c, int64_t vocab) {
                 " parameters with gradients and AdamW state ",
                 fixed((e.param_bytes + e.grad_bytes + e.optimizer_bytes) / gib), " GiB, activations ",
                 fixed(e.activation_bytes_total / gib), " GiB, logits of data.batch_size ", c.data.batch_size,
-                " x data.context ", c.data.context, " x ", vocab, " classes ", fixed(e.logits_bytes / gib),
-                " GiB), but ", fixed(static_cast<double>(available) / gib),
+                " x data.context ", c.data.context, " x ", vocab, " classes ", fixed(e.logits_bytes / gib), " GiB",
+                e.state_copies > 0 ? ", " + std::to_string(e.state_copies) +
+                                         " copies of the state (the rollback "
+                                         "anchor, a background save's staging buffer) " +
+                                         fixed(e.state_copy_bytes / gib) + " GiB"
+                                   : std::string(),
+                "), but ", fixed(static_cast<double>(available) / gib),
                 " GiB are available. Lower data.batch_size (raise train.accum_steps to keep the global batch) or "
                 "data.context, use model.checkpoint = \"full\" for the activations, or a smaller model "
-                "(`retrace memory` prints the plan)");
+                "(`retrace memory` prints the plan)",
+                e.state_copies > 0 ? "; checkpoint.async = false and guards.spike_factor = 0 keep no copies" : "");
   RETRACE_CHECK(e.eval_bytes <= static_cast<double>(available), ConfigError, "an evaluation batch of eval.batch_size ",
                 eval_batch_size(c), " sequences of ", c.data.context, " tokens over ", vocab, " classes needs about ",
                 fixed(e.eval_bytes / gib), " GiB (", static_cast<uint64_t>(e.eval_bytes), " bytes), but ",

@@ -34,9 +34,14 @@ struct PolicyMeasurement {
 // cgroup v2 limit (memory.max - memory.current) is lower. 0 when neither can be read.
 uint64_t available_memory_bytes();
 
+// Whole copies of the training state a run of `config` keeps beside it: the spike guard's rollback
+// anchor (guards.spike_factor with checkpoint.every_steps) and a background save's staging buffer
+// (checkpoint.async where it applies, with a cadence).
+int64_t state_copies_kept(const train::Config& config);
+
 // The memory plan of config's GPT for vocabulary `vocab` (model/memory_plan.h's estimate_lm_memory)
 // under checkpoint `policy` with segment length k, ZeRO-1 figures for `world_size`; the
-// parameters are counted from the shape.
+// parameters are counted from the shape; it counts state_copies_kept(config).
 model::MemoryEstimate gpt_memory_estimate(const train::Config& config, int64_t vocab, const std::string& policy,
                                           int64_t k, int64_t world_size);
 

@@ -88,6 +88,16 @@ expect eval-too-big 2 "an evaluation batch of eval.batch_size 1000000 .*Lower ev
   --steps 1 --out "$tmp/b2"
 [[ ! -e "$tmp/b1" && ! -e "$tmp/b2" ]] && ok too-big-left-no-run-directory || bad too-big-left-no-run-directory
 expect memory-gpt2 0 "parameters 124439808" -- "$RETRACE" memory --config "$ROOT/configs/gpt2-124m.toml" --rounds 0
+# The rollback anchor and the staging buffer are whole copies of the weights and AdamW state
+# (124439808 x 12 bytes each), counted in the plan; without the spike guard and the background
+# save there are none.
+expect memory-state-copies 0 "copies of the state kept beside it: 2, 2986.6 MB" -- \
+  "$RETRACE" memory --config "$ROOT/configs/gpt2-124m.toml" --rounds 0
+expect memory-no-copies 0 "copies of the state kept beside it: 0, 0.0 MB" -- \
+  "$RETRACE" memory --config "$ROOT/configs/gpt2-124m.toml" --rounds 0 --set checkpoint.async=false \
+  --set guards.spike_factor=0
+expect memory-zero-no-staging 0 "copies of the state kept beside it: 1, 1493.3 MB" -- \
+  "$RETRACE" memory --config "$ROOT/configs/gpt2-124m.toml" --rounds 0 --set runtime.zero_stage=1
 
 echo "tokens: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

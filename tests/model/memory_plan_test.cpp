@@ -60,6 +60,19 @@ TEST(MemoryPlan, CheckpointPolicies) {
   EXPECT_DOUBLE_EQ(big_k.activation_bytes_total, 128.0 * 128 * 4 + 4 * big_k.activation_bytes_per_layer);
 }
 
+// Whole copies of the state (the rollback anchor, the staging buffer) add weights and AdamW state
+// each, and count in the total.
+TEST(MemoryPlan, StateCopiesAddWeightsAndOptimizerStateEach) {
+  const MemoryEstimate e = estimate_memory(1'000'000, 2, 64, 128, 4, 4, 4, "none", 4, 1);
+  EXPECT_EQ(e.state_copies, 0);
+  EXPECT_DOUBLE_EQ(e.state_copy_bytes, 0);
+  const MemoryEstimate two = with_state_copies(e, 2);
+  EXPECT_EQ(two.state_copies, 2);
+  EXPECT_DOUBLE_EQ(two.state_copy_bytes, 2 * (4.0e6 + 8.0e6));
+  EXPECT_DOUBLE_EQ(two.total_bytes(), e.total_bytes() + 24.0e6);
+  EXPECT_THROW(with_state_copies(e, -1), InvariantError);
+}
+
 TEST(MemoryPlan, RejectsBadArguments) {
   EXPECT_THROW(estimate_memory(0, 1, 8, 8, 2, 2, 2, "bogus", 4, 1), ConfigError);
   EXPECT_THROW(estimate_memory(0, 1, 8, 8, 2, 2, 2, "full", 0, 1), ConfigError);

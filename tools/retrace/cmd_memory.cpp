@@ -59,11 +59,15 @@ int run_memory(const MemoryArgs& a, const Context&) {
       "output layer: logits, log-softmax and their gradients %.1f MB (4 B T V floats); an evaluation batch of "
       "%lld: %.1f MB\n",
       e0.logits_bytes / 1e6, static_cast<long long>(train::eval_batch_size(c)), e0.eval_bytes / 1e6);
+  std::printf(
+      "copies of the state kept beside it: %lld, %.1f MB (the spike guard's rollback anchor, a background save's "
+      "staging buffer)\n",
+      static_cast<long long>(e0.state_copies), e0.state_copy_bytes / 1e6);
   for (const auto& m : plan)
     if (m.policy == model::option_name(c.model.checkpoint))
       std::printf(
           "training step estimate under model.checkpoint = \"%s\": %.1f MB (weights, gradients, AdamW "
-          "state, activations, output layer)\n",
+          "state, activations, output layer, copies of the state)\n",
           m.policy.c_str(), m.estimate.total_bytes() / 1e6);
   std::printf("\n");
   std::printf("%-12s %16s %12s %12s %14s %12s\n", "policy", "activations MB", "x none", "step ms", "x none (time)",
