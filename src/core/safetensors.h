@@ -63,6 +63,8 @@ struct ShardFileInfo {
   // digits), computed in the pass that computes the sha256.
   std::vector<uint64_t> offsets;
   std::vector<std::string> xxh3;
+  // Every byte was written past the page cache (set_direct_writes) and read back the same way.
+  bool direct = false;
 };
 
 // Test seam, in the spirit of leveldb's fault-injection env: make the write fail once
@@ -89,6 +91,13 @@ struct WriteFaults {
 // sha256: commit_checkpoint need not hash such shards again (see its `shards_read_back`).
 ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
                           const std::vector<TensorView>& tensors);
+// Whether write_shard writes (and reads back) past the page cache (O_DIRECT) from an aligned
+// buffer, process-wide; false until set (checkpoint.direct_io sets it for a run). The file's bytes
+// are the same either way. Where the file system refuses it (tmpfs: EINVAL), or a direct write
+// fails or comes short, the rest of the file is written through the page cache, with the errors
+// and messages of that path. A fault seam (WriteFaults::fail_at_byte) writes through the cache.
+void set_direct_writes(bool on);
+bool direct_writes();
 ShardFileInfo write_shard(const std::string& final_path, const std::map<std::string, std::string>& metadata,
                           const std::vector<TensorView>& tensors, const WriteFaults& faults);
 

@@ -10,6 +10,9 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <cstdlib>
+#include <new>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -38,6 +41,35 @@ constexpr uint64_t kWritebackEvery = 32ull << 20;
 constexpr uint64_t kSmallSegment = 1ull << 20;  // smaller pieces are coalesced into one write
 constexpr uint64_t kHashChunk = 1ull << 20;
 constexpr uint64_t kHashInThreadAbove = 4ull << 20;
+
+// Direct I/O moves whole blocks between an aligned buffer and the device: 4096 bytes is a multiple
+// of every logical block size Linux file systems use.
+constexpr uint64_t kDirectAlign = 4096;
+
+std::atomic<bool> direct_writes_on{false};
+
+// kWriteChunk bytes aligned for direct I/O.
+class AlignedChunk {
+ public:
+  AlignedChunk() {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlign, kWriteChunk) != 0) throw std::bad_alloc();
+    p_.reset(static_cast<char*>(p));
+  }
+  char* data() const { return p_.get(); }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> p_;
+};
+
+// Turns O_DIRECT on or off for an open file; false when the file system refuses.
+bool set_direct(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  return flags >= 0 && ::fcntl(fd, F_SETFL, on ? (flags | O_DIRECT) : (flags & ~O_DIRECT)) == 0;
+}
 
 struct Segment {
   const char* data;
@@ -109,11 +141,65 @@ std::string build_header(const std::string& path, const std::map<std::string, st
 // Writes with the fault seam; throws IoError (after which the caller removes the .tmp).
 class ShardFileWriter {
  public:
+  // direct: fd was opened with O_DIRECT; the bytes go through an aligned chunk.
   ShardFileWriter(int fd, const std::string& final_path, const std::string& tmp, uint64_t total,
-                  const WriteFaults& faults)
-      : fd_(fd), final_path_(final_path), tmp_(tmp), total_(total), faults_(faults) {}
+                  const WriteFaults& faults, bool direct)
+      : fd_(fd), final_path_(final_path), tmp_(tmp), total_(total), faults_(faults), direct_(direct) {
+    if (direct_) chunk_.emplace();
+  }
 
   void write_all(const char* p, uint64_t n) {
+    while (direct_ && n > 0) {
+      const uint64_t take = std::min(n, kWriteChunk - filled_);
+      std::memcpy(chunk_->data() + filled_, p, take);
+      filled_ += take;
+      p += take;
+      n -= take;
+      if (filled_ == kWriteChunk) flush_direct(kWriteChunk, kWriteChunk);
+    }
+    write_buffered(p, n);
+  }
+
+  // The end of a direct file: its last block padded with zeros and written, then the file cut to
+  // the bytes it holds.
+  void finish() {
+    if (!chunk_) return;
+    if (direct_ && filled_ > 0) {
+      const uint64_t keep = filled_, padded = (keep + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      std::memset(chunk_->data() + keep, 0, padded - keep);
+      flush_direct(padded, keep);
+    }
+    RETRACE_CHECK(::ftruncate(fd_, off_t(written_)) == 0, IoError, "cannot write checkpoint shard ", final_path_,
+                  ": truncating ", tmp_, " to ", written_, " bytes failed: ", fs::errno_text(errno),
+                  "; the .tmp was removed and existing checkpoints are untouched");
+  }
+
+  // Writes the chunk's first `len` bytes past the page cache; the first `keep` are the file's (the
+  // rest pads its last block). Refused (EINVAL where the file system has no direct I/O) or cut
+  // short (a filling disk), the rest goes through the page cache, whose errors and messages are
+  // the buffered path's.
+  void flush_direct(uint64_t len, uint64_t keep) {
+    ssize_t got;
+    {
+      const fs::DiskWait waiting;  // the device copies from the chunk: a wait, not work
+      do got = ::write(fd_, chunk_->data(), len);
+      while (got < 0 && errno == EINTR);
+    }
+    filled_ = 0;
+    if (got >= 0 && uint64_t(got) == len) {
+      written_ += keep;
+      return;
+    }
+    const uint64_t landed = got > 0 ? std::min(uint64_t(got), keep) : 0;
+    written_ += landed;
+    direct_ = false;
+    RETRACE_CHECK(set_direct(fd_, false) && ::lseek(fd_, off_t(written_), SEEK_SET) == off_t(written_), IoError,
+                  "cannot write checkpoint shard ", final_path_, ": ", tmp_,
+                  " refused direct I/O and could not be switched to buffered writes: ", fs::errno_text(errno));
+    write_buffered(chunk_->data() + landed, keep - landed);
+  }
+
+  void write_buffered(const char* p, uint64_t n) {
     while (n > 0) {
       size_t want = static_cast<size_t>(std::min(n, kWriteChunk));
       ssize_t got;
@@ -151,6 +237,7 @@ class ShardFileWriter {
   }
 
   uint64_t written() const { return written_; }
+  bool direct() const { return direct_; }
 
  private:
   int fd_;
@@ -160,6 +247,9 @@ class ShardFileWriter {
   WriteFaults faults_;
   uint64_t written_ = 0;
   uint64_t writeback_from_ = 0;
+  bool direct_;
+  std::optional<AlignedChunk> chunk_;  // made when direct; kept after a fallback for finish()
+  uint64_t filled_ = 0;                // bytes of chunk_ not yet written
 };
 
 // The sha256 of the file and the xxh3-128 of each segment after the first (the header), chunk by
@@ -180,13 +270,38 @@ void hash_segments(const std::vector<Segment>& segments, Sha256* sha, std::vecto
   }
 }
 
-// The written .tmp read back once it is fsynced, segment by segment in file order: the header
+// Reads bytes [at, at + want) of the file into the chunk (`at` a multiple of the chunk): past the
+// page cache while *direct holds, whole blocks at a time; a refusal turns direct I/O off and reads
+// through the cache. Returns how many came (fewer only at the end of the file).
+uint64_t read_chunk(int fd, uint64_t at, char* out, uint64_t want, bool* direct, const std::string& tmp) {
+  uint64_t done = 0;
+  while (*direct && done < want) {
+    const uint64_t len = (want - done + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    ssize_t got;
+    {
+      const fs::DiskWait waiting;
+      got = ::pread(fd, out + done, len, off_t(at + done));
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      *direct = false;
+      RETRACE_CHECK(set_direct(fd, false), IoError, "cannot read back ", tmp, ": ", fs::errno_text(errno));
+      break;
+    }
+    done += uint64_t(got);
+    if (got == 0 || uint64_t(got) % kDirectAlign != 0) return std::min(done, want);  // the end of the file
+  }
+  if (done >= want) return want;
+  return done + fs::read_at(fd, at + done, out + done, want - done, tmp);
+}
+
+// The written .tmp read back once it is fsynced, in file order, chunk by chunk: the header
 // (segment 0) byte for byte, each tensor (segment k > 0, tensors[order[k - 1]]) by the xxh3-128 the
-// hashing pass computed from the caller's memory. IntegrityError naming what differs; IoError when
-// the file cannot be read.
+// hashing pass computed from the caller's memory. Past the page cache while *direct holds (the
+// device's bytes, not the cache's; false on return when it fell back). IntegrityError naming what differs; IoError when the file cannot be read.
 void read_back(const std::string& tmp, const std::string& final_path, const std::vector<Segment>& segments,
                const std::vector<std::string>& xxh3, const std::vector<TensorView>& tensors,
-               const std::vector<size_t>& order, uint64_t total) {
+               const std::vector<size_t>& order, uint64_t total, bool* direct) {
   auto differs = [&](uint64_t begin, uint64_t end, const std::string& what) {
     RETRACE_FAIL(IntegrityError, "checkpoint shard ", final_path, " does not read back as written: ", what, " (bytes [",
                  begin, ", ", end, ") of ", tmp,
@@ -201,22 +316,32 @@ void read_back(const std::string& tmp, const std::string& final_path, const std:
     ~Closer() { ::close(fd); }
   } closer{fd};
   if (size != total) differs(std::min(size, total), std::max(size, total), "the file's size");
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  const std::unique_ptr<char[]> buf(new char[kWriteChunk]);
+  *direct = *direct && set_direct(fd, true);
+  if (!*direct) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const AlignedChunk buf;
   Xxh3 piece;
-  uint64_t at = 0;  // where segment k starts in the file
-  for (size_t k = 0; k < segments.size(); at += segments[k].size, ++k) {
-    const std::string what = k == 0 ? std::string("the header") : "tensor \"" + tensors[order[k - 1]].name + "\"";
-    piece.reset();
-    for (uint64_t done = 0; done < segments[k].size;) {
-      const uint64_t want = std::min(kWriteChunk, segments[k].size - done);
-      const uint64_t got = fs::read_at(fd, at + done, buf.get(), want, tmp);
-      if (got < want) differs(at + done + got, total, "the file, which ends early,");
-      if (k == 0 && std::memcmp(buf.get(), segments[0].data + done, want) != 0) differs(0, segments[0].size, what);
-      if (k > 0) piece.update(buf.get(), want);
-      done += want;
+  size_t k = 0;
+  uint64_t in_segment = 0, segment_at = 0;  // how far into segment k, and where it starts
+  auto what = [&] { return k == 0 ? std::string("the header") : "tensor \"" + tensors[order[k - 1]].name + "\""; };
+  auto close_finished = [&] {  // segments read whole (empty ones included) are checked
+    for (; k < segments.size() && in_segment == segments[k].size; ++k, in_segment = 0, piece.reset()) {
+      if (k > 0 && piece.digest().hex() != xxh3[k - 1]) differs(segment_at, segment_at + segments[k].size, what());
+      segment_at += segments[k].size;
     }
-    if (k > 0 && piece.digest().hex() != xxh3[k - 1]) differs(at, at + segments[k].size, what);
+  };
+  close_finished();
+  for (uint64_t at = 0; at < total; at += kWriteChunk) {
+    const uint64_t want = std::min(kWriteChunk, total - at);
+    const uint64_t got = read_chunk(fd, at, buf.data(), want, direct, tmp);
+    if (got < want) differs(at + got, total, "the file, which ends early,");
+    for (uint64_t used = 0; used < got; close_finished()) {
+      const uint64_t n = std::min(got - used, segments[k].size - in_segment);
+      const char* c = buf.data() + used;
+      if (k == 0 && std::memcmp(c, segments[0].data + in_segment, n) != 0) differs(0, segments[0].size, what());
+      if (k > 0) piece.update(c, n);
+      in_segment += n;
+      used += n;
+    }
   }
 }
 
@@ -243,6 +368,9 @@ void flip_written_byte(const std::string& tmp, uint64_t at) {
 }
 
 }  // namespace
+
+void set_direct_writes(bool on) { direct_writes_on.store(on, std::memory_order_relaxed); }
+bool direct_writes() { return direct_writes_on.load(std::memory_order_relaxed); }
 
 std::optional<uint64_t> dtype_size(const std::string& dtype) {
   static const std::map<std::string, uint64_t> kSizes = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
@@ -271,7 +399,11 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   }
 
   const std::string tmp = final_path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Past the page cache where asked and possible (set_direct_writes); a fault seam writes through it.
+  const bool want_direct = direct_writes() && faults.fail_at_byte == std::numeric_limits<uint64_t>::max();
+  int fd = want_direct ? ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644) : -1;
+  const bool direct = fd >= 0;
+  if (fd < 0) fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   RETRACE_CHECK(fd >= 0, IoError, "cannot create checkpoint shard ", tmp, ": ", fs::errno_text(errno),
                 "; check that the checkpoint directory exists and is writable");
 
@@ -282,7 +414,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   std::vector<std::string> xxh3(tensors.size());  // by segment, then put in the order given
   if (total > kHashInThreadAbove) hasher = std::thread(hash_segments, std::cref(segments), &sha, &xxh3, &stop);
 
-  ShardFileWriter writer(fd, final_path, tmp, total, faults);
+  ShardFileWriter writer(fd, final_path, tmp, total, faults, direct);
+  bool read_direct = false;  // the read-back's way, after the writer's
   try {
     std::string staged;
     for (const Segment& s : segments) {
@@ -301,6 +434,7 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
       writer.write_all(s.data, s.size);
     }
     if (!staged.empty()) writer.write_all(staged.data(), staged.size());
+    writer.finish();
     writer.start_writeback();  // the tail too, while the hashing ends
     // The hashing is work and the fsync a wait (fs::DiskWait): the work first, so that a core lent
     // to this thread can go back for the whole wait.
@@ -312,7 +446,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
     RETRACE_CHECK(rc == 0, IoError, "cannot write checkpoint shard ", final_path, ": close of ", tmp,
                   " failed: ", fs::errno_text(errno));
     if (faults.flip_byte_at < total) flip_written_byte(tmp, faults.flip_byte_at);
-    read_back(tmp, final_path, segments, xxh3, tensors, order, total);
+    read_direct = writer.direct();
+    read_back(tmp, final_path, segments, xxh3, tensors, order, total, &read_direct);
     RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp, " to ", final_path,
                   ": ", fs::errno_text(errno));
   } catch (...) {
@@ -326,7 +461,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   fs::fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");
   std::vector<std::string> by_tensor(tensors.size());
   for (size_t k = 0; k < order.size(); ++k) by_tensor[order[k]] = std::move(xxh3[k]);
-  return ShardFileInfo{p.filename().string(), total, sha.finish_hex(), std::move(offsets), std::move(by_tensor)};
+  return ShardFileInfo{p.filename().string(), total,      sha.finish_hex(), std::move(offsets),
+                       std::move(by_tensor),  read_direct};
 }
 
 }  // namespace retrace::safetensors

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/safetensors.h"
 #include "model/lanes.h"
 #include "run/layout.h"
 #include "trace/trace_writer.h"
@@ -48,7 +49,9 @@ Checkpointer::Checkpointer(std::string run_dir, const train::CheckpointConfig& c
       lend_lane_(config.lend_lane),
       ranks_(ranks && ranks->world_size() > 1 ? ranks : nullptr),
       save_group_(save_group),
-      background_(config.async_save && sync_reason.empty() && (!ranks_ || save_group_)) {}
+      background_(config.async_save && sync_reason.empty() && (!ranks_ || save_group_)) {
+  safetensors::set_direct_writes(config.direct_io);  // the run's every shard, whichever way it is saved
+}
 
 std::string background_save_unavailable(const train::Config& config) {
   if (!config.checkpoint.async_save) return {};

@@ -200,6 +200,9 @@ struct CheckpointConfig {
   // While a background save is written the step runs on one lane fewer, leaving that core to the
   // writer (model::LaneLoan): time only, never bits.
   bool lend_lane = true;
+  // Shards written and read back past the page cache (O_DIRECT, safetensors::set_direct_writes):
+  // time and CPU only, the same bytes.
+  bool direct_io = true;
   CkptOnError on_error = CkptOnError::kStop;  // a background save that fails: stop the run, or go on
 };
 

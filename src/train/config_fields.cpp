@@ -245,6 +245,13 @@ std::vector<Field> fields() {
                "(fsync, a blocked writeback). false: the writer competes with the step's lanes",
                {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::lend_lane), "false",
                Field::Era::kCurrent, {}, true});
+  f.push_back({"checkpoint.direct_io", Kind::kBool,
+               "write each shard past the page cache (O_DIRECT) from an aligned buffer and read it back the same "
+               "way, so the read-back checks the device's bytes and the writer spends no CPU filling the cache; "
+               "the same bytes either way. Where the file system refuses it (tmpfs) the shard goes through the "
+               "page cache. false: through the page cache, so a resume soon after reads a warm cache",
+               {}, 0, 0, false, false, at(&C::checkpoint, &CheckpointConfig::direct_io), "false",
+               Field::Era::kCurrent, {}, true});
   f.push_back({"checkpoint.on_error", Kind::kChoice,
                "a background save that fails on the disk (full, read-only, I/O error), reported at the next "
                "step: stop (exit 4, the newest committed checkpoint named) or continue (a warning and an event; "

@@ -1,7 +1,10 @@
 // Shard format: round trip, the safetensors layout, validation of hostile headers, write faults.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -17,6 +20,8 @@
 namespace retrace::ckpt {
 namespace {
 
+using safetensors::direct_writes;
+using safetensors::set_direct_writes;
 using testing::TempDir;
 
 uint64_t le64(const std::string& b, size_t at = 0) {
@@ -48,6 +53,13 @@ struct Sample {
             {"half", "BF16", {2}, half.data(), 4},
             {"empty", "F64", {0, 5}, nullptr, 0}};
   }
+};
+
+// write_shard past the page cache (set_direct_writes) for as long as it lives.
+struct DirectWrites {
+  const bool before = direct_writes();
+  explicit DirectWrites(bool on) { set_direct_writes(on); }
+  ~DirectWrites() { set_direct_writes(before); }
 };
 
 TEST(Shard, RoundTripBytesAndMetadata) {
@@ -278,56 +290,127 @@ TEST(Shard, FailedWriteRemovesTmpAndThrowsIoError) {
 // the previous file stays. Without a fault the same views write a shard that reads back whole.
 TEST(Shard, AByteTheFileSystemChangedAfterTheWriteIsRefusedByTheReadBackNamingItsTensor) {
   TempDir tmp;
-  for (const uint64_t big_size : {uint64_t(1000), uint64_t(10u << 20)}) {
-    auto a = testing::pattern_bytes(4, 0, 0, 4096);
-    auto big = testing::pattern_bytes(5, 0, 0, big_size);
-    const std::vector<TensorView> views = {{"big", "U8", {int64_t(big.size())}, big.data(), big.size()},
-                                           {"a", "U8", {4096}, a.data(), a.size()},
-                                           {"empty", "U8", {0}, nullptr, 0}};
-    const std::string p = tmp.file("r" + std::to_string(big_size) + ".safetensors");
-    const ShardFileInfo whole = write_shard(p, {{"k", "v"}}, views);
-    const ShardData back = read_shard(p);
-    ASSERT_EQ(back.tensors.size(), 3u);
-    const uint64_t a_at = whole.offsets[1], big_at = whole.offsets[0];
-    ASSERT_LT(a_at, big_at);  // sorted by name: a, big, empty
-    testing::write_all(p, "previous content");
-    const std::vector<std::pair<uint64_t, std::string>> flips = {{3, "the header"},
-                                                                 {a_at - 2, "the header"},
-                                                                 {a_at, "tensor \"a\""},
-                                                                 {big_at + big_size / 2, "tensor \"big\""},
-                                                                 {whole.size - 1, "tensor \"big\""}};
-    for (const auto& [at, what] : flips) {
-      WriteFaults faults;
-      faults.flip_byte_at = at;
-      try {
-        write_shard(p, {{"k", "v"}}, views, faults);
-        ADD_FAILURE() << "a flipped byte " << at << " of " << whole.size << " was read back as written";
-      } catch (const IntegrityError& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find("does not read back as written: " + what), std::string::npos) << at << ": " << msg;
-        EXPECT_NE(msg.find(p), std::string::npos) << msg;
+  for (const bool direct : {false, true})
+    for (const uint64_t big_size : {uint64_t(1000), uint64_t(10u << 20)}) {
+      SCOPED_TRACE(direct ? "past the page cache" : "through the page cache");
+      const DirectWrites mode(direct);
+      auto a = testing::pattern_bytes(4, 0, 0, 4096);
+      auto big = testing::pattern_bytes(5, 0, 0, big_size);
+      const std::vector<TensorView> views = {{"big", "U8", {int64_t(big.size())}, big.data(), big.size()},
+                                             {"a", "U8", {4096}, a.data(), a.size()},
+                                             {"empty", "U8", {0}, nullptr, 0}};
+      const std::string p = tmp.file("r" + std::to_string(big_size) + ".safetensors");
+      const ShardFileInfo whole = write_shard(p, {{"k", "v"}}, views);
+      const ShardData back = read_shard(p);
+      ASSERT_EQ(back.tensors.size(), 3u);
+      const uint64_t a_at = whole.offsets[1], big_at = whole.offsets[0];
+      ASSERT_LT(a_at, big_at);  // sorted by name: a, big, empty
+      testing::write_all(p, "previous content");
+      const std::vector<std::pair<uint64_t, std::string>> flips = {{3, "the header"},
+                                                                   {a_at - 2, "the header"},
+                                                                   {a_at, "tensor \"a\""},
+                                                                   {big_at + big_size / 2, "tensor \"big\""},
+                                                                   {whole.size - 1, "tensor \"big\""}};
+      for (const auto& [at, what] : flips) {
+        WriteFaults faults;
+        faults.flip_byte_at = at;
+        try {
+          write_shard(p, {{"k", "v"}}, views, faults);
+          ADD_FAILURE() << "a flipped byte " << at << " of " << whole.size << " was read back as written";
+        } catch (const IntegrityError& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("does not read back as written: " + what), std::string::npos) << at << ": " << msg;
+          EXPECT_NE(msg.find(p), std::string::npos) << msg;
+        }
+        EXPECT_FALSE(std::filesystem::exists(p + ".tmp")) << at;
+        EXPECT_EQ(testing::read_all(p), "previous content") << at;
       }
-      EXPECT_FALSE(std::filesystem::exists(p + ".tmp")) << at;
-      EXPECT_EQ(testing::read_all(p), "previous content") << at;
     }
-  }
 }
 
 // A real ENOSPC from the kernel: the .tmp name is a symlink to /dev/full.
 TEST(Shard, RealEnospcFromDevFull) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
-  TempDir tmp;
-  const std::string p = tmp.file("g.safetensors");
-  std::filesystem::create_symlink("/dev/full", p + ".tmp");
-  auto data = testing::pattern_bytes(3, 0, 0, 4096);
-  try {
-    write_shard(p, {}, {{"d", "U8", {4096}, data.data(), 4096}});
-    ADD_FAILURE() << "writing to /dev/full succeeded";
-  } catch (const IoError& e) {
-    EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+  for (const bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "past the page cache" : "through the page cache");
+    const DirectWrites mode(direct);
+    TempDir tmp;
+    const std::string p = tmp.file("g.safetensors");
+    std::filesystem::create_symlink("/dev/full", p + ".tmp");
+    auto data = testing::pattern_bytes(3, 0, 0, 4096);
+    try {
+      write_shard(p, {}, {{"d", "U8", {4096}, data.data(), 4096}});
+      ADD_FAILURE() << "writing to /dev/full succeeded";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(p + ".tmp")));
+    EXPECT_FALSE(std::filesystem::exists(p));
   }
-  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(p + ".tmp")));
-  EXPECT_FALSE(std::filesystem::exists(p));
+}
+
+// Whether a file in `dir` takes a direct write of one aligned block.
+bool takes_direct_io(const std::string& dir) {
+  const std::string probe = dir + "/probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  bool ok = false;
+  if (fd >= 0) {
+    void* block = nullptr;
+    if (::posix_memalign(&block, 4096, 4096) == 0) {
+      std::memset(block, 7, 4096);
+      ok = ::write(fd, block, 4096) == 4096;
+      std::free(block);
+    }
+    ::close(fd);
+  }
+  ::unlink(probe.c_str());
+  return ok;
+}
+
+// Past the page cache (O_DIRECT through an aligned chunk, the last block padded and the file cut
+// back) a shard holds the bytes written through the cache, byte for byte and with the same
+// sha256 and offsets, at sizes around the block and the chunk; on tmpfs, which refuses direct
+// I/O, it falls back to the cache with the same result.
+TEST(Shard, ShardsWrittenPastThePageCacheAreTheBytesWrittenThroughIt) {
+  TempDir tmp;
+  std::vector<std::string> dirs = {tmp.path()};
+  std::string shm = "/dev/shm/retrace-direct-XXXXXX";
+  if (std::filesystem::is_directory("/dev/shm") && ::mkdtemp(shm.data()) != nullptr) dirs.push_back(shm);
+  struct Gone {
+    std::string dir;
+    ~Gone() {
+      std::error_code ec;
+      if (dir.rfind("/dev/shm/", 0) == 0) std::filesystem::remove_all(dir, ec);
+    }
+  } gone{dirs.back()};
+  auto small = testing::pattern_bytes(7, 0, 1, 100);
+  for (const std::string& dir : dirs)
+    for (const uint64_t n :
+         {uint64_t(0), uint64_t(1), uint64_t(4095), uint64_t(4096), uint64_t(4097), uint64_t(8u << 20) - 1,
+          uint64_t(8u << 20), uint64_t(8u << 20) + 1, uint64_t(17u << 20) + 3}) {
+      SCOPED_TRACE(dir + ", " + std::to_string(n) + " bytes");
+      auto big = testing::pattern_bytes(7, 0, 0, n);
+      const std::vector<TensorView> views = {{"big", "U8", {int64_t(n)}, n ? big.data() : nullptr, n},
+                                             {"small", "U8", {100}, small.data(), 100}};
+      ShardFileInfo cached, direct;
+      {
+        const DirectWrites mode(false);
+        cached = write_shard(dir + "/cached.safetensors", {{"k", "v"}}, views);
+      }
+      {
+        const DirectWrites mode(true);
+        direct = write_shard(dir + "/direct.safetensors", {{"k", "v"}}, views);
+      }
+      EXPECT_EQ(direct.sha256, cached.sha256);
+      EXPECT_EQ(direct.size, cached.size);
+      EXPECT_EQ(direct.offsets, cached.offsets);
+      EXPECT_EQ(direct.xxh3, cached.xxh3);
+      EXPECT_EQ(std::filesystem::file_size(dir + "/direct.safetensors"), cached.size);
+      EXPECT_TRUE(testing::read_all(dir + "/direct.safetensors") == testing::read_all(dir + "/cached.safetensors"));
+      EXPECT_EQ(direct.sha256, sha256_file_hex(dir + "/direct.safetensors"));
+      EXPECT_FALSE(cached.direct);
+      EXPECT_EQ(direct.direct, takes_direct_io(dir)) << "the file system takes direct I/O: so must the writer";
+    }
 }
 
 }  // namespace
