@@ -18,7 +18,7 @@ struct DiskWaitHooks {
 void set_disk_wait_hooks(DiskWaitHooks hooks);
 
 // A wait on the disk, for as long as it lives: begin() when the outermost one is made, end() when
-// it goes.
+// it goes. errno is kept across both, so a caller may read the wait's errno after it.
 class DiskWait {
  public:
   DiskWait();

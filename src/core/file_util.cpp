@@ -30,12 +30,17 @@ void set_disk_wait_hooks(DiskWaitHooks hooks) {
   disk_wait_state.hooks = std::move(hooks);
 }
 
+// The hooks keep errno as they found it: the wait's own errno is what its caller reads.
 DiskWait::DiskWait() {
+  const int saved = errno;
   if (disk_wait_state.depth++ == 0 && disk_wait_state.hooks.begin) disk_wait_state.hooks.begin();
+  errno = saved;
 }
 
 DiskWait::~DiskWait() {
+  const int saved = errno;
   if (--disk_wait_state.depth == 0 && disk_wait_state.hooks.end) disk_wait_state.hooks.end();
+  errno = saved;
 }
 
 std::string errno_text(int err) { return std::strerror(err); }

@@ -141,12 +141,16 @@ std::string build_header(const std::string& path, const std::map<std::string, st
 // Writes with the fault seam; throws IoError (after which the caller removes the .tmp).
 class ShardFileWriter {
  public:
-  // direct: fd was opened with O_DIRECT; the bytes go through an aligned chunk.
+  // chunk: fd was opened with O_DIRECT and the bytes go through it; nullopt: through the cache.
   ShardFileWriter(int fd, const std::string& final_path, const std::string& tmp, uint64_t total,
-                  const WriteFaults& faults, bool direct)
-      : fd_(fd), final_path_(final_path), tmp_(tmp), total_(total), faults_(faults), direct_(direct) {
-    if (direct_) chunk_.emplace();
-  }
+                  const WriteFaults& faults, std::optional<AlignedChunk> chunk)
+      : fd_(fd),
+        final_path_(final_path),
+        tmp_(tmp),
+        total_(total),
+        faults_(faults),
+        direct_(chunk.has_value()),
+        chunk_(std::move(chunk)) {}
 
   void write_all(const char* p, uint64_t n) {
     while (direct_ && n > 0) {
@@ -180,22 +184,25 @@ class ShardFileWriter {
   // the buffered path's.
   void flush_direct(uint64_t len, uint64_t keep) {
     ssize_t got;
+    int err = 0;
     {
       const fs::DiskWait waiting;  // the device copies from the chunk: a wait, not work
-      do got = ::write(fd_, chunk_->data(), len);
-      while (got < 0 && errno == EINTR);
+      do {
+        got = ::write(fd_, chunk_->data(), len);
+        err = errno;
+      } while (got < 0 && err == EINTR);
     }
     filled_ = 0;
     if (got >= 0 && uint64_t(got) == len) {
       written_ += keep;
       return;
     }
+    // Any error but a refusal is the disk's, reported as the buffered path reports it.
+    if (got < 0 && err != EINVAL) fail(err);
     const uint64_t landed = got > 0 ? std::min(uint64_t(got), keep) : 0;
     written_ += landed;
     direct_ = false;
-    RETRACE_CHECK(set_direct(fd_, false) && ::lseek(fd_, off_t(written_), SEEK_SET) == off_t(written_), IoError,
-                  "cannot write checkpoint shard ", final_path_, ": ", tmp_,
-                  " refused direct I/O and could not be switched to buffered writes: ", fs::errno_text(errno));
+    if (!set_direct(fd_, false) || ::lseek(fd_, off_t(written_), SEEK_SET) != off_t(written_)) fail(errno);
     write_buffered(chunk_->data() + landed, keep - landed);
   }
 
@@ -278,14 +285,19 @@ uint64_t read_chunk(int fd, uint64_t at, char* out, uint64_t want, bool* direct,
   while (*direct && done < want) {
     const uint64_t len = (want - done + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
     ssize_t got;
+    int err = 0;
     {
       const fs::DiskWait waiting;
       got = ::pread(fd, out + done, len, off_t(at + done));
+      err = errno;
     }
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
+    if (got < 0 && err == EINTR) continue;
+    if (got < 0) {  // refused (EINVAL), or the device's error, which the buffered read reports again
       *direct = false;
-      RETRACE_CHECK(set_direct(fd, false), IoError, "cannot read back ", tmp, ": ", fs::errno_text(errno));
+      RETRACE_CHECK(set_direct(fd, false), IoError, "cannot read checkpoint shard ", tmp,
+                    " back: a direct read failed (", fs::errno_text(err),
+                    ") and the file could not be switched to buffered reads; the .tmp was removed and existing "
+                    "checkpoints are untouched");
       break;
     }
     done += uint64_t(got);
@@ -345,6 +357,19 @@ void read_back(const std::string& tmp, const std::string& final_path, const std:
   }
 }
 
+// Creates the .tmp: with O_DIRECT and an aligned chunk in *chunk when `direct` and both can be had
+// (a file system that refuses O_DIRECT, or no memory for the chunk, and the file goes through the
+// cache: *chunk empty). Returns the fd, or -1 with errno set.
+int create_tmp(const std::string& tmp, bool direct, std::optional<AlignedChunk>* chunk) {
+  if (direct) try {
+      chunk->emplace();
+    } catch (const std::bad_alloc&) {}
+  const int fd = *chunk ? ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644) : -1;
+  if (fd >= 0) return fd;
+  chunk->reset();
+  return ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
 // The fsync of the written .tmp, a wait on the disk (fs::DiskWait); IoError when it fails.
 void fsync_shard(int fd, const std::string& final_path, const std::string& tmp) {
   int synced = 0, err = 0;
@@ -400,10 +425,9 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
 
   const std::string tmp = final_path + ".tmp";
   // Past the page cache where asked and possible (set_direct_writes); a fault seam writes through it.
-  const bool want_direct = direct_writes() && faults.fail_at_byte == std::numeric_limits<uint64_t>::max();
-  int fd = want_direct ? ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644) : -1;
-  const bool direct = fd >= 0;
-  if (fd < 0) fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::optional<AlignedChunk> chunk;
+  int fd = create_tmp(tmp, direct_writes() && faults.fail_at_byte == std::numeric_limits<uint64_t>::max(), &chunk);
+  bool read_direct = chunk.has_value();  // the read-back's way: past the cache where the file took direct I/O
   RETRACE_CHECK(fd >= 0, IoError, "cannot create checkpoint shard ", tmp, ": ", fs::errno_text(errno),
                 "; check that the checkpoint directory exists and is writable");
 
@@ -414,8 +438,7 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   std::vector<std::string> xxh3(tensors.size());  // by segment, then put in the order given
   if (total > kHashInThreadAbove) hasher = std::thread(hash_segments, std::cref(segments), &sha, &xxh3, &stop);
 
-  ShardFileWriter writer(fd, final_path, tmp, total, faults, direct);
-  bool read_direct = false;  // the read-back's way, after the writer's
+  ShardFileWriter writer(fd, final_path, tmp, total, faults, std::move(chunk));
   try {
     std::string staged;
     for (const Segment& s : segments) {
@@ -446,7 +469,6 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
     RETRACE_CHECK(rc == 0, IoError, "cannot write checkpoint shard ", final_path, ": close of ", tmp,
                   " failed: ", fs::errno_text(errno));
     if (faults.flip_byte_at < total) flip_written_byte(tmp, faults.flip_byte_at);
-    read_direct = writer.direct();
     read_back(tmp, final_path, segments, xxh3, tensors, order, total, &read_direct);
     RETRACE_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, IoError, "cannot rename ", tmp, " to ", final_path,
                   ": ", fs::errno_text(errno));
@@ -461,8 +483,8 @@ ShardFileInfo write_shard(const std::string& final_path, const std::map<std::str
   fs::fsync_dir(p.has_parent_path() ? p.parent_path().string() : ".");
   std::vector<std::string> by_tensor(tensors.size());
   for (size_t k = 0; k < order.size(); ++k) by_tensor[order[k]] = std::move(xxh3[k]);
-  return ShardFileInfo{p.filename().string(), total,      sha.finish_hex(), std::move(offsets),
-                       std::move(by_tensor),  read_direct};
+  return ShardFileInfo{p.filename().string(),         total, sha.finish_hex(), std::move(offsets), std::move(by_tensor),
+                       writer.direct() && read_direct};
 }
 
 }  // namespace retrace::safetensors

@@ -4,7 +4,10 @@
 // RETRACE_FAIL_FSYNC=1 their fsync fails too. RETRACE_FAIL_ERRNO=EROFS is a read-only file system:
 // creating such a file fails. A slow disk: writes to files whose path contains RETRACE_SLOW_PATH
 // sleep RETRACE_SLOW_US microseconds each (a background save that is still in flight a few steps
-// later), and their fsync RETRACE_SLOW_FSYNC_US (default 0: a disk that is slow to flush). Every other file behaves normally. Writes may come from several threads (the trace on
+// later), and their fsync RETRACE_SLOW_FSYNC_US (default 0: a disk that is slow to flush). A shard
+// written past the page cache (checkpoint.direct_io) pads its last write to a 4096-byte block, and
+// those padding bytes count towards RETRACE_FAIL_AFTER like any others; a short write of unaligned
+// length to such a file is refused by the kernel (EINVAL), and the writer goes on through the cache. Every other file behaves normally. Writes may come from several threads (the trace on
 // the loop, a background save on its writer).
 #define _GNU_SOURCE
 #include <dlfcn.h>
