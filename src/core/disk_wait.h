@@ -27,4 +27,7 @@ class DiskWait {
   DiskWait& operator=(const DiskWait&) = delete;
 };
 
+// fsync(fd) as a DiskWait: 0, or the errno it failed with.
+int fsync_waiting(int fd);
+
 }  // namespace retrace::fs

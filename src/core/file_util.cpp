@@ -43,19 +43,19 @@ DiskWait::~DiskWait() {
   errno = saved;
 }
 
+int fsync_waiting(int fd) {
+  const DiskWait waiting;
+  return ::fsync(fd) == 0 ? 0 : errno;
+}
+
 std::string errno_text(int err) { return std::strerror(err); }
 
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   RETRACE_CHECK(fd >= 0, IoError, "cannot open directory ", dir, " to fsync it: ", errno_text(errno));
-  int rc = 0, err = 0;
-  {
-    const DiskWait waiting;
-    rc = ::fsync(fd);
-    err = errno;  // before the hooks run
-  }
+  const int err = fsync_waiting(fd);
   ::close(fd);
-  RETRACE_CHECK(rc == 0, IoError, "fsync of directory ", dir, " failed: ", errno_text(err));
+  RETRACE_CHECK(err == 0, IoError, "fsync of directory ", dir, " failed: ", errno_text(err));
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {
@@ -71,13 +71,7 @@ void write_file_atomic(const std::string& path, std::string_view data) {
     RETRACE_FAIL(IoError, "write to ", tmp, " failed after ", done, " of ", data.size(), " bytes: ", errno_text(err),
                  "; the previous ", path, " is untouched");
   }
-  int synced = 0, err = 0;
-  {
-    const DiskWait waiting;
-    synced = ::fsync(fd);
-    err = errno;  // before the hooks run
-  }
-  if (synced != 0) {
+  if (const int err = fsync_waiting(fd); err != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
     RETRACE_FAIL(IoError, "fsync of ", tmp, " failed: ", errno_text(err));

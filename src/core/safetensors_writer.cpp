@@ -184,14 +184,12 @@ class ShardFileWriter {
   // the buffered path's.
   void flush_direct(uint64_t len, uint64_t keep) {
     ssize_t got;
-    int err = 0;
     {
-      const fs::DiskWait waiting;  // the device copies from the chunk: a wait, not work
-      do {
-        got = ::write(fd_, chunk_->data(), len);
-        err = errno;
-      } while (got < 0 && err == EINTR);
+      const fs::DiskWait waiting;  // the device copies from the chunk: a wait, not work (errno kept)
+      do got = ::write(fd_, chunk_->data(), len);
+      while (got < 0 && errno == EINTR);
     }
+    const int err = errno;
     filled_ = 0;
     if (got >= 0 && uint64_t(got) == len) {
       written_ += keep;
@@ -227,6 +225,7 @@ class ShardFileWriter {
   }
 
   void start_writeback() {
+    if (direct_) return;  // nothing of the file is in the cache
 #ifdef SYNC_FILE_RANGE_WRITE
     // Only a hint: errors here show up again at fsync, where they are handled. It blocks while the
     // device's queue is full, which on a slow disk is most of the write: a wait, not work.
@@ -285,12 +284,11 @@ uint64_t read_chunk(int fd, uint64_t at, char* out, uint64_t want, bool* direct,
   while (*direct && done < want) {
     const uint64_t len = (want - done + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
     ssize_t got;
-    int err = 0;
     {
-      const fs::DiskWait waiting;
+      const fs::DiskWait waiting;  // errno kept
       got = ::pread(fd, out + done, len, off_t(at + done));
-      err = errno;
     }
+    const int err = errno;
     if (got < 0 && err == EINTR) continue;
     if (got < 0) {  // refused (EINVAL), or the device's error, which the buffered read reports again
       *direct = false;
@@ -310,7 +308,8 @@ uint64_t read_chunk(int fd, uint64_t at, char* out, uint64_t want, bool* direct,
 // The written .tmp read back once it is fsynced, in file order, chunk by chunk: the header
 // (segment 0) byte for byte, each tensor (segment k > 0, tensors[order[k - 1]]) by the xxh3-128 the
 // hashing pass computed from the caller's memory. Past the page cache while *direct holds (the
-// device's bytes, not the cache's; false on return when it fell back). IntegrityError naming what differs; IoError when the file cannot be read.
+// device's bytes, not the cache's; false on return when it fell back). IntegrityError naming what
+// differs; IoError when the file cannot be read.
 void read_back(const std::string& tmp, const std::string& final_path, const std::vector<Segment>& segments,
                const std::vector<std::string>& xxh3, const std::vector<TensorView>& tensors,
                const std::vector<size_t>& order, uint64_t total, bool* direct) {
@@ -372,13 +371,8 @@ int create_tmp(const std::string& tmp, bool direct, std::optional<AlignedChunk>*
 
 // The fsync of the written .tmp, a wait on the disk (fs::DiskWait); IoError when it fails.
 void fsync_shard(int fd, const std::string& final_path, const std::string& tmp) {
-  int synced = 0, err = 0;
-  {
-    const fs::DiskWait waiting;
-    synced = ::fsync(fd);
-    err = errno;  // before the wait's hooks run
-  }
-  RETRACE_CHECK(synced == 0, IoError, "cannot write checkpoint shard ", final_path, ": fsync of ", tmp,
+  const int err = fs::fsync_waiting(fd);
+  RETRACE_CHECK(err == 0, IoError, "cannot write checkpoint shard ", final_path, ": fsync of ", tmp,
                 " failed: ", fs::errno_text(err), "; the .tmp was removed and existing checkpoints are untouched");
 }
 

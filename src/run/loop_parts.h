@@ -24,6 +24,9 @@ class TraceWriter;
 namespace retrace::records {
 struct StepRecord;
 }
+namespace retrace::train {
+class Trainer;
+}
 
 namespace retrace::run {
 

@@ -15,9 +15,9 @@
 #include "model/gpt.h"
 #include "rng/rng_state.h"
 #include "train/environment.h"
+#include "run/loop_parts.h"
 #include "run/run.h"
 #include "train/trainer.h"
-#include "run/loop_parts.h"  // after the trainer it names
 
 namespace retrace::run {
 using namespace train;  // the run drives the training part: its types read unqualified here
